@@ -1,0 +1,48 @@
+# rl3d: one command each. Every target installs what it needs first (.venv stamp).
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# The CPU wheel of torch lies on this machine's disk; pip must never resolve an unpinned
+# torch (it would download a multi-GB CUDA build). On a CUDA machine, bring your own:
+#   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+TORCH_SPEC ?= torch==2.13.0
+STAMP   := $(VENV)/.rl3d-installed
+PYTEST  := $(BIN)/python -m pytest
+RECIPE  ?= recipes/quickstart_cpu_grpo.yaml
+
+.PHONY: install test test-all test-gpu lint demo bench clean
+
+install: $(STAMP)
+
+$(STAMP): setup.py pyproject.toml
+	@command -v nvidia-smi >/dev/null 2>&1 && [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && \
+	  echo "rl3d: CUDA machine detected; installing the CPU torch pin. For GPUs run" \
+	       "'make install TORCH_SPEC=\"torch==<ver> --index-url https://download.pytorch.org/whl/cuXXX\"'" || true
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q $(TORCH_SPEC)
+	$(BIN)/pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+test: $(STAMP)
+	$(PYTEST) -q -m "not slow and not gpu" --timeout=600
+
+test-all: $(STAMP)
+	$(PYTEST) -q -m "not gpu" --timeout=1800
+
+test-gpu: $(STAMP)
+	$(PYTEST) -q tests/gpu
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks setup.py
+	$(BIN)/ruff format --check src tests benchmarks setup.py
+
+demo: $(STAMP)
+	$(BIN)/rl3d train $(RECIPE)
+
+bench: $(STAMP)
+	$(BIN)/rl3d bench transition --mode modeled
+	$(BIN)/rl3d bench transition --mode measured --model llama2-70b-shape-1/64 --train 1,4,2 --gen 2,1
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,43 @@
+"""Packaging for rl3d.
+
+torch is deliberately a loose floor: pip must never resolve a fresh torch on its own
+(it would pull a multi-GB CUDA build). `make install` installs the pinned CPU wheel first;
+on a CUDA machine install your own torch build before `pip install -e .`.
+"""
+
+import sys
+
+from setuptools import find_packages, setup
+
+MEGATRON = "megatron-core>=0.16,<0.17" if sys.version_info < (3, 12) else "megatron-core>=0.16"
+
+setup(
+    name="rl3d",
+    version="0.1.0",
+    description="Megatron-centric 3D-parallel RL post-training with a 3D-HybridEngine",
+    python_requires=">=3.10",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    # The resharding kernels ship inside the wheel (kernels/ is mapped into rl3d/_kernels
+    # by MANIFEST.in + package_data); rl3d.ops finds them either way.
+    include_package_data=True,
+    install_requires=[
+        "torch>=2.3",
+        MEGATRON,
+        "pyyaml>=6",
+        "tensorboard>=2.14",
+        "ray>=2.9,<3",
+        "pyarrow>=14",
+        "safetensors>=0.4",
+        "transformers>=4.40",
+        "numpy",
+        "matplotlib",
+        "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
+    ],
+    extras_require={
+        # CUDA-only: never installed on CPU machines. apex is built from source, see README.
+        "gpu": ["transformer-engine[pytorch]", "sglang==0.5.23"],
+        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6"],
+    },
+    entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},
+)

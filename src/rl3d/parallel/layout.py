@@ -1,0 +1,206 @@
+"""Training and generation layouts of the actor's ranks.
+
+Pure Python: no torch.distributed, no megatron globals. Process groups are built from these
+objects once (see `rl3d.parallel.groups`) and handed to whatever needs them.
+
+Training layout `p-t-d` uses megatron-core's default rank order (tp fastest, then dp, then pp):
+    rank = tp + t * (dp + d * pp)
+
+Generation layout `p_g-t_g-d_g-d` (HybridFlow, EuroSys'25, section 5.3). With r = t/t_g and
+s = p/p_g, each training TP rank i = a*r + b and PP stage j = c*s + e, where a is the generation
+TP rank, c the generation PP stage, and (b, e) the position inside the micro data-parallel group.
+Generation TP/PP groups take ranks at stride r (s); micro-DP groups take consecutive ranks, so the
+ranks of one micro-DP group together hold exactly the generation shard (a, c) they all need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+def _check_positive(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class RankCoords:
+    """A rank's coordinates in the training grid."""
+
+    pp: int
+    dp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Megatron training layout: `p` pipeline stages x `t` tensor ranks x `d` data replicas."""
+
+    p: int
+    t: int
+    d: int
+
+    def __post_init__(self) -> None:
+        for name in ("p", "t", "d"):
+            _check_positive(name, getattr(self, name))
+
+    @property
+    def world_size(self) -> int:
+        return self.p * self.t * self.d
+
+    def rank_of(self, *, pp: int, dp: int, tp: int) -> int:
+        assert 0 <= pp < self.p and 0 <= dp < self.d and 0 <= tp < self.t, (pp, dp, tp)
+        return tp + self.t * (dp + self.d * pp)
+
+    def coords(self, rank: int) -> RankCoords:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside world of size {self.world_size} ({self})")
+        tp = rank % self.t
+        dp = (rank // self.t) % self.d
+        pp = rank // (self.t * self.d)
+        return RankCoords(pp=pp, dp=dp, tp=tp)
+
+    def tp_groups(self) -> list[list[int]]:
+        return [
+            [self.rank_of(pp=pp, dp=dp, tp=tp) for tp in range(self.t)]
+            for pp in range(self.p)
+            for dp in range(self.d)
+        ]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [
+            [self.rank_of(pp=pp, dp=dp, tp=tp) for dp in range(self.d)]
+            for pp in range(self.p)
+            for tp in range(self.t)
+        ]
+
+    def pp_groups(self) -> list[list[int]]:
+        return [
+            [self.rank_of(pp=pp, dp=dp, tp=tp) for pp in range(self.p)]
+            for dp in range(self.d)
+            for tp in range(self.t)
+        ]
+
+    def model_parallel_groups(self) -> list[list[int]]:
+        """The t*p ranks of each training replica (one DP index), in rank order."""
+        return [
+            sorted(self.rank_of(pp=pp, dp=dp, tp=tp) for pp in range(self.p) for tp in range(self.t))
+            for dp in range(self.d)
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.p}-{self.t}-{self.d}"
+
+
+@dataclass(frozen=True)
+class GenCoords:
+    """A rank's coordinates in the generation grid.
+
+    `micro_dp` is the rank's index inside its micro-DP group (e*r + b); `dp_g` is its
+    generation data-parallel index over the whole world (dp * d_g + micro_dp).
+    """
+
+    pp_g: int
+    tp_g: int
+    micro_dp: int
+    dp: int
+    dp_g: int
+
+
+@dataclass(frozen=True)
+class GenerationLayout:
+    """Generation layout `p_g-t_g-d_g-d` derived from a training layout."""
+
+    train: ParallelLayout
+    t_g: int
+    p_g: int
+
+    def __post_init__(self) -> None:
+        _check_positive("t_g", self.t_g)
+        _check_positive("p_g", self.p_g)
+        if self.train.t % self.t_g:
+            raise ValueError(
+                f"generation tensor size t_g={self.t_g} must divide training t={self.train.t}"
+            )
+        if self.train.p % self.p_g:
+            raise ValueError(
+                f"generation pipeline size p_g={self.p_g} must divide training p={self.train.p}"
+            )
+
+    @classmethod
+    def from_training(cls, train: ParallelLayout, t_g: int, p_g: int = 1) -> GenerationLayout:
+        return cls(train=train, t_g=t_g, p_g=p_g)
+
+    @property
+    def r(self) -> int:
+        """Micro-DP factor along TP: t / t_g."""
+        return self.train.t // self.t_g
+
+    @property
+    def s(self) -> int:
+        """Micro-DP factor along PP: p / p_g."""
+        return self.train.p // self.p_g
+
+    @property
+    def d_g(self) -> int:
+        """Micro data-parallel size: (p*t) / (p_g*t_g)."""
+        return self.r * self.s
+
+    @property
+    def world_size(self) -> int:
+        return self.train.world_size
+
+    def _rank(self, *, dp: int, a: int, b: int, c: int, e: int) -> int:
+        return self.train.rank_of(pp=c * self.s + e, dp=dp, tp=a * self.r + b)
+
+    def coords(self, rank: int) -> GenCoords:
+        tc = self.train.coords(rank)
+        a, b = divmod(tc.tp, self.r)
+        c, e = divmod(tc.pp, self.s)
+        micro = e * self.r + b
+        return GenCoords(pp_g=c, tp_g=a, micro_dp=micro, dp=tc.dp, dp_g=tc.dp * self.d_g + micro)
+
+    def gen_tp_groups(self) -> list[list[int]]:
+        """Ranks at stride r along TP: {a*r + b : a} for each fixed (dp, c, e, b)."""
+        return [
+            [self._rank(dp=dp, a=a, b=b, c=c, e=e) for a in range(self.t_g)]
+            for dp in range(self.train.d)
+            for c in range(self.p_g)
+            for e in range(self.s)
+            for b in range(self.r)
+        ]
+
+    def gen_pp_groups(self) -> list[list[int]]:
+        """Stages at stride s along PP: {c*s + e : c} for each fixed (dp, e, a, b)."""
+        return [
+            [self._rank(dp=dp, a=a, b=b, c=c, e=e) for c in range(self.p_g)]
+            for dp in range(self.train.d)
+            for e in range(self.s)
+            for a in range(self.t_g)
+            for b in range(self.r)
+        ]
+
+    def micro_dp_groups(self) -> list[list[int]]:
+        """Consecutive ranks {a*r + b : b} x {c*s + e : e} for each fixed (dp, c, a)."""
+        return [
+            [self._rank(dp=dp, a=a, b=b, c=c, e=e) for e in range(self.s) for b in range(self.r)]
+            for dp in range(self.train.d)
+            for c in range(self.p_g)
+            for a in range(self.t_g)
+        ]
+
+    def gen_dp_groups(self) -> list[list[int]]:
+        """All d_g*d ranks that hold the same generation shard (a, c)."""
+        return [
+            [
+                self._rank(dp=dp, a=a, b=b, c=c, e=e)
+                for dp in range(self.train.d)
+                for e in range(self.s)
+                for b in range(self.r)
+            ]
+            for c in range(self.p_g)
+            for a in range(self.t_g)
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.p_g}-{self.t_g}-{self.d_g}-{self.train.d}"
