@@ -16,11 +16,10 @@ setup(
     version="0.1.0",
     description="Megatron-centric 3D-parallel RL post-training with a 3D-HybridEngine",
     python_requires=">=3.10",
-    package_dir={"": "src"},
-    packages=find_packages("src"),
-    # The resharding kernels ship inside the wheel (kernels/ is mapped into rl3d/_kernels
-    # by MANIFEST.in + package_data); rl3d.ops finds them either way.
-    include_package_data=True,
+    # kernels/ (Triton modules and CUDA sources) ships inside the wheel as `rl3d._kernels`.
+    package_dir={"": "src", "rl3d._kernels": "kernels"},
+    packages=find_packages("src") + ["rl3d._kernels", "rl3d._kernels.triton", "rl3d._kernels.cuda"],
+    package_data={"rl3d._kernels.cuda": ["*.cu", "*.cpp", "*.h", "*.cuh"]},
     install_requires=[
         "torch>=2.3",
         MEGATRON,

@@ -1,0 +1,1 @@
+"""Resharding kernels shipped with rl3d (see rl3d.ops)."""
