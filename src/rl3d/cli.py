@@ -1,0 +1,87 @@
+"""The `rl3d` command: train, validate, plan, bench, slurm, convert.
+
+Each subcommand parses its own arguments and calls into the package; this module only routes.
+Exit codes: 0 ok, 2 bad input (recipe, arguments), 3 a feature that is not available yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from rl3d.config import ConfigError
+
+EXIT_BAD_INPUT = 2
+EXIT_NOT_AVAILABLE = 3
+
+
+class NotAvailable(RuntimeError):
+    """A subcommand whose implementation has not landed yet (never fake output)."""
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from rl3d.config import config_to_yaml, load_config
+
+    loaded = load_config(args.recipe, args.overrides)
+    print(f"# {args.recipe}: valid; files applied: {', '.join(loaded.files)}")
+    print(config_to_yaml(loaded.config), end="")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rl3d.launch.train import launch_train
+
+    return launch_train(args.recipe, args.overrides, dry_run=args.dry_run)
+
+
+def _not_yet(feature: str, issue: str) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        raise NotAvailable(f"`rl3d {feature}` is not available yet (tracked in {issue}).")
+
+    return run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rl3d", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def recipe_cmd(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("recipe", help="recipe YAML file (recipes/*.yaml)")
+        cmd.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied last")
+        return cmd
+
+    recipe_cmd("validate", "load, check and print the resolved config").set_defaults(func=_cmd_validate)
+    train = recipe_cmd("train", "run a recipe (spawns torchrun for its world size)")
+    train.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    train.set_defaults(func=_cmd_train)
+
+    plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
+    plan.add_argument("rest", nargs=argparse.REMAINDER)
+    plan.set_defaults(func=_not_yet("plan", "the planner issue"))
+    for name, issue in [
+        ("bench", "the benchmark issue"),
+        ("slurm", "the SLURM issue"),
+        ("convert", "the megatron-models issue"),
+    ]:
+        cmd = sub.add_parser(name, help=f"(coming: {issue})")
+        cmd.add_argument("rest", nargs=argparse.REMAINDER)
+        cmd.set_defaults(func=_not_yet(name, issue))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigError as err:
+        print(f"rl3d: config error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NotAvailable as err:
+        print(f"rl3d: {err}", file=sys.stderr)
+        return EXIT_NOT_AVAILABLE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Checks that span components: layouts, world size, batch sizes.
+
+They run on the typed config before any process group exists, and name the key and the file
+that set it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rl3d.config.errors import ConfigError
+from rl3d.config.schema import RL3DConfig
+
+
+def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> None:
+    def fail(key: str, message: str) -> ConfigError:
+        return ConfigError(message, key=key, source=source_of(key))
+
+    _check_layouts(cfg, fail)
+    _check_batches(cfg, fail)
+    _check_roles(cfg, fail)
+
+
+def _check_layouts(cfg: RL3DConfig, fail) -> None:
+    from rl3d.models.spec import get_model_spec
+    from rl3d.parallel import GenerationLayout, ParallelLayout
+
+    par = cfg.actor.parallel
+    spec = get_model_spec(cfg.model.name)
+    if spec.num_query_groups % par.tp:
+        raise fail(
+            "actor.parallel.tp",
+            f"tp={par.tp} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
+        )
+    if spec.num_layers % par.pp:
+        raise fail("actor.parallel.pp", f"pp={par.pp} must divide the model's {spec.num_layers} layers")
+    try:
+        GenerationLayout.from_training(
+            ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g
+        )
+    except ValueError as err:
+        key = "rollout.t_g" if "t_g" in str(err) else "rollout.p_g"
+        raise fail(key, f"{err} (actor.parallel = tp {par.tp}, pp {par.pp}, dp {par.dp})") from None
+    world = cfg.launch.world_size
+    needed = par.world_size
+    if cfg.critic_enabled and not cfg.critic.colocate:
+        needed += cfg.critic.parallel.world_size
+    if world != needed:
+        what = f"actor p*t*d = {par.pp}*{par.tp}*{par.dp} = {par.world_size}"
+        if needed != par.world_size:
+            what += f" + critic's own pool {cfg.critic.parallel.world_size}"
+        raise fail(
+            "launch.nproc_per_node",
+            f"world size nnodes*nproc_per_node = {cfg.launch.nnodes}*{cfg.launch.nproc_per_node} = "
+            f"{world} does not match {what}",
+        )
+    if cfg.critic_enabled and cfg.critic.colocate and cfg.critic.parallel.world_size != par.world_size:
+        raise fail(
+            "critic.parallel",
+            f"a colocated critic must use the actor's {par.world_size} ranks, "
+            f"got tp*pp*dp = {cfg.critic.parallel.world_size}",
+        )
+
+
+def _check_batches(cfg: RL3DConfig, fail) -> None:
+    if cfg.algorithm.advantage in ("grpo", "rloo") and cfg.rollout.n < 2:
+        raise fail("rollout.n", f"{cfg.algorithm.advantage} compares samples of one prompt: needs n >= 2")
+    samples = cfg.data.prompts_per_step * cfg.rollout.n
+    roles = [("actor", cfg.actor)]
+    if cfg.critic_enabled:
+        roles.append(("critic", cfg.critic))
+    for role, rc in roles:
+        dp = rc.parallel.dp
+        if samples % rc.mini_batch_size:
+            raise fail(
+                f"{role}.mini_batch_size",
+                f"{rc.mini_batch_size} must divide the step's samples: data.prompts_per_step * "
+                f"rollout.n = {cfg.data.prompts_per_step} * {cfg.rollout.n} = {samples}",
+            )
+        if rc.mini_batch_size % (dp * rc.micro_batch_size):
+            raise fail(
+                f"{role}.micro_batch_size",
+                f"mini_batch_size {rc.mini_batch_size} must split evenly over dp={dp} ranks in "
+                f"micro-batches of {rc.micro_batch_size} (need a multiple of {dp * rc.micro_batch_size})",
+            )
+
+
+def _check_roles(cfg: RL3DConfig, fail) -> None:
+    if cfg.algorithm.needs_critic and cfg.critic.enabled is False:
+        raise fail("critic.enabled", f"advantage estimator {cfg.algorithm.advantage!r} needs a critic")
+    if cfg.algorithm.kl.coef > 0 and cfg.reference.enabled is False:
+        raise fail("reference.enabled", "algorithm.kl.coef > 0 needs the reference model")
+    if cfg.rollout.engine == "sglang" and cfg.launch.device == "cpu":
+        raise fail("rollout.engine", "sglang needs CUDA; use rollout.engine=torch on CPU")

@@ -1,0 +1,341 @@
+"""Typed component configs: one small frozen dataclass per component.
+
+Each checks its own fields in `__post_init__` (raising `FieldError` with the field's name); the
+checks that span components (layouts, batch sizes, world size) live in `rl3d.config.checks`.
+
+Batch-size semantics (all counts are global, over all data-parallel ranks):
+- `data.prompts_per_step`: prompts drawn per RL step.
+- `rollout.n`: responses sampled per prompt, so a step has `prompts_per_step * n` samples.
+- `actor.mini_batch_size` / `critic.mini_batch_size`: samples per optimizer step; a step's
+  samples split into `prompts_per_step * n / mini_batch_size` optimizer steps per PPO epoch.
+- `actor.micro_batch_size`: samples per forward/backward on ONE data-parallel rank; gradient
+  accumulation runs `mini_batch_size / (dp * micro_batch_size)` micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from rl3d.config.errors import FieldError
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value <= 0:
+            raise FieldError(name, f"must be > 0, got {value}")
+
+
+def _non_negative(obj: Any, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is not None and value < 0:
+            raise FieldError(name, f"must be >= 0, got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str  # a spec name from rl3d.models.MODEL_SPECS (shapes), e.g. tiny-llama, llama2-70b
+    hf_path: str | None = None  # HF directory with weights + tokenizer; None = random init
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+
+    def __post_init__(self) -> None:
+        from rl3d.models.spec import get_model_spec
+
+        try:
+            get_model_spec(self.name)
+        except ValueError as err:
+            raise FieldError("name", str(err)) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelConfig:
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        _positive(self, "tp", "pp", "dp")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    lr: float = 1e-6
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    lr_warmup_steps: int = 0
+    lr_schedule: Literal["constant", "cosine"] = "constant"
+    distributed_optimizer: bool = False
+
+    def __post_init__(self) -> None:
+        _positive(self, "lr", "adam_eps")
+        _non_negative(self, "weight_decay", "clip_grad", "lr_warmup_steps")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActorConfig:
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    ppo_epochs: int = 1
+    mini_batch_size: int = 8
+    micro_batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticConfig:
+    # None = decided by the algorithm (GAE needs a critic, the GRPO family does not).
+    enabled: bool | None = None
+    colocate: bool = True  # share the actor's ranks; False = its own resource pool
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_epochs: int = 1
+    mini_batch_size: int = 8
+    micro_batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReferenceConfig:
+    # None = enabled exactly when a KL term is used (algorithm.kl.coef > 0).
+    enabled: bool | None = None
+    colocate: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangConfig:
+    mem_fraction_static: float = 0.6
+    enable_memory_saver: bool = True
+    weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC, or NCCL broadcast
+
+    def __post_init__(self) -> None:
+        if not 0 < self.mem_fraction_static < 1:
+            raise FieldError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutConfig:
+    engine: Literal["torch", "sglang"] = "torch"
+    t_g: int = 1  # generation tensor-parallel size; must divide actor.parallel.tp
+    p_g: int = 1  # generation pipeline size; must divide actor.parallel.pp
+    n: int = 1  # samples per prompt
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 = off
+    max_new_tokens: int = 64
+    stop_token_ids: list[int] = field(default_factory=list)
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+
+    def __post_init__(self) -> None:
+        _positive(self, "t_g", "p_g", "n", "max_new_tokens")
+        _non_negative(self, "temperature")
+        if not 0 < self.top_p <= 1:
+            raise FieldError("top_p", f"must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise FieldError("top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HybridEngineConfig:
+    strategy: Literal["hybridflow", "hybridflow_v", "ds_chat", "openrlhf"] = "hybridflow"
+    bucket_mb: float = 256.0
+    # After rollout the generation buffer is freed (training weights are the source of truth)
+    # or kept in pinned CPU memory to skip re-allocation. Never copied back either way.
+    release: Literal["free", "offload_cpu"] = "free"
+    verify: bool = False  # checksum every generation shard against a direct slice
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        _positive(self, "bucket_mb", "timeout_s")
+
+
+@dataclass(frozen=True, kw_only=True)
+class KLConfig:
+    coef: float = 0.0
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    placement: Literal["reward", "loss"] = "loss"  # PPO puts KL in the reward, GRPO in the loss
+    controller: Literal["fixed", "adaptive"] = "fixed"
+    target: float = 0.1  # adaptive controller's target KL
+    horizon: int = 10000  # adaptive controller's horizon (samples)
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "coef")
+        _positive(self, "target", "horizon")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+    advantage: Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "remax"] = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std: bool = True  # GRPO: divide by the group's std (Dr.GRPO sets false)
+    clip_low: float = 0.2
+    clip_high: float = 0.2  # DAPO clip-higher when > clip_low
+    dual_clip_c: float | None = None  # dual-clip lower bound for negative advantages, e.g. 3.0
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    entropy_coef: float = 0.0
+    value_clip: float = 0.2
+    kl: KLConfig = field(default_factory=KLConfig)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
+    overlong_buffer: int = 0  # DAPO soft overlong penalty window (tokens); 0 = off
+    overlong_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "clip_low", "clip_high", "entropy_coef", "value_clip", "overlong_buffer")
+        if not 0 <= self.gamma <= 1:
+            raise FieldError("gamma", f"must be in [0, 1], got {self.gamma}")
+        if not 0 <= self.lam <= 1:
+            raise FieldError("lam", f"must be in [0, 1], got {self.lam}")
+        if self.dual_clip_c is not None and self.dual_clip_c <= 1:
+            raise FieldError("dual_clip_c", f"must be > 1, got {self.dual_clip_c}")
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.advantage == "gae"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SyntheticDataConfig:
+    task: str = "copy_first"  # a task from rl3d.data.synthetic
+    num_prompts: int = 512
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "num_prompts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    train_files: list[str] = field(default_factory=list)  # parquet files
+    synthetic: SyntheticDataConfig | None = None  # used when train_files is empty
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    template: str = "{prompt}"
+    tokenizer: str | None = None  # HF tokenizer dir; None = the model's, or the synthetic vocab
+    max_prompt_length: int = 64
+    prompts_per_step: int = 8
+    shuffle: bool = True
+    on_bad_row: Literal["skip", "error"] = "skip"
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_prompt_length", "prompts_per_step")
+        if not self.train_files and self.synthetic is None:
+            raise FieldError("train_files", "give parquet files, or a data.synthetic block")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewardConfig:
+    fn: str = "synthetic"  # a built-in reward name, or a user function "package.module:function"
+    num_workers: int = 0  # >0 fans scoring out to CPU workers (Ray backend)
+    on_error: Literal["stop", "skip"] = "stop"  # skip = score 0, report and count
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "num_workers")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainerConfig:
+    total_steps: int = 10
+    seed: int = 1
+    experiment: str = "rl3d"
+    run_dir: str | None = None  # default: runs/<experiment>
+    hooks: dict[str, str] = field(default_factory=dict)  # on_step_end: "pkg.mod:fn", ...
+
+    def __post_init__(self) -> None:
+        _positive(self, "total_steps")
+        known = {"on_rollout_end", "on_step_end", "on_checkpoint"}
+        for name in self.hooks:
+            if name not in known:
+                raise FieldError(f"hooks.{name}", f"unknown hook; known: {', '.join(sorted(known))}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    all_ranks: bool = False  # console output from every rank, not only rank 0
+    jsonl: bool = True
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    save_every: int = 0  # steps; 0 = never
+    keep_last: int = 2
+    resume: Literal["auto", "never"] = "auto"
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "save_every")
+        _positive(self, "keep_last")
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmConfig:
+    partition: str | None = None
+    account: str | None = None
+    time: str = "04:00:00"
+    gpus_per_node: int = 8
+    container_image: str | None = None
+    container_mounts: list[str] = field(default_factory=list)
+    modules: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    requeue: bool = True
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchConfig:
+    backend: Literal["spmd", "ray"] = "spmd"
+    nnodes: int = 1
+    nproc_per_node: int = 1
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    ray_address: str | None = None
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+
+    def __post_init__(self) -> None:
+        _positive(self, "nnodes", "nproc_per_node")
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+@dataclass(frozen=True, kw_only=True)
+class RL3DConfig:
+    """A whole resolved recipe."""
+
+    model: ModelConfig
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hybrid_engine: HybridEngineConfig = field(default_factory=HybridEngineConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    data: DataConfig
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    launch: LaunchConfig = field(default_factory=LaunchConfig)
+    description: str = ""
+
+    @property
+    def critic_enabled(self) -> bool:
+        return self.algorithm.needs_critic if self.critic.enabled is None else self.critic.enabled
+
+    @property
+    def reference_enabled(self) -> bool:
+        if self.reference.enabled is None:
+            return self.algorithm.kl.coef > 0
+        return self.reference.enabled

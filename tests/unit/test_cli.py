@@ -1,0 +1,42 @@
+"""The `rl3d` console script: routing, exit codes, and messages on stderr."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rl3d.cli import EXIT_BAD_INPUT, EXIT_NOT_AVAILABLE, main
+
+ROOT = Path(__file__).resolve().parents[2]
+GRPO = str(ROOT / "recipes/quickstart_cpu_grpo.yaml")
+
+
+def test_validate_bad_override_exits_2_and_names_key(capsys):
+    assert main(["validate", GRPO, "rollout.t_g=4"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "command line: rollout.t_g" in err and "must divide training t=2" in err
+
+
+def test_train_validates_before_launching(capsys):
+    assert main(["train", GRPO, "trainer.bogus=1"]) == EXIT_BAD_INPUT
+    assert "trainer.bogus: unknown key" in capsys.readouterr().err
+
+
+def test_train_dry_run_prints_torchrun_command(capsys):
+    assert main(["train", GRPO, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "--nproc-per-node=2" in out and "rl3d.train" in out and "1-2-1" in out
+
+
+@pytest.mark.parametrize("command", ["bench", "slurm"])
+def test_unlanded_subcommands_say_so(command, capsys):
+    assert main([command]) == EXIT_NOT_AVAILABLE
+    assert "not available yet" in capsys.readouterr().err
+
+
+def test_console_script_is_installed():
+    exe = Path(sys.executable).with_name("rl3d")
+    proc = subprocess.run([str(exe), "validate", GRPO], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "tiny-llama" in proc.stdout
