@@ -35,6 +35,18 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return launch_train(args.recipe, args.overrides, dry_run=args.dry_run)
 
 
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from rl3d.hybrid_engine.report import run_plan
+
+    try:
+        return run_plan(args)
+    except ValueError as err:
+        if isinstance(err, ConfigError):
+            raise
+        print(f"rl3d plan: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
 def _not_yet(feature: str, issue: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         raise NotAvailable(f"`rl3d {feature}` is not available yet (tracked in {issue}).")
@@ -58,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_cmd_train)
 
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
-    plan.add_argument("rest", nargs=argparse.REMAINDER)
-    plan.set_defaults(func=_not_yet("plan", "the planner issue"))
+    from rl3d.hybrid_engine.report import add_plan_arguments
+
+    add_plan_arguments(plan)
+    plan.set_defaults(func=_cmd_plan)
     for name, issue in [
         ("bench", "the benchmark issue"),
         ("slurm", "the SLURM issue"),

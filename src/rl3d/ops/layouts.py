@@ -18,30 +18,10 @@ A "full" tensor is the Megatron layout at t=1 (vocab already padded). Kinds:
 
 from __future__ import annotations
 
-from enum import Enum
-
 import torch
 
-
-class ShardKind(str, Enum):
-    REPLICATED = "replicated"
-    COLUMN = "column"
-    ROW = "row"
-    QKV = "qkv"
-    SWIGLU_FC1 = "swiglu_fc1"
-    VOCAB = "vocab"
-
-    @property
-    def tp_dim(self) -> int | None:
-        if self is ShardKind.REPLICATED:
-            return None
-        return 1 if self is ShardKind.ROW else 0
-
-
-def padded_vocab_size(vocab_size: int, tp: int, divisible_by: int = 128) -> int:
-    """Megatron's vocab padding: round up to a multiple of `divisible_by * tp`."""
-    multiple = divisible_by * tp
-    return -(-vocab_size // multiple) * multiple
+# The kinds are defined torch-free (the planner imports them); re-exported here.
+from rl3d.parallel.sharding import ShardKind, padded_vocab_size  # noqa: F401
 
 
 def shard_for_tp(full: torch.Tensor, kind: ShardKind, tp_size: int, tp_rank: int) -> torch.Tensor:

@@ -119,13 +119,9 @@ class GenerationLayout:
         _check_positive("t_g", self.t_g)
         _check_positive("p_g", self.p_g)
         if self.train.t % self.t_g:
-            raise ValueError(
-                f"generation tensor size t_g={self.t_g} must divide training t={self.train.t}"
-            )
+            raise ValueError(f"generation tensor size t_g={self.t_g} must divide training t={self.train.t}")
         if self.train.p % self.p_g:
-            raise ValueError(
-                f"generation pipeline size p_g={self.p_g} must divide training p={self.train.p}"
-            )
+            raise ValueError(f"generation pipeline size p_g={self.p_g} must divide training p={self.train.p}")
 
     @classmethod
     def from_training(cls, train: ParallelLayout, t_g: int, p_g: int = 1) -> GenerationLayout:

@@ -1,0 +1,160 @@
+"""`rl3d plan`: print the resharding plan, its costs and the reductions, or one JSON object."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
+from rl3d.hybrid_engine.plan import DTYPE_BYTES, STRATEGIES, TransitionPlan, plan_transition
+from rl3d.models.spec import get_model_spec
+from rl3d.parallel import ParallelLayout
+
+GB = 1e9
+
+
+def _ints(text: str, count: int, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        values = []
+    if len(values) != count:
+        raise ValueError(f"{flag} expects {count} comma-separated integers, got {text!r}")
+    return values
+
+
+def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", nargs="?", help="recipe YAML (takes model and layouts from it)")
+    parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for the recipe")
+    parser.add_argument("--model", help="model name, e.g. llama2-70b (instead of a recipe)")
+    parser.add_argument("--train", help="training layout P,T,D")
+    parser.add_argument("--gen", help="generation layout TG,PG")
+    parser.add_argument("--strategy", choices=STRATEGIES, action="append", help="only these strategies")
+    parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES), help="default bfloat16")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--auto", action="store_true", help="search every valid (t_g, p_g)")
+    parser.add_argument("--gpu-mem-gb", type=float, default=80.0)
+    parser.add_argument("--batch", type=int, default=1024, help="sequences generated at once (--auto)")
+    parser.add_argument("--prompt-len", type=int, default=1024)
+    parser.add_argument("--response-len", type=int, default=1024)
+
+
+def _inputs(args: argparse.Namespace):
+    if args.recipe:
+        from rl3d.config import load_config
+
+        cfg = load_config(args.recipe, args.overrides).config
+        par = cfg.actor.parallel
+        dtype = args.dtype or cfg.model.dtype
+        return (
+            get_model_spec(cfg.model.name),
+            ParallelLayout(par.pp, par.tp, par.dp),
+            cfg.rollout.t_g,
+            (cfg.rollout.p_g),
+            dtype,
+        )
+    if not (args.model and args.train and (args.gen or args.auto)):
+        raise ValueError("give a RECIPE, or --model NAME --train P,T,D --gen TG,PG")
+    p, t, d = _ints(args.train, 3, "--train")
+    t_g, p_g = _ints(args.gen, 2, "--gen") if args.gen else (t, p)
+    return get_model_spec(args.model), ParallelLayout(p, t, d), t_g, p_g, args.dtype or "bfloat16"
+
+
+def _groups_text(name: str, groups: list[list[int]], limit: int = 16) -> str:
+    world = sum(len(g) for g in groups)
+    if world <= limit:
+        return f"{name:<18} {' '.join(str(g) for g in groups)}"
+    shown = " ".join(str(g) for g in groups[:3])
+    return f"{name:<18} {shown} ... ({len(groups)} groups of {len(groups[0])})"
+
+
+def _unit(nbytes: float) -> tuple[str, float]:
+    for name, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if nbytes >= size:
+            return name, size
+    return "B", 1.0
+
+
+def format_plan(plan: TransitionPlan) -> str:
+    gen, train = plan.gen, plan.train
+    unit, size = _unit(plan.model_bytes)
+    lines = [
+        f"model {plan.spec.name}: M = {plan.model_bytes / size:.3f} {unit} at {plan.dtype_bytes} bytes/param",
+        f"training p-t-d = {train} ({train.world_size} ranks)  ->  generation p_g-t_g-d_g-d = {gen}"
+        f"  (d_g = {gen.d_g})",
+        _groups_text("training TP", train.tp_groups()),
+        _groups_text("generation TP", gen.gen_tp_groups()),
+        _groups_text("generation PP", gen.gen_pp_groups()),
+        _groups_text("micro-DP", gen.micro_dp_groups()),
+        _groups_text("generation DP", gen.gen_dp_groups()),
+        "",
+        f"{'strategy':<14}{'recv max':>12}{'recv mean':>12}{'peak param':>12}{'redundant':>12}"
+        f"   ({unit} per rank)",
+    ]
+    for name, s in plan.strategies.items():
+        lines.append(
+            f"{name:<14}{s.comm_bytes_max / size:>12.3f}{s.comm_bytes_mean / size:>12.3f}"
+            f"{s.peak_param_bytes / size:>12.3f}{s.redundant_bytes / size:>12.3f}"
+        )
+    names = list(plan.strategies)
+    if len(names) > 1:
+        lines += ["", "reduction of recv max / peak param memory against each baseline (1 - this/baseline):"]
+        lines.append(f"{'':<14}" + "".join(f"{'vs ' + b:>22}" for b in names))
+        for name in names:
+            a = plan.strategies[name]
+            cells = []
+            for base in names:
+                b = plan.strategies[base]
+                comm = _reduction(a.comm_bytes_max, b.comm_bytes_max)
+                peak = _reduction(a.peak_param_bytes, b.peak_param_bytes)
+                cells.append("-" if base == name else f"{comm} / {peak}")
+            lines.append(f"{name:<14}" + "".join(f"{c:>22}" for c in cells))
+    return "\n".join(lines)
+
+
+def _reduction(value: float, baseline: float) -> str:
+    return "n/a" if baseline == 0 else f"{100 * (1 - value / baseline):.1f}%"
+
+
+def format_auto(rows, best, hw: HardwareModel) -> str:
+    lines = [
+        f"{'t_g':>4}{'p_g':>4}{'d_g':>4}{'transition GB':>15}{'weights GB':>12}{'KV GB':>9}{'fits':>6}"
+        f"{'transition s':>14}{'generate s':>12}{'total s':>10}",
+    ]
+    for r in rows:
+        mark = "  <- fastest that fits" if r is best else ""
+        lines.append(
+            f"{r.t_g:>4}{r.p_g:>4}{r.d_g:>4}{r.transition_bytes / GB:>15.3f}{r.weight_bytes / GB:>12.2f}"
+            f"{r.kv_bytes / GB:>9.2f}{'yes' if r.fits else 'no':>6}{r.transition_s:>14.3f}"
+            f"{r.generate_s:>12.2f}{r.total_s:>10.2f}{mark}"
+        )
+    lines.append(
+        f"model: {hw.gpu_mem_gb:g} GB x {hw.mem_fraction:g} usable per GPU, HBM {hw.hbm_gbps:g} GB/s, "
+        f"NVLink {hw.nvlink_gbps:g} GB/s, IB {hw.ib_gbps:g} GB/s, {hw.alpha_us:g} us per collective "
+        "(see rl3d.hybrid_engine.auto)"
+    )
+    if best is None:
+        lines.append("no generation layout fits: lower --batch or use more GPUs")
+    return "\n".join(lines)
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Entry point of `rl3d plan`; ValueError (bad layout, model, flag) is reported by the CLI."""
+    spec, train, t_g, p_g, dtype = _inputs(args)
+    if args.auto:
+        hw = HardwareModel(gpu_mem_gb=args.gpu_mem_gb)
+        rows = search_layouts(
+            spec, train, batch=args.batch, prompt_len=args.prompt_len, response_len=args.response_len,
+            dtype=dtype, hw=hw,
+        )  # fmt: skip
+        best = best_row(rows)
+        if args.json:
+            out = {"layouts": [vars(r) | {"total_s": r.total_s, "best": r is best} for r in rows]}
+            print(json.dumps(out))  # noqa: T201 - command output
+        else:
+            print(format_auto(rows, best, hw))  # noqa: T201
+        return 0
+    strategies = tuple(args.strategy) if args.strategy else STRATEGIES
+    plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
+    print(json.dumps(plan.to_json()) if args.json else format_plan(plan))  # noqa: T201
+    return 0

@@ -1,0 +1,104 @@
+"""`rl3d plan`: the JSON contract other tools read, the human table, --auto, and errors."""
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rl3d.cli import EXIT_BAD_INPUT, main
+
+ROOT = Path(__file__).resolve().parents[3]
+STRATEGY_FIELDS = {
+    "strategy",
+    "comm_bytes_max",
+    "comm_bytes_mean",
+    "peak_param_bytes",
+    "redundant_bytes",
+    "d_g",
+}
+
+
+def run_json(capsys, *args):
+    assert main(["plan", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_contract_for_70b(capsys):
+    out = run_json(capsys, "--model", "llama2-70b", "--train", "4,8,4", "--gen", "8,1")
+    assert set(out["strategies"]) == {"hybridflow", "hybridflow_v", "ds_chat", "openrlhf"}
+    for name, s in out["strategies"].items():
+        assert STRATEGY_FIELDS <= set(s) and s["strategy"] == name and s["d_g"] == 4
+    hf, ds = out["strategies"]["hybridflow"], out["strategies"]["ds_chat"]
+    assert hf["comm_bytes_max"] < ds["comm_bytes_max"] and hf["redundant_bytes"] == 0
+    assert out["d_g"] == 4 and out["world_size"] == 128
+
+
+def test_strategy_filter_and_dtype(capsys):
+    bf16 = run_json(
+        capsys, "--model", "llama3-8b", "--train", "1,4,2", "--gen", "2,1", "--strategy", "hybridflow"
+    )
+    fp32 = run_json(
+        capsys, "--model", "llama3-8b", "--train", "1,4,2", "--gen", "2,1", "--strategy", "hybridflow",
+        "--dtype", "float32",
+    )  # fmt: skip
+    assert list(bf16["strategies"]) == ["hybridflow"]
+    assert (
+        fp32["strategies"]["hybridflow"]["comm_bytes_max"]
+        == 2 * bf16["strategies"]["hybridflow"]["comm_bytes_max"]
+    )
+
+
+def test_plan_from_recipe(capsys):
+    out = run_json(capsys, str(ROOT / "recipes/quickstart_cpu_grpo.yaml"))
+    assert out["model"] == "tiny-llama" and out["train"] == {"p": 1, "t": 2, "d": 1} and out["d_g"] == 2
+
+
+def test_human_table_summarises_big_worlds(capsys):
+    assert main(["plan", "--model", "llama2-70b", "--train", "4,8,4", "--gen", "8,1"]) == 0
+    out = capsys.readouterr().out
+    assert "micro-DP           [0, 32, 64, 96]" in out and "(32 groups of 4)" in out
+    assert "hybridflow" in out and "vs ds_chat" in out
+
+
+def test_auto_marks_fastest_fitting_layout(capsys):
+    assert main(["plan", "--model", "llama2-70b", "--train", "4,8,4", "--auto", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["layouts"]
+    assert len(rows) == 4 * 3  # t_g in {1,2,4,8} x p_g in {1,2,4}
+    best = [r for r in rows if r["best"]]
+    assert len(best) == 1 and best[0]["fits"]
+    assert best[0]["total_s"] == min(r["total_s"] for r in rows if r["fits"])
+    t1 = next(r for r in rows if r["t_g"] == 1 and r["p_g"] == 1)
+    assert not t1["fits"]  # a whole 70B model does not fit in 80 GB with its KV cache
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "llama2-70b", "--train", "4,8", "--gen", "8,1"], "--train expects 3"),
+        (["--model", "llama2-70b", "--train", "4,8,4", "--gen", "3,1"], "t_g=3 must divide training t=8"),
+        (["--model", "llama2-71b", "--train", "4,8,4", "--gen", "8,1"], "unknown model 'llama2-71b' (did you mean"),
+        (["--model", "llama2-70b"], "give a RECIPE"),
+    ],
+)
+def test_bad_input_exits_2_with_reason(args, message, capsys):
+    assert main(["plan", *args]) == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err
+
+
+def test_70b_plan_is_fast_and_never_imports_torch():
+    """`rl3d plan` is pure Python over shapes: no torch import, so no tensor memory at all."""
+    code = (
+        "import sys, time; t = time.perf_counter(); from rl3d.cli import main; "
+        "main(['plan', '--model', 'llama2-70b', '--train', '4,8,4', '--gen', '8,1', '--json']); "
+        "print(time.perf_counter() - t); print('torch' in sys.modules)"
+    )
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    wall = time.perf_counter() - start
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[-1] == "False"
+    assert float(lines[-2]) < 2.0, f"planning took {lines[-2]} s (process wall {wall:.2f} s)"

@@ -1,0 +1,91 @@
+"""Training and generation layouts: megatron rank order and the paper's regrouping rule."""
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rl3d.parallel import GenerationLayout, ParallelLayout
+
+
+def test_paper_8_gpu_example():
+    gen = GenerationLayout.from_training(ParallelLayout(p=1, t=4, d=2), t_g=2, p_g=1)
+    assert gen.d_g == 2
+    assert gen.gen_tp_groups() == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert gen.micro_dp_groups() == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert str(gen) == "1-2-2-2"
+
+
+def test_megatron_rank_order():
+    layout = ParallelLayout(p=2, t=2, d=3)
+    assert layout.rank_of(pp=1, dp=2, tp=1) == 1 + 2 * (2 + 3 * 1)
+    assert layout.tp_groups()[0] == [0, 1]
+    assert layout.dp_groups()[0] == [0, 2, 4]
+    assert layout.pp_groups()[0] == [0, 6]
+
+
+def test_pp_folds_into_micro_dp():
+    gen = GenerationLayout.from_training(ParallelLayout(p=2, t=2, d=2), t_g=2, p_g=1)
+    assert gen.d_g == 2
+    assert gen.micro_dp_groups() == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert gen.gen_tp_groups() == [[0, 1], [4, 5], [2, 3], [6, 7]]
+
+
+@pytest.mark.parametrize(
+    "p, t, d, t_g, p_g, reason",
+    [
+        (1, 4, 2, 3, 1, "t_g=3 must divide training t=4"),
+        (2, 2, 1, 1, 4, "p_g=4 must divide training p=2"),
+        (1, 0, 1, 1, 1, "t must be a positive integer"),
+        (1, 2, 1, 0, 1, "t_g must be a positive integer"),
+    ],
+)
+def test_invalid_layouts_say_why(p, t, d, t_g, p_g, reason):
+    with pytest.raises(ValueError, match=reason):
+        GenerationLayout.from_training(ParallelLayout(p, t, d), t_g, p_g)
+
+
+def test_rank_outside_world():
+    with pytest.raises(ValueError, match="rank 8 outside world of size 8"):
+        ParallelLayout(1, 4, 2).coords(8)
+
+
+@st.composite
+def layouts(draw):
+    p, t, d = (draw(st.sampled_from([1, 2, 3, 4])) for _ in range(3))
+    t_g = draw(st.sampled_from([k for k in range(1, t + 1) if t % k == 0]))
+    p_g = draw(st.sampled_from([k for k in range(1, p + 1) if p % k == 0]))
+    return GenerationLayout.from_training(ParallelLayout(p, t, d), t_g, p_g)
+
+
+def _is_partition(groups, world):
+    flat = [r for g in groups for r in g]
+    return sorted(flat) == list(range(world))
+
+
+@given(layouts())
+def test_groups_partition_the_world_and_agree_with_coords(gen):
+    world = gen.world_size
+    for groups, size in [
+        (gen.gen_tp_groups(), gen.t_g),
+        (gen.gen_pp_groups(), gen.p_g),
+        (gen.micro_dp_groups(), gen.d_g),
+        (gen.gen_dp_groups(), gen.d_g * gen.train.d),
+    ]:
+        assert _is_partition(groups, world) and all(len(g) == size for g in groups)
+    for group in gen.gen_tp_groups():
+        coords = [gen.coords(r) for r in group]
+        assert [c.tp_g for c in coords] == list(range(gen.t_g))
+        # stride r along training TP
+        tps = [gen.train.coords(r).tp for r in group]
+        assert all(b - a == gen.r for a, b in zip(tps, tps[1:]))
+    for group in gen.micro_dp_groups():
+        coords = [gen.coords(r) for r in group]
+        assert len({(c.tp_g, c.pp_g, c.dp) for c in coords}) == 1
+        assert sorted(c.micro_dp for c in coords) == list(range(gen.d_g))
+        # consecutive training TP ranks: the group's TP ranks form one block of r
+        tps = sorted({gen.train.coords(r).tp for r in group})
+        assert tps == list(range(tps[0], tps[0] + gen.r))
+    dp_g = sorted(
+        gen.coords(r).dp_g for r in range(world) if gen.coords(r).tp_g == 0 and gen.coords(r).pp_g == 0
+    )
+    assert dp_g == list(range(gen.d_g * gen.train.d))
