@@ -63,8 +63,8 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
 
 
 def _check_batches(cfg: RL3DConfig, fail) -> None:
-    if cfg.algorithm.advantage in ("grpo", "rloo") and cfg.rollout.n < 2:
-        raise fail("rollout.n", f"{cfg.algorithm.advantage} compares samples of one prompt: needs n >= 2")
+    if cfg.algorithm.family.needs_group_samples and cfg.rollout.n < 2:
+        raise fail("rollout.n", f"{cfg.algorithm.adv_estimator} compares samples of one prompt: needs n >= 2")
     samples = cfg.data.prompts_per_step * cfg.rollout.n
     roles = [("actor", cfg.actor)]
     if cfg.critic_enabled:
@@ -87,7 +87,7 @@ def _check_batches(cfg: RL3DConfig, fail) -> None:
 
 def _check_roles(cfg: RL3DConfig, fail) -> None:
     if cfg.algorithm.needs_critic and cfg.critic.enabled is False:
-        raise fail("critic.enabled", f"advantage estimator {cfg.algorithm.advantage!r} needs a critic")
+        raise fail("critic.enabled", f"advantage estimator {cfg.algorithm.adv_estimator!r} needs a critic")
     if cfg.algorithm.kl.coef > 0 and cfg.reference.enabled is False:
         raise fail("reference.enabled", "algorithm.kl.coef > 0 needs the reference model")
     if cfg.rollout.engine == "sglang" and cfg.launch.device == "cpu":

@@ -164,8 +164,8 @@ class HybridEngineConfig:
 @dataclass(frozen=True, kw_only=True)
 class KLConfig:
     coef: float = 0.0
-    estimator: Literal["k1", "k2", "k3"] = "k3"
-    placement: Literal["reward", "loss"] = "loss"  # PPO puts KL in the reward, GRPO in the loss
+    estimator: Literal["k1", "k2", "k3"] | None = None  # None: k1 in the reward, k3 in the loss
+    placement: Literal["reward", "loss"] | None = None  # None: the estimator family's default
     controller: Literal["fixed", "adaptive"] = "fixed"
     target: float = 0.1  # adaptive controller's target KL
     horizon: int = 10000  # adaptive controller's horizon (samples)
@@ -176,24 +176,55 @@ class KLConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AlgorithmConfig:
-    advantage: Literal["gae", "grpo", "rloo", "reinforce_plus_plus", "remax"] = "grpo"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std: bool = True  # GRPO: divide by the group's std (Dr.GRPO sets false)
-    clip_low: float = 0.2
-    clip_high: float = 0.2  # DAPO clip-higher when > clip_low
-    dual_clip_c: float | None = None  # dual-clip lower bound for negative advantages, e.g. 3.0
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
-    entropy_coef: float = 0.0
-    value_clip: float = 0.2
-    kl: KLConfig = field(default_factory=KLConfig)
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal
-    overlong_buffer: int = 0  # DAPO soft overlong penalty window (tokens); 0 = off
-    overlong_penalty: float = 1.0
+class SafeRLHFConfig:
+    """PPO-Lagrangian (Dai et al., ICLR 2024): max J_R - lambda * (J_C - d), lambda >= 0."""
+
+    cost_threshold: float = 0.0  # d
+    lagrange_init: float = 1.0
+    lagrange_lr: float = 0.01
+    lagrange_max: float | None = None
 
     def __post_init__(self) -> None:
-        _non_negative(self, "clip_low", "clip_high", "entropy_coef", "value_clip", "overlong_buffer")
+        _positive(self, "lagrange_init", "lagrange_lr", "lagrange_max")
+
+
+def _registered(registry_getter: str, field_name: str, value: str) -> None:
+    import rl3d.algos as algos
+
+    try:
+        getattr(algos, registry_getter)(value)
+    except ValueError as err:
+        raise FieldError(field_name, str(err)) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AlgorithmConfig:
+    """Names resolve in the `rl3d.algos` registries; a new algorithm is an entry plus a recipe."""
+
+    adv_estimator: str = "grpo"  # gae | grpo | rloo | reinforce_plus_plus | remax | safe_rlhf
+    policy_loss: str = "ppo"  # ppo | dual_clip | clip_higher (presets of the clipped PPO loss)
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten_advantages: bool = True  # GAE / Safe-RLHF: whiten over the whole (DP) batch
+    norm_adv_by_std: bool = True  # GRPO: divide by the group's std (Dr. GRPO sets false)
+    clip_low: float = 0.2
+    clip_high: float | None = None  # None = clip_low; DAPO's clip-higher uses 0.28
+    dual_clip_c: float | None = None  # dual-clip bound for negative advantages, e.g. 3.0
+    loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
+    entropy_coef: float = 0.0
+    value_clip_range: float | None = 0.2  # None = unclipped value loss
+    kl: KLConfig = field(default_factory=KLConfig)
+    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, then refill
+    overlong_buffer_length: int = 0  # DAPO soft overlong penalty window in tokens; 0 = off
+    overlong_penalty_factor: float = 1.0
+    safe_rlhf: SafeRLHFConfig = field(default_factory=SafeRLHFConfig)
+
+    def __post_init__(self) -> None:
+        _registered("get_advantage_estimator", "adv_estimator", self.adv_estimator)
+        _registered("get_policy_loss", "policy_loss", self.policy_loss)
+        _registered("get_loss_agg_mode", "loss_agg_mode", self.loss_agg_mode)
+        _non_negative(self, "clip_low", "clip_high", "entropy_coef", "value_clip_range")
+        _non_negative(self, "overlong_buffer_length", "overlong_penalty_factor")
         if not 0 <= self.gamma <= 1:
             raise FieldError("gamma", f"must be in [0, 1], got {self.gamma}")
         if not 0 <= self.lam <= 1:
@@ -202,8 +233,23 @@ class AlgorithmConfig:
             raise FieldError("dual_clip_c", f"must be > 1, got {self.dual_clip_c}")
 
     @property
+    def family(self):
+        """The estimator's `rl3d.algos.AlgorithmFamily` (critic? groups? greedy baseline?)."""
+        from rl3d.algos import get_advantage_estimator
+
+        return get_advantage_estimator(self.adv_estimator)
+
+    @property
     def needs_critic(self) -> bool:
-        return self.advantage == "gae"
+        return self.family.needs_critic
+
+    @property
+    def kl_placement(self) -> str:
+        return self.kl.placement or self.family.default_kl_placement
+
+    @property
+    def kl_estimator(self) -> str:
+        return self.kl.estimator or ("k1" if self.kl_placement == "reward" else "k3")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,7 +26,7 @@ def describe(loaded) -> str:
         f"model        {cfg.model.name} ({cfg.model.dtype})",
         f"actor        train p-t-d = {par.pp}-{par.tp}-{par.dp}; generate t_g={cfg.rollout.t_g}, "
         f"p_g={cfg.rollout.p_g} with the {cfg.rollout.engine} engine",
-        f"algorithm    {cfg.algorithm.advantage}; critic {'on' if cfg.critic_enabled else 'off'}, "
+        f"algorithm    {cfg.algorithm.adv_estimator}; critic {'on' if cfg.critic_enabled else 'off'}, "
         f"reference {'on' if cfg.reference_enabled else 'off'}",
         f"batch        {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} per step, "
         f"{cfg.trainer.total_steps} steps",

@@ -26,7 +26,7 @@ launch: {nproc_per_node: 2}
 def write_tree(root: Path, recipe: str = BASE_RECIPE, blocks: dict[str, str] | None = None) -> Path:
     blocks = {
         "models/m.yaml": "model: {name: tiny-llama, dtype: float32}\n",
-        "algos/a.yaml": "algorithm: {advantage: grpo, clip_high: 0.28}\nrollout: {n: 8}\n",
+        "algos/a.yaml": "algorithm: {adv_estimator: grpo, clip_high: 0.28}\nrollout: {n: 8}\n",
         **(blocks or {}),
     }
     for name, text in blocks.items():
@@ -59,11 +59,11 @@ def test_nested_defaults_apply_before_the_block(tmp_path):
         tmp_path,
         blocks={
             "algos/a.yaml": "defaults: [algos/base]\nalgorithm: {clip_high: 0.3}\n",
-            "algos/base.yaml": "algorithm: {advantage: rloo, clip_high: 0.1, entropy_coef: 0.01}\n",
+            "algos/base.yaml": "algorithm: {adv_estimator: rloo, clip_high: 0.1, entropy_coef: 0.01}\n",
         },
     )
     cfg = load_config(recipe).config
-    assert cfg.algorithm.advantage == "rloo" and cfg.algorithm.clip_high == 0.3
+    assert cfg.algorithm.adv_estimator == "rloo" and cfg.algorithm.clip_high == 0.3
     assert cfg.algorithm.entropy_coef == 0.01
 
 
@@ -193,7 +193,7 @@ def test_grpo_needs_several_samples(tmp_path):
 def test_gae_without_critic_is_rejected(tmp_path):
     recipe = write_tree(tmp_path)
     with pytest.raises(ConfigError, match=r"critic\.enabled: advantage estimator 'gae' needs a critic"):
-        load_config(recipe, ["algorithm.advantage=gae", "critic.enabled=false"])
+        load_config(recipe, ["algorithm.adv_estimator=gae", "critic.enabled=false"])
 
 
 @pytest.mark.parametrize("bad", ["noequals", "=3", "a..b=1"])
@@ -219,3 +219,15 @@ def test_resolved_config_round_trips(tmp_path):
     assert data["trainer"]["total_steps"] == 7 and data["model"]["name"] == "tiny-llama"
     # The resolved file alone reproduces the same config.
     assert load_config(out).config == loaded.config
+
+
+def test_algorithm_names_resolve_in_the_registry(tmp_path):
+    recipe = write_tree(tmp_path)
+    with pytest.raises(ConfigError, match=r"algorithm\.adv_estimator: unknown advantage estimator 'grp'"):
+        load_config(recipe, ["algorithm.adv_estimator=grp"])
+    with pytest.raises(ConfigError, match=r"algorithm\.policy_loss: unknown policy loss 'clip_hi'"):
+        load_config(recipe, ["algorithm.policy_loss=clip_hi"])
+    cfg = load_config(recipe, ["algorithm.adv_estimator=rloo"]).config
+    assert cfg.algorithm.kl_placement == "reward" and cfg.algorithm.kl_estimator == "k1"
+    cfg = load_config(recipe).config  # grpo puts its KL in the loss, estimated with k3
+    assert cfg.algorithm.kl_placement == "loss" and cfg.algorithm.kl_estimator == "k3"

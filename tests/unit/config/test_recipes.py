@@ -31,15 +31,31 @@ def test_rl3d_validate_accepts_recipe(recipe, capsys):
 def test_cpu_quickstart_reshards_every_step():
     cfg = load_config(ROOT / "recipes/quickstart_cpu_grpo.yaml").config
     assert cfg.actor.parallel.tp == 2 and cfg.rollout.t_g == 1  # a real micro-DP group of 2
-    assert cfg.rollout.engine == "torch" and cfg.algorithm.advantage == "grpo"
+    assert cfg.rollout.engine == "torch" and cfg.algorithm.adv_estimator == "grpo"
     assert cfg.launch.world_size == 2
 
 
 def test_ppo_quickstart_has_a_critic():
     cfg = load_config(ROOT / "recipes/quickstart_cpu_ppo.yaml").config
-    assert cfg.critic_enabled and cfg.algorithm.advantage == "gae"
+    assert cfg.critic_enabled and cfg.algorithm.adv_estimator == "gae"
 
 
 @pytest.mark.parametrize("block", sorted((ROOT / "yaml").rglob("*.yaml")), ids=lambda p: p.stem)
 def test_every_block_is_a_mapping(block):
     assert isinstance(yaml.safe_load(block.read_text()), dict)
+
+
+@pytest.mark.parametrize("algo", sorted(p.stem for p in (ROOT / "yaml/algos").glob("*.yaml")))
+def test_every_algorithm_block_composes_into_a_valid_recipe(algo, tmp_path, monkeypatch):
+    monkeypatch.setenv("RL3D_YAML_DIR", str(ROOT / "yaml"))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "defaults: [models/tiny_llama, algos/" + algo + ", rollout/torch_cpu, clusters/local_cpu]\n"
+        "actor: {parallel: {tp: 2}, mini_batch_size: 8, micro_batch_size: 4}\n"
+        "critic: {parallel: {tp: 2}, mini_batch_size: 8, micro_batch_size: 4}\n"
+        "data: {synthetic: {task: copy_first}, prompts_per_step: 8}\n"
+        "launch: {nproc_per_node: 2}\n"
+    )
+    cfg = load_config(recipe).config
+    assert cfg.algorithm.adv_estimator in {"gae", "grpo", "rloo", "reinforce_plus_plus", "remax", "safe_rlhf"}
+    assert cfg.critic_enabled == cfg.algorithm.family.needs_critic or cfg.critic.enabled
