@@ -5,10 +5,36 @@ torch is deliberately a loose floor: pip must never resolve a fresh torch on its
 on a CUDA machine install your own torch build before `pip install -e .`.
 """
 
+import os
 import sys
 
 from setuptools import find_packages, setup
 
+
+def cuda_extensions() -> tuple[list, dict]:
+    """rl3d._kernels_cuda, built only where CUDA is present (a GPU, or CUDA_HOME plus
+    RL3D_BUILD_CUDA=1); anywhere else nothing, and never an error: rl3d.ops falls back to
+    Triton or torch, or JIT-builds the same sources on first use. Building it needs torch at
+    build time: `pip install --no-build-isolation -e .` on a CUDA machine."""
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CUDAExtension
+    except ImportError:  # isolated build without torch: ship the sources only
+        return [], {}
+    wanted = torch.cuda.is_available() or os.environ.get("RL3D_BUILD_CUDA") == "1"
+    if not wanted or CUDA_HOME is None:
+        return [], {}
+    cuda_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "cuda")
+    extension = CUDAExtension(
+        name="rl3d._kernels_cuda",
+        sources=["kernels/cuda/strided_copy.cu", "kernels/cuda/binding.cpp"],
+        include_dirs=[cuda_dir],
+        extra_compile_args={"cxx": ["-O3"], "nvcc": ["-O3"]},
+    )
+    return [extension], {"build_ext": BuildExtension}
+
+
+EXT_MODULES, CMDCLASS = cuda_extensions()
 MEGATRON = "megatron-core>=0.16,<0.17" if sys.version_info < (3, 12) else "megatron-core>=0.16"
 
 setup(
@@ -39,4 +65,6 @@ setup(
         "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6"],
     },
     entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},
+    ext_modules=EXT_MODULES,
+    cmdclass=CMDCLASS,
 )

@@ -156,6 +156,8 @@ class HybridEngineConfig:
     release: Literal["free", "offload_cpu"] = "free"
     verify: bool = False  # checksum every generation shard against a direct slice
     timeout_s: float = 300.0
+    # Resharding kernel form: auto = CUDA extension, else Triton on GPU; torch reference on CPU.
+    kernel_backend: Literal["auto", "torch", "triton", "cuda"] = "auto"
 
     def __post_init__(self) -> None:
         _positive(self, "bucket_mb", "timeout_s")
