@@ -16,9 +16,10 @@ Strategies (HybridFlow, EuroSys'25, Table 2, plus the separate-GPU baseline):
 
 Definitions (the fields of the JSON contract):
 - comm bytes: bytes a rank receives during the transition.
-- peak_param_bytes: the parameter memory the transition materialises on a rank as generation
-  weights (for hybridflow this includes the training shard, reused in place; for openrlhf a
-  rollout GPU's shard plus one full tensor in flight). The max over ranks is reported.
+- peak_param_bytes: the generation weights a rank holds once the transition is done (for
+  hybridflow this includes the training shard, reused in place; for hybridflow_v and ds_chat
+  the gathered full model; for openrlhf a rollout GPU's shard plus one full tensor in flight).
+  The max over ranks is reported; the executor measures the same quantity from storages.
 - redundant_bytes: training-weight bytes a rank keeps in storage that is not its generation
   weights: 0 for hybridflow (in place), the whole training shard for hybridflow_v and ds_chat
   (gathered into a separate buffer) and for openrlhf's trainer GPUs (the model lives twice).
@@ -147,12 +148,8 @@ def _gather_costs(ctx: _Ctx, groups: list[list[int]], need_of, in_place: bool) -
                 source = (same_tp or holders)[0]
                 send[source] += ctx.table.sizes[seg] * ctx.dtype_bytes
             recv[m] = ctx.nbytes(missing)
-            if in_place:
-                peak[m] = ctx.nbytes(need | owns[m])
-                redundant[m] = ctx.nbytes(owns[m] - need)
-            else:
-                peak[m] = ctx.nbytes(need)
-                redundant[m] = ctx.nbytes(owns[m])
+            peak[m] = ctx.nbytes(need)
+            redundant[m] = ctx.nbytes(owns[m] - need) if in_place else ctx.nbytes(owns[m])
     return [RankCost(r, recv[r], send[r], peak[r], redundant[r]) for r in sorted(recv)]
 
 

@@ -1,0 +1,86 @@
+"""Counted collectives: every byte the executor moves is tallied here, and every failure or
+timeout becomes a `ReshardError` that names the group and the ranks it waited for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from rl3d.parallel.groups import Group
+
+
+class ReshardError(RuntimeError):
+    """A transition failed: a collective timed out or a peer died, or verification failed."""
+
+
+@dataclass
+class CommCounter:
+    recv_bytes: int = 0
+    send_bytes: int = 0
+
+    def reset(self) -> None:
+        self.recv_bytes = self.send_bytes = 0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class CountedComm:
+    """Logical byte counts: a rank receives each peer's chunk once and sends its own chunk once
+    per receiver, whatever algorithm (ring, tree) the backend runs underneath."""
+
+    def __init__(self, rank: int, timeout_s: float):
+        self.rank = rank
+        self.timeout_s = timeout_s
+        self.counter = CommCounter()
+
+    def _fail(self, op: str, group: Group, err: Exception) -> ReshardError:
+        others = [r for r in group.ranks if r != self.rank]
+        return ReshardError(
+            f"rank {self.rank}: {op} over the {group.name} group {list(group.ranks)} did not complete "
+            f"(waited for ranks {others}, timeout {self.timeout_s:g}s): {err}"
+        )
+
+    def all_gather_v(self, group: Group, chunks: dict[int, torch.Tensor]) -> None:
+        """Member m's chunk goes to every member's `chunks[m]` (the sender's own entry is its
+        input). Equal sizes use one all-gather; unequal sizes one broadcast per sender."""
+        sizes = {m: chunks[m].numel() for m in group.ranks}
+        mine = chunks[self.rank]
+        try:
+            if len(set(sizes.values())) == 1 and mine.numel() > 0:
+                dist.all_gather([chunks[m] for m in group.ranks], mine, group=group.handle)
+            else:
+                for src in group.ranks:
+                    if sizes[src]:
+                        dist.broadcast(chunks[src], src=src, group=group.handle)
+        except (RuntimeError, dist.DistBackendError) as err:
+            raise self._fail("all-gather", group, err) from err
+        self.counter.recv_bytes += sum(_nbytes(chunks[m]) for m in group.ranks if m != self.rank)
+        self.counter.send_bytes += _nbytes(mine) * (group.size - 1)
+
+    def broadcast(self, group: Group, tensor: torch.Tensor, src: int) -> None:
+        try:
+            dist.broadcast(tensor, src=src, group=group.handle)
+        except (RuntimeError, dist.DistBackendError) as err:
+            raise self._fail("broadcast", group, err) from err
+        if src == self.rank:
+            self.counter.send_bytes += _nbytes(tensor) * (group.size - 1)
+        else:
+            self.counter.recv_bytes += _nbytes(tensor)
+
+    def send(self, group: Group, tensor: torch.Tensor, dst: int) -> None:
+        try:
+            dist.send(tensor, dst=dst, group=group.handle)
+        except (RuntimeError, dist.DistBackendError) as err:
+            raise self._fail(f"send to rank {dst}", group, err) from err
+        self.counter.send_bytes += _nbytes(tensor)
+
+    def recv(self, group: Group, tensor: torch.Tensor, src: int) -> None:
+        try:
+            dist.recv(tensor, src=src, group=group.handle)
+        except (RuntimeError, dist.DistBackendError) as err:
+            raise self._fail(f"receive from rank {src}", group, err) from err
+        self.counter.recv_bytes += _nbytes(tensor)
