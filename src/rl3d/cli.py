@@ -47,6 +47,16 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from rl3d.bench.report import run_bench
+
+    try:
+        return run_bench(args)
+    except ValueError as err:
+        print(f"rl3d bench: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
 def _not_yet(feature: str, issue: str) -> Callable[[argparse.Namespace], int]:
     def run(args: argparse.Namespace) -> int:
         raise NotAvailable(f"`rl3d {feature}` is not available yet (tracked in {issue}).")
@@ -74,8 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
+    bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition --mode modeled|measured`")
+    from rl3d.bench.report import add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=_cmd_bench)
     for name, issue in [
-        ("bench", "the benchmark issue"),
         ("slurm", "the SLURM issue"),
         ("convert", "the megatron-models issue"),
     ]:

@@ -154,71 +154,56 @@ class Resharder:
         return views, buffer
 
     # -- strategies ----------------------------------------------------------------------------
+    def _gather_steps(self) -> list[tuple[Group, Callable[[int], list[ParamInfo]]]]:
+        """The (group, member -> parameters it contributes) gathers of hybridflow / hybridflow_v.
+
+        hybridflow: TP-sharded parameters over the micro-DP group; replicated norms over the
+        same-TP subgroup, only when PP folds into micro-DP (s > 1). hybridflow_v: the whole
+        replica over its t*p ranks, norms over the pipeline group when p > 1."""
+        if self.strategy == "hybridflow":
+            needed = {p.name for p in self._stage_params(self.gen.coords(self.rank).pp_g, self.gen.p_g)}
+            main, norms, fold = self.groups.micro_dp, self.groups.pp_micro, self.gen.s > 1
+        else:
+            needed = None
+            main, norms, fold = self.groups.model_parallel, self.groups.pipeline, self.train.p > 1
+
+        def contrib(replicated: bool) -> Callable[[int], list[ParamInfo]]:
+            def of(member: int) -> list[ParamInfo]:
+                stage = self._stage_params(self._train_coords(member)[0], self.train.p)
+                return [
+                    p
+                    for p in stage
+                    if (needed is None or p.name in needed) and (p.kind is ShardKind.REPLICATED) == replicated
+                ]
+
+            return of
+
+        return [(main, contrib(False))] + ([(norms, contrib(True))] if fold else [])
+
+    def _gather_all(self, train, dtype, device, *, copy_own: bool):
+        views, buffers = {}, []
+        for group, contrib_of in self._gather_steps():
+            got, buf = self._gather(group, contrib_of, train, copy_own=copy_own, dtype=dtype, device=device)
+            views.update(got)
+            buffers += [buf] if buf is not None else []
+        return views, buffers
+
     def _hybridflow(self, train: dict[str, torch.Tensor], dtype, device) -> GenerationWeights:
         gen, me = self.gen, self.rank
         c = gen.coords(me)
-        my_pp, my_tp = self._train_coords(me)
-        needed = {p.name for p in self._stage_params(c.pp_g, gen.p_g)}
-
-        def sharded(m: int) -> list[ParamInfo]:
-            pp, _ = self._train_coords(m)
-            return [
-                p
-                for p in self._stage_params(pp, self.train.p)
-                if p.name in needed and p.kind is not ShardKind.REPLICATED
-            ]
-
-        def replicated(m: int) -> list[ParamInfo]:
-            pp, _ = self._train_coords(m)
-            return [
-                p
-                for p in self._stage_params(pp, self.train.p)
-                if p.name in needed and p.kind is ShardKind.REPLICATED
-            ]
-
-        views, buf = self._gather(
-            self.groups.micro_dp, sharded, train, copy_own=False, dtype=dtype, device=device
-        )
-        buffers = [buf] if buf is not None else []
-        if gen.s > 1:
-            norm_views, norm_buf = self._gather(self.groups.pp_micro, replicated, train, copy_own=False,
-                                                dtype=dtype, device=device)  # fmt: skip
-            views.update(norm_views)
-            buffers += [norm_buf] if norm_buf is not None else []
+        my_tp = self._train_coords(me)[1]
+        views, buffers = self._gather_all(train, dtype, device, copy_own=False)
         pieces = {}
-        for name in sorted(needed, key=list(self.by_name).index):
-            p = self.by_name[name]
+        for p in self._stage_params(c.pp_g, gen.p_g):
             stage = stages_of(p, self.spec.num_layers, self.train.p)[0]
             tps = [my_tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
             holders = [self.train.rank_of(pp=stage, dp=c.dp, tp=i) for i in tps]
-            pieces[name] = [train[name] if h == me else views[(h, name)] for h in holders]
+            pieces[p.name] = [train[p.name] if h == me else views[(h, p.name)] for h in holders]
         return self._weights(pieces, {}, buffers, c.tp_g)
 
     def _hybridflow_v(self, train, dtype, device) -> GenerationWeights:
-        def sharded(m: int) -> list[ParamInfo]:
-            return [
-                p
-                for p in self._stage_params(self._train_coords(m)[0], self.train.p)
-                if p.kind is not ShardKind.REPLICATED
-            ]
-
-        def replicated(m: int) -> list[ParamInfo]:
-            return [
-                p
-                for p in self._stage_params(self._train_coords(m)[0], self.train.p)
-                if p.kind is ShardKind.REPLICATED
-            ]
-
-        views, buf = self._gather(
-            self.groups.model_parallel, sharded, train, copy_own=True, dtype=dtype, device=device
-        )
-        buffers = [buf]
-        if self.train.p > 1:
-            norm_views, norm_buf = self._gather(self.groups.pipeline, replicated, train, copy_own=True,
-                                                dtype=dtype, device=device)  # fmt: skip
-            views.update(norm_views)
-            buffers.append(norm_buf)
-        else:  # one stage: the norms are the rank's own, copied into the separate buffer
+        views, buffers = self._gather_all(train, dtype, device, copy_own=True)
+        if self.train.p == 1:  # one stage: the norms are the rank's own, copied into the separate buffer
             norms = [p for p in self.params if p.kind is ShardKind.REPLICATED]
             norm_buf = torch.cat([train[p.name].reshape(-1) for p in norms])
             cursor = 0
@@ -308,6 +293,47 @@ class Resharder:
             pieces, {}, [t for v in pieces.values() for t in v], c.tp_g, gen_tp_as_train=True
         )
 
+    # -- the physical limit --------------------------------------------------------------------
+    def raw_transfer(self) -> int:
+        """Move the same bytes over the same groups with one flat collective per group (no
+        buckets, no packing, no layout): what the fabric does at best. Returns bytes received."""
+        dtype, device = self.dtype, self.device
+        comm = CountedComm(self.rank, self.groups.timeout_s)
+        n, me = self.train.world_size, self.rank
+
+        def flat(numel: int) -> torch.Tensor:
+            return torch.empty(numel, dtype=dtype, device=device)
+
+        def shard_numel(p: ParamInfo) -> int:
+            return p.numel if p.kind is ShardKind.REPLICATED else p.numel // self.train.t
+
+        if self.strategy in ("hybridflow", "hybridflow_v") and me < n:
+            for group, contrib_of in self._gather_steps():
+                sizes = {m: sum(shard_numel(p) for p in contrib_of(m)) for m in group.ranks}
+                comm.all_gather_v(group, {m: flat(k) for m, k in sizes.items()})
+        elif self.strategy == "ds_chat" and me < n:
+            chunk = sum(-(-p.numel // n) for p in self._stage_params(0, 1))
+            comm.all_gather_v(self.groups.world, {m: flat(chunk) for m in self.groups.world.ranks})
+        elif self.strategy == "openrlhf":
+            params = self._stage_params(0, 1)
+            if me < n and self.train.coords(me).dp == 0:
+                replica = self.groups.model_parallel
+                held = dict.fromkeys(replica.ranks, 0)
+                for p in params:
+                    stage = stages_of(p, self.spec.num_layers, self.train.p)[0]
+                    for i in [0] if p.kind is ShardKind.REPLICATED else range(self.train.t):
+                        held[self.train.rank_of(pp=stage, dp=0, tp=i)] += shard_numel(p)
+                for src in replica.ranks:
+                    if src != 0 and me == src:
+                        comm.send(replica, flat(held[src]), dst=0)
+                    elif src != 0 and me == 0:
+                        comm.recv(replica, flat(held[src]), src=src)
+            if me == 0 or me >= n:
+                comm.broadcast(self.groups.rollout_broadcast, flat(sum(p.numel for p in params)), src=0)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return comm.counter.recv_bytes
+
     def _weights(
         self, pieces, full, buffers, gen_tp_rank, gen_tp_as_train: bool = False
     ) -> GenerationWeights:
@@ -339,6 +365,9 @@ class Resharder:
                 )
         dtype, device = self.dtype, self.device
         self.comm.counter.reset()
+        if self.rank >= self.train.world_size and self.strategy != "openrlhf":
+            self.last_stats = TransitionStats(self.strategy, 0, 0, 0, 0.0, False)
+            return None  # a rollout-only rank (openrlhf's world) has no part in this strategy
         start = time.perf_counter()
         if self.strategy == "hybridflow":
             weights = self._hybridflow(train, dtype, device)
@@ -376,8 +405,10 @@ class Resharder:
             mine = ("tp", self.train.coords(self.rank).tp, {k: v.cpu() for k, v in train.items()})
         else:
             mine = ("none", 0, {})
-        everyone: list = [None] * dist.get_world_size()
-        dist.all_gather_object(everyone, mine)
+        group = None if self.strategy == "openrlhf" else self.groups.world
+        size = dist.get_world_size() if group is None else group.size
+        everyone: list = [None] * size
+        dist.all_gather_object(everyone, mine, group=None if group is None else group.handle)
         full = {}
         for p in self.params:
             if p.kind is ShardKind.REPLICATED or zero_shards is not None:

@@ -1,0 +1,145 @@
+"""Measured transition times: every strategy on real process groups, side by side, one launch.
+
+gloo on CPU (or NCCL on GPUs). For each strategy: warm-up runs, then `repeats` timed runs (the
+slowest rank's time, barrier before each; median reported), the counted bytes against the
+planner's, an optional verification pass, and the same bytes moved by one flat collective per
+group (`Resharder.raw_transfer`): the fabric's own limit, so the ratio shows the executor's
+overhead. Raw all-gathers of several sizes also fit the alpha-beta model's constants here.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from rl3d.hybrid_engine.plan import STRATEGIES, plan_transition
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _slowest(seconds: float, device: torch.device) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _timed(fn, device: torch.device) -> float:
+    dist.barrier()
+    start = time.perf_counter()
+    fn()
+    return _slowest(time.perf_counter() - start, device)
+
+
+def _zero_shards(full, params, rank, world):
+    out = {}
+    for p in params:
+        chunk = -(-p.numel // world)
+        flat = torch.zeros(chunk * world, dtype=full[p.name].dtype)
+        flat[: p.numel] = full[p.name].reshape(-1)
+        out[p.name] = flat[rank * chunk : (rank + 1) * chunk].clone()
+    return out
+
+
+def _fit_samples(device, dtype, world: int) -> list[tuple[int, int, float]]:
+    """Raw all-gathers over the world at several sizes: (ring steps, bytes received, seconds)."""
+    samples = []
+    group = dist.group.WORLD
+    for numel in (1 << 10, 1 << 14, 1 << 17, 1 << 19):
+        outs = [torch.empty(numel, dtype=dtype, device=device) for _ in range(world)]
+        mine = torch.ones(numel, dtype=dtype, device=device)
+        gather = lambda outs=outs, mine=mine: dist.all_gather(outs, mine, group=group)  # noqa: E731
+        times = [_timed(gather, device) for _ in range(4)]
+        recv = (world - 1) * numel * mine.element_size()
+        samples.append((world - 1, recv, statistics.median(times[1:])))
+    return samples
+
+
+def measured_worker(
+    rank, world, model, layout, t_g, p_g, strategies, repeats, warmup, verify, bucket_mb, dtype_name
+):
+    """Runs on every rank (spawned, or under torchrun); returns rank 0's results."""
+    from rl3d.hybrid_engine.executor import Resharder
+    from rl3d.hybrid_engine.params import model_params, stages_of
+    from rl3d.hybrid_engine.weights import full_model, training_shards
+    from rl3d.models.spec import get_model_spec
+    from rl3d.parallel import GenerationLayout, ParallelLayout
+    from rl3d.parallel.groups import build_hybrid_groups
+
+    dtype = DTYPES[dtype_name]
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if torch.cuda.is_available() else (
+        torch.device("cpu"))  # fmt: skip
+    spec = get_model_spec(model)
+    train = ParallelLayout(*layout)
+    n = train.world_size
+    rollout = n if "openrlhf" in strategies else 0
+    groups = build_hybrid_groups(
+        GenerationLayout.from_training(train, t_g, p_g), timeout_s=600, rollout_ranks=rollout
+    )
+    params = model_params(spec, train_tp=train.t)
+    full = full_model(params, seed=0, dtype=dtype)
+    shards = {}
+    if rank < n:
+        c = train.coords(rank)
+        shards = training_shards(full, params, pp_rank=c.pp, pp=train.p, tp_rank=c.tp, tp=train.t,
+                                 num_layers=spec.num_layers)  # fmt: skip
+    shards = {k: v.to(device) for k, v in shards.items()}
+    unpiped = [p for p in params if stages_of(p, spec.num_layers, 1)]
+    zero = {k: v.to(device) for k, v in _zero_shards(full, unpiped, rank, n).items()} if rank < n else {}
+    plan = plan_transition(spec, train, t_g, p_g, dtype=dtype_name, strategies=tuple(strategies))
+    results = {}
+    for strategy in strategies:
+        engine = Resharder(spec, groups, strategy=strategy, bucket_mb=bucket_mb, dtype=dtype, device=device)
+        kwargs = {"zero_shards": zero} if strategy == "ds_chat" else {}
+
+        def once(engine=engine, kwargs=kwargs):
+            weights = engine.to_generation(shards, **kwargs)
+            if weights is not None:
+                weights.release("free")
+
+        times = [_timed(once, device) for _ in range(warmup + repeats)][warmup:]
+        recv = torch.tensor([engine.last_stats.recv_bytes], dtype=torch.int64, device=device)
+        dist.all_reduce(recv, op=dist.ReduceOp.MAX)
+        raw = [_timed(engine.raw_transfer, device) for _ in range(warmup + repeats)][warmup:]
+        verified = False
+        if verify:
+            checker = Resharder(
+                spec, groups, strategy=strategy, bucket_mb=bucket_mb, verify=True, dtype=dtype, device=device
+            )
+            checker.to_generation(shards, **kwargs)  # raises ReshardError on any mismatch
+            verified = True
+        results[strategy] = {
+            "seconds": statistics.median(times),
+            "bytes_max": int(recv.item()),
+            "planned_bytes_max": plan.strategies[strategy].comm_bytes_max,
+            "verified": verified,
+            "raw_seconds": statistics.median(raw),
+            "all_seconds": times,
+        }
+    fit = _fit_samples(device, dtype, dist.get_world_size())
+    return {"strategies": results, "fit_samples": fit, "device": str(device), "world": dist.get_world_size()}
+
+
+def run_measured(model, layout, t_g, p_g, *, strategies=STRATEGIES, world=None, repeats=5, warmup=2,
+                 verify=False, bucket_mb=64.0, dtype="float32") -> dict:  # fmt: skip
+    """Under torchrun: run in this process group. Otherwise spawn the ranks on this machine."""
+    n = layout[0] * layout[1] * layout[2]
+    needed = 2 * n if "openrlhf" in strategies else n
+    if world is not None and world != needed:
+        raise ValueError(
+            f"--world {world} does not fit: training {layout} needs {n} ranks"
+            + (f" plus {n} rollout ranks for openrlhf" if "openrlhf" in strategies else "")
+        )
+    args = (layout, t_g, p_g, tuple(strategies), repeats, warmup, verify, bucket_mb, dtype)
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        if dist.get_world_size() != needed:
+            raise ValueError(f"torchrun world size {dist.get_world_size()} != {needed} needed")
+        return measured_worker(dist.get_rank(), needed, model, *args)
+    from rl3d.testing.spawn import run_distributed
+
+    return run_distributed(measured_worker, needed, model, *args, timeout_s=1800)[0]

@@ -1,0 +1,32 @@
+"""`rl3d bench transition --mode measured`: spawns gloo ranks, prints the JSON contract."""
+
+import json
+
+import pytest
+
+from rl3d.cli import main
+
+
+@pytest.mark.distributed
+def test_measured_contract_on_two_ranks(capsys, tmp_path):
+    args = ["bench", "transition", "--mode", "measured", "--model", "tiny-llama", "--train", "1,2,1",
+            "--gen", "1,1", "--strategies", "hybridflow,ds_chat", "--repeats", "1", "--warmup", "0",
+            "--verify", "--json", "--out", str(tmp_path)]  # fmt: skip
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out["strategies"]) == {"hybridflow", "ds_chat"}
+    for s in out["strategies"].values():
+        assert set(s) == {"seconds", "bytes_max", "planned_bytes_max", "verified", "raw_seconds"}
+        assert s["bytes_max"] == s["planned_bytes_max"] > 0
+        assert s["verified"] is True and s["seconds"] > 0 and s["raw_seconds"] > 0
+    assert (tmp_path / "transition.png").stat().st_size > 0
+
+
+def test_measured_world_must_fit_the_layout(capsys):
+    args = ["bench", "transition", "--mode", "measured", "--model", "tiny-llama", "--train", "1,2,1",
+            "--gen", "1,1", "--world", "3"]  # fmt: skip
+    assert main(args) == 2
+    assert (
+        "--world 3 does not fit: training (1, 2, 1) needs 2 ranks plus 2 rollout ranks"
+        in capsys.readouterr().err
+    )
