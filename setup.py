@@ -56,6 +56,7 @@ setup(
         "safetensors>=0.4",
         "transformers>=4.40",
         "numpy",
+        "packaging",
         "matplotlib",
         "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
     ],

@@ -1,0 +1,256 @@
+"""The decoder forward of the torch engine, computed straight from the generation shards.
+
+A generation-TP shard arrives as `pieces`: the r = t/t_g consecutive training-TP shards it is
+made of (one of them is the rank's own training tensor). They are never concatenated: every
+sharded matmul runs piece by piece, which is exact because of how Megatron lays them out:
+- linear_qkv (column-parallel, whole query groups per piece): per-piece outputs concatenate
+  along the group axis into this rank's heads;
+- linear_fc1 (piece i = [gate_i; up_i]): silu(gate_i) * up_i per piece, and linear_fc2
+  (row-parallel) piece i consumes exactly that slice, so the partial products just add up;
+- linear_proj (row-parallel): piece j consumes the heads of qkv piece j; partial products add;
+- embedding / output layer (vocab-parallel): piece j covers a consecutive slice of the rank's
+  vocabulary rows.
+Partial sums of row-parallel layers and of the embedding lookup are all-reduced over the
+generation-TP group. The math is Megatron's GPTModel (local spec) = HF Llama/Qwen2: RMSNorm,
+rotate-half RoPE, GQA, SwiGLU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from rl3d.models.spec import ModelSpec
+from rl3d.rollout.kv_cache import KVCache
+
+EMBED, FINAL_NORM, OUTPUT = (
+    "embedding.word_embeddings.weight",
+    "decoder.final_layernorm.weight",
+    "output_layer.weight",
+)
+LAYER_PARAMS = (
+    "input_layernorm.weight",
+    "self_attention.linear_qkv.weight",
+    "self_attention.linear_proj.weight",
+    "pre_mlp_layernorm.weight",
+    "mlp.linear_fc1.weight",
+    "mlp.linear_fc2.weight",
+)
+
+
+class TPComm:
+    """The generation-TP group as the engine needs it; size 1 means no communication."""
+
+    def __init__(self, group: Any = None):
+        self.handle = getattr(group, "handle", group)
+        self.device = torch.device("cpu")  # where small control tensors live (the weights' device)
+        self.ranks = tuple(getattr(group, "ranks", ()))
+        if group is None or not dist.is_initialized():
+            self.size, self.rank = 1, 0
+        elif self.handle is None:
+            raise ValueError(f"this rank is not a member of the generation-TP group {self.ranks}")
+        else:
+            self.size = dist.get_world_size(self.handle)
+            self.rank = dist.get_rank(self.handle)
+
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size > 1:
+            dist.all_reduce(x, group=self.handle)
+        return x
+
+    def all_gather_last(self, x: torch.Tensor) -> torch.Tensor:
+        if self.size == 1:
+            return x
+        x = x.contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.size)]
+        dist.all_gather(parts, x, group=self.handle)
+        return torch.cat(parts, dim=-1)
+
+    def agree(self, value: int) -> bool:
+        """Whether every rank of the group passed the same integer (collective)."""
+        if self.size == 1:
+            return True
+        t = torch.tensor([value, -value], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.handle)
+        return int(t[0]) == value == -int(t[1])
+
+    def broadcast_int(self, value: int | None) -> int:
+        """Group rank 0's value on every rank."""
+        t = torch.tensor([value if value is not None else 0], dtype=torch.int64, device=self.device)
+        if self.size > 1:
+            src = dist.get_global_rank(self.handle, 0)
+            dist.broadcast(t, src=src, group=self.handle)
+        return int(t.item())
+
+
+@dataclass
+class ShardedWeights:
+    """Per parameter, the pieces of this rank's generation-TP shard (Megatron layout)."""
+
+    spec: ModelSpec
+    tp_size: int
+    tp_rank: int
+    pieces: dict[str, list[torch.Tensor]]
+
+    @classmethod
+    def from_generation(cls, weights: Any) -> ShardedWeights:
+        """From the 3D-HybridEngine's `GenerationWeights` (pieces used in place). A whole-tensor
+        (`full`) entry, which only the baseline strategies produce, is sliced to this rank's
+        shard (a view, except SwiGLU fc1 which is one copy)."""
+        if weights.released:
+            raise RuntimeError("the generation weights were released; reshard before generating")
+        from rl3d.ops.layouts import shard_for_tp
+
+        pieces = {name: list(p) for name, p in weights.pieces.items()}
+        for name, full in weights.full.items():
+            kind = weights.params[name].kind
+            pieces[name] = [shard_for_tp(full, kind, weights.gen_tp, weights.gen_tp_rank)]
+        return cls(weights.spec, weights.gen_tp, weights.gen_tp_rank, pieces).checked()
+
+    @classmethod
+    def from_tensors(
+        cls, spec: ModelSpec, tensors: Mapping[str, torch.Tensor], tp_size: int = 1, tp_rank: int = 0
+    ) -> ShardedWeights:
+        """From plain tensors: name -> this rank's Megatron generation-TP shard (one piece each)."""
+        return cls(spec, tp_size, tp_rank, {n: [t] for n, t in tensors.items()}).checked()
+
+    def checked(self) -> ShardedWeights:
+        spec = self.spec
+        needed = [EMBED, FINAL_NORM] + ([] if spec.tied_embeddings else [OUTPUT])
+        for i in range(spec.num_layers):
+            pre = f"decoder.layers.{i}."
+            needed += [pre + s for s in LAYER_PARAMS]
+            if spec.qkv_bias:
+                needed.append(pre + "self_attention.linear_qkv.bias")
+        missing = [n for n in needed if n not in self.pieces]
+        if missing:
+            raise ValueError(
+                f"torch rollout engine: weights lack {len(missing)} parameters, e.g. {missing[:3]} "
+                "(pipeline-parallel generation, p_g > 1, is not supported by the torch engine)"
+            )
+        if spec.num_query_groups % self.tp_size or spec.ffn_hidden_size % self.tp_size:
+            raise ValueError(f"torch rollout engine: {spec.name} cannot be split over t_g={self.tp_size}")
+        rows = sum(p.shape[0] for p in self.pieces[EMBED])
+        if rows * self.tp_size < spec.vocab_size:
+            raise ValueError(
+                f"embedding shard has {rows} rows x t_g={self.tp_size} < vocab {spec.vocab_size}"
+            )
+        first = self.pieces[EMBED][0]
+        self.device, self.dtype = first.device, first.dtype
+        return self
+
+    @property
+    def vocab_rows(self) -> int:
+        """Padded vocabulary rows per TP rank."""
+        return sum(p.shape[0] for p in self.pieces[EMBED])
+
+    def output_pieces(self) -> list[torch.Tensor]:
+        return self.pieces[EMBED if self.spec.tied_embeddings else OUTPUT]
+
+    def kv_heads(self) -> int:
+        return self.spec.num_query_groups // self.tp_size
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def rope_cos_sin(positions_BT: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions_BT.device).float() / head_dim
+    inv_freq = 1.0 / (theta**exponents)  # as HF's default RoPE init computes it
+    freqs = positions_BT.float().unsqueeze(-1) * inv_freq
+    emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B, 1, T, D] broadcast over heads
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def _vocab_embed(pieces: list[torch.Tensor], ids: torch.Tensor, rank_start: int) -> torch.Tensor:
+    out, start = None, rank_start
+    for w in pieces:
+        rows = w.shape[0]
+        local = ids - start
+        hit = (local >= 0) & (local < rows)
+        e = F.embedding(local.clamp(0, rows - 1), w) * hit.unsqueeze(-1).to(w.dtype)
+        out = e if out is None else out + e
+        start += rows
+    return out
+
+
+def forward(
+    w: ShardedWeights,
+    tokens_BT: torch.Tensor,
+    positions_BT: torch.Tensor,
+    cache: KVCache,
+    start: int,
+    key_valid_BL: torch.Tensor,
+    tp: TPComm,
+) -> torch.Tensor:
+    """Run T new tokens of B cached rows; writes their K/V at cache slots [start, start+T) and
+    returns this rank's vocab-parallel logits of the last position, [B, vocab_rows]."""
+    spec = w.spec
+    B, T = tokens_BT.shape
+    end = start + T
+    hd, hpg = spec.head_dim, spec.heads_per_group
+    x = tp.all_reduce(_vocab_embed(w.pieces[EMBED], tokens_BT, tp.rank * w.vocab_rows))
+    cos, sin = rope_cos_sin(positions_BT, hd, spec.rope_theta, x.dtype)
+    q_pos = torch.arange(start, end, device=x.device)
+    k_pos = torch.arange(end, device=x.device)
+    # Keys a query may see: causal, real tokens only; a padding query sees itself (no empty row).
+    mask = (k_pos <= q_pos[:, None]) & (key_valid_BL[:, None, :end] | (k_pos == q_pos[:, None]))
+    mask = mask.unsqueeze(1)  # [B, 1, T, end]
+    for i in range(spec.num_layers):
+        pre = f"decoder.layers.{i}."
+        h = rms_norm(x, w.pieces[pre + "input_layernorm.weight"][0], spec.norm_eps)
+        biases = w.pieces.get(pre + "self_attention.linear_qkv.bias") or [None] * len(
+            w.pieces[pre + "self_attention.linear_qkv.weight"]
+        )
+        groups = [
+            F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd)
+            for wq, b in zip(w.pieces[pre + "self_attention.linear_qkv.weight"], biases)
+        ]
+        qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
+        q = qkv[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
+        k = qkv[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
+        v = qkv[:, :, :, hpg + 1].transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        cache.write(i, k, v, start)
+        k_all, v_all = cache.read(i, B, end)
+        attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+        attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
+        x = x + tp.all_reduce(_row_parallel(attn, w.pieces[pre + "self_attention.linear_proj.weight"]))
+        h = rms_norm(x, w.pieces[pre + "pre_mlp_layernorm.weight"][0], spec.norm_eps)
+        acts = []
+        for fc1 in w.pieces[pre + "mlp.linear_fc1.weight"]:
+            gate, up = F.linear(h, fc1).chunk(2, dim=-1)
+            acts.append(F.silu(gate) * up)
+        fc2 = w.pieces[pre + "mlp.linear_fc2.weight"]
+        mlp = None
+        for a, w2 in zip(acts, fc2):
+            part = F.linear(a, w2)
+            mlp = part if mlp is None else mlp + part
+        x = x + tp.all_reduce(mlp)
+    last = rms_norm(x[:, -1], w.pieces[FINAL_NORM][0], spec.norm_eps)
+    logits = [F.linear(last, o) for o in w.output_pieces()]
+    return torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0]
+
+
+def _row_parallel(x: torch.Tensor, pieces: list[torch.Tensor]) -> torch.Tensor:
+    out, col = None, 0
+    for p in pieces:
+        part = F.linear(x[..., col : col + p.shape[1]], p)
+        out = part if out is None else out + part
+        col += p.shape[1]
+    assert col == x.shape[-1], (col, x.shape)
+    return out
