@@ -57,6 +57,7 @@ setup(
         "transformers>=4.40",
         "numpy",
         "packaging",
+        "psutil",  # megatron-core's dist-checkpoint writer
         "matplotlib",
         "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
     ],

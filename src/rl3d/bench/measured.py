@@ -70,8 +70,11 @@ def measured_worker(
     from rl3d.parallel.groups import build_hybrid_groups
 
     dtype = DTYPES[dtype_name]
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank))) if torch.cuda.is_available() else (
-        torch.device("cpu"))  # fmt: skip
+    device = (
+        torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+        if torch.cuda.is_available()
+        else (torch.device("cpu"))
+    )
     spec = get_model_spec(model)
     train = ParallelLayout(*layout)
     n = train.world_size
@@ -84,8 +87,9 @@ def measured_worker(
     shards = {}
     if rank < n:
         c = train.coords(rank)
-        shards = training_shards(full, params, pp_rank=c.pp, pp=train.p, tp_rank=c.tp, tp=train.t,
-                                 num_layers=spec.num_layers)  # fmt: skip
+        shards = training_shards(
+            full, params, pp_rank=c.pp, pp=train.p, tp_rank=c.tp, tp=train.t, num_layers=spec.num_layers
+        )
     shards = {k: v.to(device) for k, v in shards.items()}
     unpiped = [p for p in params if stages_of(p, spec.num_layers, 1)]
     zero = {k: v.to(device) for k, v in _zero_shards(full, unpiped, rank, n).items()} if rank < n else {}
@@ -123,8 +127,20 @@ def measured_worker(
     return {"strategies": results, "fit_samples": fit, "device": str(device), "world": dist.get_world_size()}
 
 
-def run_measured(model, layout, t_g, p_g, *, strategies=STRATEGIES, world=None, repeats=5, warmup=2,
-                 verify=False, bucket_mb=64.0, dtype="float32") -> dict:  # fmt: skip
+def run_measured(
+    model,
+    layout,
+    t_g,
+    p_g,
+    *,
+    strategies=STRATEGIES,
+    world=None,
+    repeats=5,
+    warmup=2,
+    verify=False,
+    bucket_mb=64.0,
+    dtype="float32",
+) -> dict:
     """Under torchrun: run in this process group. Otherwise spawn the ranks on this machine."""
     n = layout[0] * layout[1] * layout[2]
     needed = 2 * n if "openrlhf" in strategies else n

@@ -67,8 +67,16 @@ def model_transition(name: str, cluster: Cluster = DEFAULT_CLUSTER, dtype: str =
         }
         for s in STRATEGIES
     }
-    layout = {"gpus": lay.gpus, "p": lay.p, "t": lay.t, "d": lay.d, "t_g": lay.t_g, "p_g": lay.p_g,
-              "d_g": plan.gen.d_g, "model_bytes": plan.model_bytes}  # fmt: skip
+    layout = {
+        "gpus": lay.gpus,
+        "p": lay.p,
+        "t": lay.t,
+        "d": lay.d,
+        "t_g": lay.t_g,
+        "p_g": lay.p_g,
+        "d_g": plan.gen.d_g,
+        "model_bytes": plan.model_bytes,
+    }
     return {"layout": layout, "strategies": strategies}
 
 

@@ -70,13 +70,25 @@ def _write_modeled(result: dict, out: Path) -> str:
     for model, m in result["models"].items():
         red = result["reductions"]["per_model"][model]
         for strategy, s in m["strategies"].items():
-            rows.append({"model": model, "gpus": m["layout"]["gpus"], "strategy": strategy,
-                         "bytes_max": s["bytes_max"], "seconds": s["seconds"],
-                         "peak_param_bytes": s["peak_param_bytes"], "redundant_bytes": s["redundant_bytes"],
-                         "hybridflow_reduction": red.get(strategy, 0.0)})  # fmt: skip
+            rows.append(
+                {
+                    "model": model,
+                    "gpus": m["layout"]["gpus"],
+                    "strategy": strategy,
+                    "bytes_max": s["bytes_max"],
+                    "seconds": s["seconds"],
+                    "peak_param_bytes": s["peak_param_bytes"],
+                    "redundant_bytes": s["redundant_bytes"],
+                    "hybridflow_reduction": red.get(strategy, 0.0),
+                }
+            )
     _csv(out / "transition.csv", rows)
-    lines = ["| model | GPUs | train p-t-d | gen t_g,p_g (d_g) | " + " | ".join(f"{s} s" for s in STRATEGIES)
-             + " | cut vs ds_chat | cut vs openrlhf |", "|" + "---|" * (4 + len(STRATEGIES) + 2)]  # fmt: skip
+    lines = [
+        "| model | GPUs | train p-t-d | gen t_g,p_g (d_g) | "
+        + " | ".join(f"{s} s" for s in STRATEGIES)
+        + " | cut vs ds_chat | cut vs openrlhf |",
+        "|" + "---|" * (4 + len(STRATEGIES) + 2),
+    ]
     for model, m in result["models"].items():
         lay, st = m["layout"], m["strategies"]
         red = result["reductions"]["per_model"][model]
@@ -111,11 +123,19 @@ def _write_measured(result: dict, out: Path) -> str:
     rows = []
     for strategy, s in result["strategies"].items():
         predicted = s["bytes_max"] / bandwidth if bandwidth > 0 else float("nan")
-        rows.append({"strategy": strategy, "seconds": s["seconds"], "raw_seconds": s["raw_seconds"],
-                     "ratio_to_raw": s["seconds"] / s["raw_seconds"] if s["raw_seconds"] else float("nan"),
-                     "bytes_max": s["bytes_max"], "planned_bytes_max": s["planned_bytes_max"],
-                     "achieved_GBps": s["bytes_max"] / s["seconds"] / GB if s["seconds"] else 0.0,
-                     "model_seconds": predicted, "verified": s["verified"]})  # fmt: skip
+        rows.append(
+            {
+                "strategy": strategy,
+                "seconds": s["seconds"],
+                "raw_seconds": s["raw_seconds"],
+                "ratio_to_raw": s["seconds"] / s["raw_seconds"] if s["raw_seconds"] else float("nan"),
+                "bytes_max": s["bytes_max"],
+                "planned_bytes_max": s["planned_bytes_max"],
+                "achieved_GBps": s["bytes_max"] / s["seconds"] / GB if s["seconds"] else 0.0,
+                "model_seconds": predicted,
+                "verified": s["verified"],
+            }
+        )
     _csv(out / "transition.csv", rows)
     hf = result["strategies"].get("hybridflow")
     lines = [
@@ -135,8 +155,10 @@ def _write_measured(result: dict, out: Path) -> str:
                     f"hybridflow vs {base}: time ratio {hf['seconds'] / s['seconds']:.3f}, "
                     f"byte ratio {hf['bytes_max'] / s['bytes_max']:.3f}"
                 )
-    lines.append(f"alpha-beta fit on raw all-gathers: alpha {alpha * 1e6:.1f} us/step, "
-                 f"bandwidth {bandwidth / GB:.2f} GB/s, R^2 {r2:.3f}")  # fmt: skip
+    lines.append(
+        f"alpha-beta fit on raw all-gathers: alpha {alpha * 1e6:.1f} us/step, "
+        f"bandwidth {bandwidth / GB:.2f} GB/s, R^2 {r2:.3f}"
+    )
     _plot_measured(rows, out / "transition.png")
     return "\n".join(lines)
 
@@ -158,8 +180,12 @@ def _plot_modeled(result: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(STRATEGIES)
     for i, s in enumerate(STRATEGIES):
-        ax.bar([x + i * width for x in range(len(models))],
-               [result["models"][m]["strategies"][s]["seconds"] for m in models], width, label=s)  # fmt: skip
+        ax.bar(
+            [x + i * width for x in range(len(models))],
+            [result["models"][m]["strategies"][s]["seconds"] for m in models],
+            width,
+            label=s,
+        )
     ax.set_xticks([x + 0.4 - width / 2 for x in range(len(models))], models)
     ax.set_ylabel("modelled transition time (s)")
     ax.set_title("Actor train -> generate transition (alpha-beta model, A100 cluster)")
@@ -204,9 +230,19 @@ def run_bench(args: argparse.Namespace) -> int:
         unknown = [s for s in strategies if s not in STRATEGIES]
         if unknown:
             raise ValueError(f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}")
-        result = run_measured(args.model, layout, t_g, p_g, strategies=strategies, world=args.world,
-                              repeats=args.repeats, warmup=args.warmup, verify=args.verify,
-                              bucket_mb=args.bucket_mb, dtype=args.dtype)  # fmt: skip
+        result = run_measured(
+            args.model,
+            layout,
+            t_g,
+            p_g,
+            strategies=strategies,
+            world=args.world,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            verify=args.verify,
+            bucket_mb=args.bucket_mb,
+            dtype=args.dtype,
+        )
         result["model"], result["layout"] = args.model, {"train": layout, "gen": (t_g, p_g)}
         name, writer = args.model, _write_measured
     out = _results_dir(args, args.mode, name, result)

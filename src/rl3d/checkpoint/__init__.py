@@ -1,0 +1,28 @@
+"""rl3d.checkpoint: atomic per-step checkpoint directories and RNG state.
+
+manager = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+manager.save(step, write_fn, rank=rank, world_size=world, barrier=torch.distributed.barrier)
+found = manager.latest()  # (step, path) of the newest complete checkpoint, or None
+"""
+
+from rl3d.checkpoint.manager import META_FILE, CheckpointManager, load_meta
+from rl3d.checkpoint.rng import (
+    capture_rng_state,
+    generator_state,
+    load_rng_state,
+    restore_generator,
+    restore_rng_state,
+    save_rng_state,
+)
+
+__all__ = [
+    "META_FILE",
+    "CheckpointManager",
+    "capture_rng_state",
+    "generator_state",
+    "load_meta",
+    "load_rng_state",
+    "restore_generator",
+    "restore_rng_state",
+    "save_rng_state",
+]

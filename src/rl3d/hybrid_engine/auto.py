@@ -93,9 +93,18 @@ def search_layouts(
             link = hw.nvlink_gbps if in_node else hw.ib_gbps
             transition_s = hf.comm_bytes_max / (link * 1e9) + (hw.alpha_us * 1e-6 if plan.gen.d_g > 1 else 0)
             rows.append(
-                AutoRow(t_g, p_g, plan.gen.d_g, hf.comm_bytes_max, weight_bytes, kv_bytes, fits,
-                        transition_s, generate_s)
-            )  # fmt: skip
+                AutoRow(
+                    t_g,
+                    p_g,
+                    plan.gen.d_g,
+                    hf.comm_bytes_max,
+                    weight_bytes,
+                    kv_bytes,
+                    fits,
+                    transition_s,
+                    generate_s,
+                )
+            )
     return rows
 
 

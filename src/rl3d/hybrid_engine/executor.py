@@ -390,9 +390,13 @@ class Resharder:
             if weights is not None:
                 verify_against(weights, full, rank=self.rank)
         self.last_stats = TransitionStats(
-            self.strategy, recv, send, weights.storage_bytes() if weights is not None else 0, seconds,
+            self.strategy,
+            recv,
+            send,
+            weights.storage_bytes() if weights is not None else 0,
+            seconds,
             self.verify,
-        )  # fmt: skip
+        )
         return weights
 
     def _gather_full_model(self, train, zero_shards) -> dict[str, torch.Tensor]:

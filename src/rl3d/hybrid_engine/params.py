@@ -62,12 +62,16 @@ def model_params(spec: ModelSpec, *, train_tp: int) -> list[ParamInfo]:
         pre = f"decoder.layers.{i}."
         out += [
             ParamInfo(pre + "input_layernorm.weight", ShardKind.REPLICATED, (h,), i),
-            ParamInfo(pre + "self_attention.linear_qkv.weight", ShardKind.QKV, (qkv_rows, h), i,
-                      heads=(nq, ng, hd)),
-        ]  # fmt: skip
+            ParamInfo(
+                pre + "self_attention.linear_qkv.weight", ShardKind.QKV, (qkv_rows, h), i, heads=(nq, ng, hd)
+            ),
+        ]
         if spec.qkv_bias:
-            out.append(ParamInfo(pre + "self_attention.linear_qkv.bias", ShardKind.QKV, (qkv_rows,), i,
-                                 heads=(nq, ng, hd)))  # fmt: skip
+            out.append(
+                ParamInfo(
+                    pre + "self_attention.linear_qkv.bias", ShardKind.QKV, (qkv_rows,), i, heads=(nq, ng, hd)
+                )
+            )
         out += [
             ParamInfo(pre + "self_attention.linear_proj.weight", ShardKind.ROW, (h, nq * hd), i),
             ParamInfo(pre + "pre_mlp_layernorm.weight", ShardKind.REPLICATED, (h,), i),

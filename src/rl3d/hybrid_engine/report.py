@@ -144,9 +144,14 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.auto:
         hw = HardwareModel(gpu_mem_gb=args.gpu_mem_gb)
         rows = search_layouts(
-            spec, train, batch=args.batch, prompt_len=args.prompt_len, response_len=args.response_len,
-            dtype=dtype, hw=hw,
-        )  # fmt: skip
+            spec,
+            train,
+            batch=args.batch,
+            prompt_len=args.prompt_len,
+            response_len=args.response_len,
+            dtype=dtype,
+            hw=hw,
+        )
         best = best_row(rows)
         if args.json:
             out = {"layouts": [vars(r) | {"total_s": r.total_s, "best": r is best} for r in rows]}

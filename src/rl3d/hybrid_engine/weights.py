@@ -96,10 +96,24 @@ class GenerationWeights:
             vocab_size=self.spec.vocab_size if p.kind is ShardKind.VOCAB else 0,
         )
         if len(pieces) == 1:  # one piece = the generation shard already: treat as t = t_g
-            return gather_to_layout(pieces, layout, train_tp=self.gen_tp, gen_tp=self.gen_tp,
-                                    gen_rank=self.gen_tp_rank, target=target, backend=backend)  # fmt: skip
-        return gather_to_layout(pieces, layout, train_tp=self.train_tp, gen_tp=self.gen_tp,
-                                gen_rank=self.gen_tp_rank, target=target, backend=backend)  # fmt: skip
+            return gather_to_layout(
+                pieces,
+                layout,
+                train_tp=self.gen_tp,
+                gen_tp=self.gen_tp,
+                gen_rank=self.gen_tp_rank,
+                target=target,
+                backend=backend,
+            )
+        return gather_to_layout(
+            pieces,
+            layout,
+            train_tp=self.train_tp,
+            gen_tp=self.gen_tp,
+            gen_rank=self.gen_tp_rank,
+            target=target,
+            backend=backend,
+        )
 
     def reference_materialize(self, name: str) -> torch.Tensor:
         """The Megatron generation shard by the plain torch reference (for verification)."""

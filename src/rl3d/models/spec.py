@@ -79,8 +79,20 @@ MODEL_SPECS: dict[str, ModelSpec] = {
         ModelSpec("tiny-llama", 2, 64, 176, 8, 4, 256, max_position_embeddings=512),
         ModelSpec("tiny-llama-mha", 2, 64, 128, 4, 4, 256, max_position_embeddings=512),
         ModelSpec("tiny-llama-odd-vocab", 2, 64, 128, 8, 2, 250, max_position_embeddings=512),
-        ModelSpec("tiny-qwen2", 2, 64, 160, 8, 2, 256, qkv_bias=True, tied_embeddings=True,
-                  rope_theta=1e6, norm_eps=1e-6, max_position_embeddings=512),
+        ModelSpec(
+            "tiny-qwen2",
+            2,
+            64,
+            160,
+            8,
+            2,
+            256,
+            qkv_bias=True,
+            tied_embeddings=True,
+            rope_theta=1e6,
+            norm_eps=1e-6,
+            max_position_embeddings=512,
+        ),
     ]
 }
 

@@ -1,0 +1,36 @@
+"""rl3d.rewards: score responses.
+
+    fn = resolve_reward_fn(cfg.reward, cfg.data)
+    scores, report = score_batch(fn, [RewardInput(...), ...], on_error=cfg.reward.on_error)
+
+Built-ins: ``gsm8k``, ``math_exact``, the synthetic tasks (``parity_match``, ``copy_first``) and
+``synthetic`` (= the task in ``data.synthetic.task``); or a user ``"package.module:function"``.
+"""
+
+from rl3d.rewards.base import RewardError, RewardFn, RewardInput, ScoreReport, reward_fn_name, score_batch
+from rl3d.rewards.registry import (
+    BUILTIN_REWARDS,
+    answer_check_for,
+    register_reward,
+    resolve_reward_fn,
+    synthetic_reward,
+)
+from rl3d.rewards.rule_based import extract_gsm8k_answer, gsm8k_reward, math_exact_reward, parse_number
+
+__all__ = [
+    "BUILTIN_REWARDS",
+    "RewardError",
+    "RewardFn",
+    "RewardInput",
+    "ScoreReport",
+    "answer_check_for",
+    "extract_gsm8k_answer",
+    "gsm8k_reward",
+    "math_exact_reward",
+    "parse_number",
+    "register_reward",
+    "resolve_reward_fn",
+    "reward_fn_name",
+    "score_batch",
+    "synthetic_reward",
+]

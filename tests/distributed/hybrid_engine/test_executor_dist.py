@@ -48,13 +48,17 @@ def transition_worker(rank, world, model, layout, t_g, p_g, strategies, dtypes, 
         full = full_model(params, seed=7, dtype=dtype)
         if rank < n:
             c = train.coords(rank)
-            shards = training_shards(full, params, pp_rank=c.pp, pp=train.p, tp_rank=c.tp, tp=train.t,
-                                     num_layers=spec.num_layers)  # fmt: skip
+            shards = training_shards(
+                full, params, pp_rank=c.pp, pp=train.p, tp_rank=c.tp, tp=train.t, num_layers=spec.num_layers
+            )
         else:
             shards = {}
         for strategy in strategies:
-            zero = _zero_shards(full, [p for p in params if stages_of(p, spec.num_layers, 1)], rank, n) if (
-                strategy == "ds_chat") else None  # fmt: skip
+            zero = (
+                _zero_shards(full, [p for p in params if stages_of(p, spec.num_layers, 1)], rank, n)
+                if (strategy == "ds_chat")
+                else None
+            )
             engine = Resharder(spec, groups, strategy=strategy, bucket_mb=0.01, verify=True, dtype=dtype)
             weights = engine.to_generation(shards, zero_shards=zero)
             stats = engine.last_stats
@@ -129,8 +133,9 @@ STRATEGIES_8 = ("hybridflow", "hybridflow_v", "ds_chat")
 def test_transition_matches_plan(model, layout, t_g, p_g):
     world = layout[0] * layout[1] * layout[2]
     dtypes = ("float32", "bfloat16")
-    results = run_distributed(transition_worker, world, model, layout, t_g, p_g, STRATEGIES_8, dtypes, 0,
-                              timeout_s=240)  # fmt: skip
+    results = run_distributed(
+        transition_worker, world, model, layout, t_g, p_g, STRATEGIES_8, dtypes, 0, timeout_s=240
+    )
     check_against_plan(results, model, layout, t_g, p_g, STRATEGIES_8, dtypes)
 
 
@@ -139,8 +144,18 @@ def test_transition_matches_plan(model, layout, t_g, p_g):
 @pytest.mark.parametrize("model, layout, t_g, p_g", SLOW, ids=lambda v: str(v))
 def test_transition_matches_plan_more_layouts(model, layout, t_g, p_g):
     world = layout[0] * layout[1] * layout[2]
-    results = run_distributed(transition_worker, world, model, layout, t_g, p_g, STRATEGIES_8,
-                              ("float32", "bfloat16"), 0, timeout_s=240)  # fmt: skip
+    results = run_distributed(
+        transition_worker,
+        world,
+        model,
+        layout,
+        t_g,
+        p_g,
+        STRATEGIES_8,
+        ("float32", "bfloat16"),
+        0,
+        timeout_s=240,
+    )
     check_against_plan(results, model, layout, t_g, p_g, STRATEGIES_8, ("float32", "bfloat16"))
 
 
@@ -148,8 +163,9 @@ def test_transition_matches_plan_more_layouts(model, layout, t_g, p_g):
 def test_openrlhf_broadcast_to_separate_rollout_ranks():
     """4 trainer ranks (1-2-2) + 4 rollout ranks: rank 0 gathers and broadcasts full tensors."""
     model, layout, t_g, p_g = "tiny-llama", (1, 2, 2), 1, 1
-    results = run_distributed(transition_worker, 8, model, layout, t_g, p_g, ("openrlhf",), ("float32",), 4,
-                              timeout_s=240)  # fmt: skip
+    results = run_distributed(
+        transition_worker, 8, model, layout, t_g, p_g, ("openrlhf",), ("float32",), 4, timeout_s=240
+    )
     check_against_plan(results, model, layout, t_g, p_g, ("openrlhf",), ("float32",))
 
 
@@ -166,16 +182,19 @@ def release_worker(rank, world, mode):
     weights = Resharder(spec, groups, bucket_mb=0.01, dtype=torch.float32).to_generation(shards)
     qkv = "decoder.layers.1.self_attention.linear_qkv.weight"
     q, k, v = weights.materialize(qkv, target="hf")
-    eq, ek, ev = qkv_megatron_to_hf(full[qkv], num_heads=spec.num_attention_heads,
-                                    num_query_groups=spec.num_query_groups)  # fmt: skip
+    eq, ek, ev = qkv_megatron_to_hf(
+        full[qkv], num_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups
+    )
     (emb,) = weights.materialize("embedding.word_embeddings.weight", target="hf")
     gate, up = weights.materialize("decoder.layers.0.mlp.linear_fc1.weight", target="hf")
     fc1 = full["decoder.layers.0.mlp.linear_fc1.weight"]
     hf_ok = (
-        torch.equal(q, eq) and torch.equal(k, ek) and torch.equal(v, ev)
+        torch.equal(q, eq)
+        and torch.equal(k, ek)
+        and torch.equal(v, ev)
         and torch.equal(emb, full["embedding.word_embeddings.weight"][:250])
         and torch.equal(torch.cat([gate, up]), fc1)
-    )  # fmt: skip
+    )
     buffer_bytes = sum(b.untyped_storage().nbytes() for b in weights.buffers)
     weights.release(mode)
     devices = {b.device.type for b in weights.buffers}
@@ -185,8 +204,14 @@ def release_worker(rank, world, mode):
     except RuntimeError:
         usable_after = False
     unchanged = all(torch.equal(before[k], shards[k]) for k in shards)
-    return {"hf_ok": hf_ok, "buffer_bytes": buffer_bytes, "kept": len(weights.buffers), "devices": devices,
-            "usable_after": usable_after, "unchanged": unchanged}  # fmt: skip
+    return {
+        "hf_ok": hf_ok,
+        "buffer_bytes": buffer_bytes,
+        "kept": len(weights.buffers),
+        "devices": devices,
+        "usable_after": usable_after,
+        "unchanged": unchanged,
+    }
 
 
 @pytest.mark.distributed

@@ -24,14 +24,26 @@ def _rank_main(rank, world, port, queue, mode):
     from rl3d.parallel.groups import build_hybrid_groups
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=TIMEOUT_S))  # fmt: skip
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
     spec = get_model_spec("tiny-llama")
     train = ParallelLayout(1, 4, 1)
     groups = build_hybrid_groups(GenerationLayout.from_training(train, 1, 1), timeout_s=TIMEOUT_S)
     params = model_params(spec, train_tp=4)
-    shards = training_shards(full_model(params, seed=0, dtype=torch.float32), params, pp_rank=0, pp=1,
-                             tp_rank=rank, tp=4, num_layers=spec.num_layers)  # fmt: skip
+    shards = training_shards(
+        full_model(params, seed=0, dtype=torch.float32),
+        params,
+        pp_rank=0,
+        pp=1,
+        tp_rank=rank,
+        tp=4,
+        num_layers=spec.num_layers,
+    )
     if rank == 3:  # die after the first bucket went out: mid-transition
         real = CountedComm.all_gather_v
 

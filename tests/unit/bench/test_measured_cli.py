@@ -9,9 +9,28 @@ from rl3d.cli import main
 
 @pytest.mark.distributed
 def test_measured_contract_on_two_ranks(capsys, tmp_path):
-    args = ["bench", "transition", "--mode", "measured", "--model", "tiny-llama", "--train", "1,2,1",
-            "--gen", "1,1", "--strategies", "hybridflow,ds_chat", "--repeats", "1", "--warmup", "0",
-            "--verify", "--json", "--out", str(tmp_path)]  # fmt: skip
+    args = [
+        "bench",
+        "transition",
+        "--mode",
+        "measured",
+        "--model",
+        "tiny-llama",
+        "--train",
+        "1,2,1",
+        "--gen",
+        "1,1",
+        "--strategies",
+        "hybridflow,ds_chat",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--verify",
+        "--json",
+        "--out",
+        str(tmp_path),
+    ]
     assert main(args) == 0
     out = json.loads(capsys.readouterr().out)
     assert set(out["strategies"]) == {"hybridflow", "ds_chat"}
@@ -23,8 +42,20 @@ def test_measured_contract_on_two_ranks(capsys, tmp_path):
 
 
 def test_measured_world_must_fit_the_layout(capsys):
-    args = ["bench", "transition", "--mode", "measured", "--model", "tiny-llama", "--train", "1,2,1",
-            "--gen", "1,1", "--world", "3"]  # fmt: skip
+    args = [
+        "bench",
+        "transition",
+        "--mode",
+        "measured",
+        "--model",
+        "tiny-llama",
+        "--train",
+        "1,2,1",
+        "--gen",
+        "1,1",
+        "--world",
+        "3",
+    ]
     assert main(args) == 2
     assert (
         "--world 3 does not fit: training (1, 2, 1) needs 2 ranks plus 2 rollout ranks"

@@ -41,9 +41,18 @@ def test_strategy_filter_and_dtype(capsys):
         capsys, "--model", "llama3-8b", "--train", "1,4,2", "--gen", "2,1", "--strategy", "hybridflow"
     )
     fp32 = run_json(
-        capsys, "--model", "llama3-8b", "--train", "1,4,2", "--gen", "2,1", "--strategy", "hybridflow",
-        "--dtype", "float32",
-    )  # fmt: skip
+        capsys,
+        "--model",
+        "llama3-8b",
+        "--train",
+        "1,4,2",
+        "--gen",
+        "2,1",
+        "--strategy",
+        "hybridflow",
+        "--dtype",
+        "float32",
+    )
     assert list(bf16["strategies"]) == ["hybridflow"]
     assert (
         fp32["strategies"]["hybridflow"]["comm_bytes_max"]
@@ -79,7 +88,10 @@ def test_auto_marks_fastest_fitting_layout(capsys):
     [
         (["--model", "llama2-70b", "--train", "4,8", "--gen", "8,1"], "--train expects 3"),
         (["--model", "llama2-70b", "--train", "4,8,4", "--gen", "3,1"], "t_g=3 must divide training t=8"),
-        (["--model", "llama2-71b", "--train", "4,8,4", "--gen", "8,1"], "unknown model 'llama2-71b' (did you mean"),
+        (
+            ["--model", "llama2-71b", "--train", "4,8,4", "--gen", "8,1"],
+            "unknown model 'llama2-71b' (did you mean",
+        ),
         (["--model", "llama2-70b"], "give a RECIPE"),
     ],
 )

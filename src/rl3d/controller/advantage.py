@@ -1,0 +1,98 @@
+"""The controller's pure stage between scoring and updates: rewards -> advantages.
+
+Scores land on each response's last token; DAPO's overlong penalty and the reference KL
+(PPO: in the reward) shape them; the registered estimator turns them into advantages.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from rl3d import algos
+from rl3d.config import AlgorithmConfig
+from rl3d.controller.batch import DataBatch
+
+_HPARAMS = ("gamma", "lam", "whiten", "norm_by_std")
+
+
+def estimator_hparams(cfg: AlgorithmConfig) -> dict:
+    """The configured hyper-parameters the estimator's function actually takes."""
+    candidates = {
+        "gamma": cfg.gamma,
+        "lam": cfg.lam,
+        "whiten": cfg.whiten_advantages,
+        "norm_by_std": cfg.norm_adv_by_std,
+        "lagrange_multiplier": None,
+    }
+    accepted = inspect.signature(cfg.family.fn).parameters
+    return {k: v for k, v in candidates.items() if k in accepted and v is not None}
+
+
+def compute_advantage(
+    batch: DataBatch, cfg: AlgorithmConfig, *, kl_coef: float, max_response_length: int
+) -> tuple[DataBatch, dict[str, float]]:
+    mask = batch["response_mask"].bool()
+    scores = batch["score"].float()
+    metrics: dict[str, float] = {
+        "reward/score_mean": scores.mean().item(),
+        "reward/score_std": scores.std().item(),
+    }
+    if cfg.overlong_buffer_length > 0:
+        penalty = algos.overlong_penalty(
+            mask.sum(-1),
+            max_response_length=max_response_length,
+            overlong_buffer_length=cfg.overlong_buffer_length,
+            penalty_factor=cfg.overlong_penalty_factor,
+        )
+        scores = scores + penalty
+        metrics["reward/overlong_penalty"] = penalty.mean().item()
+    rewards = algos.scores_to_token_rewards(scores, mask)
+    if kl_coef > 0 and cfg.kl_placement == "reward":
+        rewards, kl_metrics = algos.kl_penalty_rewards(
+            rewards_BT=rewards,
+            logp_BT=batch["old_logp"],
+            ref_logp_BT=batch["ref_logp"],
+            mask_BT=mask,
+            kl_coef=kl_coef,
+            estimator=cfg.kl_estimator,
+        )
+        metrics |= {f"kl/{k}": float(v) for k, v in kl_metrics.items()}
+    adv = algos.compute_advantages(
+        cfg.adv_estimator,
+        rewards_BT=rewards,
+        mask_BT=mask,
+        values_BT=batch["values"] if "values" in batch else None,
+        group_ids_B=batch["uid"],
+        **estimator_hparams(cfg),
+    )
+    batch.set("advantages", adv.adv_BT.float()).set("returns", adv.returns_BT.float())
+    valid = adv.adv_BT[mask]
+    metrics["adv/mean"] = valid.mean().item() if valid.numel() else 0.0
+    metrics["adv/std"] = valid.std().item() if valid.numel() > 1 else 0.0
+    if "ref_logp" in batch:
+        kl = algos.kl_k1(batch["old_logp"], batch["ref_logp"])[mask]
+        metrics["kl/actor_ref_k1"] = kl.mean().item() if kl.numel() else 0.0
+    return batch, metrics
+
+
+def response_stats(batch: DataBatch) -> dict[str, float]:
+    lengths = batch["response_mask"].sum(-1).float()
+    rollout = batch["rollout_logp"][batch["response_mask"].bool()]
+    trainer = batch["old_logp"][batch["response_mask"].bool()]
+    return {
+        "response/length_mean": lengths.mean().item(),
+        "response/length_max": lengths.max().item(),
+        "response/stop_fraction": sum(f == "stop" for f in batch["finish_reason"]) / len(batch),
+        # the rollout engine's log-probs against the trainer's, same tokens: a numerics check
+        "rollout/logp_diff_max": (rollout - trainer).abs().max().item() if rollout.numel() else 0.0,
+        "rollout/logp_diff_mean": (rollout - trainer).abs().mean().item() if rollout.numel() else 0.0,
+    }
+
+
+def torch_seed_everything(seed: int) -> None:
+    import random
+
+    random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,74 @@
+"""End-of-run outputs: the metrics as CSV, a reward-curve PNG and a one-screen summary."""
+
+from __future__ import annotations
+
+import csv
+import logging
+from pathlib import Path
+
+from rl3d.config import RL3DConfig
+
+logger = logging.getLogger(__name__)
+
+HEADLINE = (
+    "reward/score_mean",
+    "response/length_mean",
+    "actor/pg_loss",
+    "kl/actor_ref_k1",
+    "reshard/bytes",
+    "reshard/seconds",
+    "time/step",
+    "perf/tokens_per_s",
+)
+
+
+def write_summary(cfg: RL3DConfig, history: list[dict[str, float]], run_dir: Path) -> str:
+    if not history:
+        return ""
+    keys = sorted({k for h in history for k in h})
+    with open(run_dir / "metrics.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["step", *keys])
+        writer.writeheader()
+        for i, h in enumerate(history, start=1):
+            writer.writerow({"step": i, **h})
+    _plot_rewards(
+        history,
+        run_dir / "reward_curve.png",
+        title=f"{cfg.trainer.experiment}: {cfg.algorithm.adv_estimator}",
+    )
+    rewards = [h["reward/score_mean"] for h in history]
+    k = max(1, min(5, len(rewards) // 4))
+    first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+    lines = [
+        f"run {cfg.trainer.experiment}: {len(history)} steps of {cfg.algorithm.adv_estimator} "
+        f"on {cfg.model.name}",
+        f"mean reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})",
+        *(f"  {key:<22} {history[-1][key]:.6g}" for key in HEADLINE if key in history[-1]),
+        f"total time {sum(h.get('time/step', 0.0) for h in history):.1f} s; outputs in {run_dir}: "
+        "metrics.jsonl, metrics.csv, reward_curve.png, resolved_config.yaml",
+    ]
+    text = "\n".join(lines)
+    (run_dir / "summary.txt").write_text(text + "\n")
+    logger.info("summary\n%s", text)
+    return text
+
+
+def _plot_rewards(history: list[dict[str, float]], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = list(range(1, len(history) + 1))
+    mean = [h["reward/score_mean"] for h in history]
+    std = [h.get("reward/score_std", 0.0) for h in history]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, mean, marker="o", label="mean reward")
+    ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

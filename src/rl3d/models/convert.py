@@ -1,0 +1,223 @@
+"""HF <-> Megatron weight conversion, one tensor at a time, on CPU without process groups.
+
+Megatron weight directory (what `rl3d convert hf2mcore` writes, `load_weights` reads):
+
+    DIR/rl3d_meta.json                       format, tp, pp, padded_vocab, model_type, spec, HF config
+    DIR/mp_rank_{tp:02d}_{pp:03d}/model.safetensors
+                                             the TP shard `tp` of PP stage `pp`, stage-local names
+                                             (`decoder.layers.{local}.…`, see rl3d.models.builder)
+    DIR/hf_extra/                            the HF directory's other files (config, tokenizer, …)
+
+Tensors keep the HF checkpoint's dtype, so HF -> Megatron -> HF is bit for bit. The embedding
+(and untied output layer) is padded to `padded_vocab_size(vocab, tp)` rows with zeros. With
+tied embeddings no output layer is stored; a p > 1 last stage fills its copy from the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl3d.models.builder import layers_per_stage, stage_param_names
+from rl3d.models.hf_mapping import TensorMap, mcore_shape, spec_from_hf_config, tensor_maps
+from rl3d.models.safetensors_io import INDEX_NAME, ShardedReader, StreamingWriter, split_into_files
+from rl3d.models.spec import ModelSpec
+from rl3d.ops.layouts import merge_tp_shards, padded_vocab_size, shard_for_tp
+
+logger = logging.getLogger(__name__)
+
+META_NAME = "rl3d_meta.json"
+FORMAT = "rl3d-mcore-v1"
+HF_EXTRA = "hf_extra"
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
+_VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+
+
+def shard_dir_name(tp_rank: int, pp_rank: int) -> str:
+    return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+
+
+@dataclass(frozen=True)
+class McoreMeta:
+    tp: int
+    pp: int
+    padded_vocab: int
+    model_type: str
+    spec: ModelSpec
+    hf_config: dict[str, Any]
+
+    def write(self, directory: Path) -> None:
+        record = {"format": FORMAT, **asdict(self)}
+        (directory / META_NAME).write_text(json.dumps(record, indent=2, sort_keys=True))
+
+    @classmethod
+    def read(cls, directory: str | Path) -> McoreMeta:
+        path = Path(directory) / META_NAME
+        if not path.exists():
+            raise FileNotFoundError(f"{directory} is not an rl3d Megatron weight directory (no {META_NAME})")
+        record = json.loads(path.read_text())
+        if record.pop("format", None) != FORMAT:
+            raise ValueError(f"{path}: unknown format, expected {FORMAT}")
+        record["spec"] = ModelSpec(**record["spec"])
+        return cls(**record)
+
+
+def _stage_of(spec: ModelSpec, p: int) -> dict[str, tuple[int, str]]:
+    """Global name -> (pp_rank, stage-local name)."""
+    out = {}
+    for pp_rank in range(p):
+        for global_name, local in stage_param_names(spec, p, pp_rank).items():
+            out[global_name] = (pp_rank, local)
+    return out
+
+
+def _meta_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int) -> McoreMeta:
+    """Convert an HF directory (config.json + safetensors) into Megatron weights for (tp, pp)."""
+    src, dst = Path(src), Path(dst)
+    hf_config = json.loads((src / "config.json").read_text())
+    spec = spec_from_hf_config(hf_config)
+    layers_per_stage(spec, pp)
+    if spec.num_query_groups % tp or spec.ffn_hidden_size % tp:
+        raise ValueError(f"tp={tp} must divide the KV heads ({spec.num_query_groups}) and the ffn size")
+    meta = McoreMeta(tp, pp, padded_vocab_size(spec.vocab_size, tp), hf_config["model_type"], spec, hf_config)
+    maps = tensor_maps(spec, meta.padded_vocab)
+    stages = _stage_of(spec, pp)
+    dst.mkdir(parents=True, exist_ok=True)
+    with ShardedReader(src) as reader:
+        plans: dict[tuple[int, int], list] = {(r, s): [] for r in range(tp) for s in range(pp)}
+        for tmap in maps:
+            pp_rank, local = stages[tmap.mcore]
+            full = _meta_tensor(mcore_shape(spec, meta.padded_vocab, tmap), reader.dtype(tmap.hf[0]))
+            for r in range(tp):
+                shard = shard_for_tp(full, tmap.kind, tp, r)
+                plans[(r, pp_rank)].append((local, shard.dtype, tuple(shard.shape)))
+        writers = {
+            key: StreamingWriter(dst / shard_dir_name(*key) / "model.safetensors", plan)
+            for key, plan in plans.items()
+        }
+        for tmap in maps:
+            pp_rank, local = stages[tmap.mcore]
+            full = tmap.to_mcore([reader.get(name) for name in tmap.hf])
+            for r in range(tp):
+                writers[(r, pp_rank)].write(local, shard_for_tp(full, tmap.kind, tp, r))
+            del full
+        for writer in writers.values():
+            writer.close()
+    _copy_extras(src, dst / HF_EXTRA)
+    meta.write(dst)
+    logger.info("wrote %s: %s as tp=%d pp=%d", dst, spec.name, tp, pp)
+    return meta
+
+
+def _copy_extras(src: Path, dst: Path) -> None:
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES):
+            shutil.copy2(path, dst / path.name)
+
+
+class McoreReader:
+    """Full (t=1) or resharded tensors by global name from a Megatron weight directory."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.meta = McoreMeta.read(directory)
+        self._stages = _stage_of(self.meta.spec, self.meta.pp)
+        self._kinds = {m.mcore: m.kind for m in tensor_maps(self.meta.spec, self.meta.padded_vocab)}
+        self._readers: dict[tuple[int, int], ShardedReader] = {}
+
+    def _reader(self, tp_rank: int, pp_rank: int) -> ShardedReader:
+        key = (tp_rank, pp_rank)
+        if key not in self._readers:
+            self._readers[key] = ShardedReader(self.directory / shard_dir_name(*key))
+        return self._readers[key]
+
+    def dtype(self, name: str) -> torch.dtype:
+        pp_rank, local = self._stages[name]
+        return self._reader(0, pp_rank).dtype(local)
+
+    def full(self, name: str) -> torch.Tensor:
+        pp_rank, local = self._stages[name]
+        shards = [self._reader(r, pp_rank).get(local) for r in range(self.meta.tp)]
+        return merge_tp_shards(shards, self._kinds[name])
+
+    def shard(self, name: str, tp: int, tp_rank: int, padded_vocab: int) -> torch.Tensor:
+        if tp == self.meta.tp and padded_vocab == self.meta.padded_vocab:
+            pp_rank, local = self._stages[name]
+            return self._reader(tp_rank, pp_rank).get(local)  # only this rank's file is read
+        full = self.full(name)
+        if name in _VOCAB_PARAMS:
+            full = _repad(full, self.meta.spec.vocab_size, padded_vocab)
+        return shard_for_tp(full, self._kinds[name], tp, tp_rank)
+
+    def close(self) -> None:
+        for reader in self._readers.values():
+            reader.close()
+
+    def __enter__(self) -> McoreReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _repad(full: torch.Tensor, vocab: int, padded: int) -> torch.Tensor:
+    assert padded >= vocab, (padded, vocab)
+    out = full.new_zeros(padded, *full.shape[1:])
+    out[:vocab] = full[:vocab]
+    return out
+
+
+def mcore_to_hf(src: str | Path, dst: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> Path:
+    """Convert a Megatron weight directory into an HF directory `transformers` loads."""
+    dst = Path(dst)
+    with McoreReader(src) as reader:
+        meta = reader.meta
+        maps = tensor_maps(meta.spec, meta.padded_vocab)
+        plan = []
+        for tmap in maps:
+            full = _meta_tensor(mcore_shape(meta.spec, meta.padded_vocab, tmap), reader.dtype(tmap.mcore))
+            plan += [(n, t.dtype, tuple(t.shape)) for n, t in zip(tmap.hf, tmap.to_hf(full))]
+        files = list(split_into_files(plan, max_shard_bytes))
+        names = (
+            ["model.safetensors"]
+            if len(files) == 1
+            else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+        )
+        dst.mkdir(parents=True, exist_ok=True)
+        _write_hf_files(reader, maps, dst, names, files)
+    extra = Path(src) / HF_EXTRA
+    for path in extra.iterdir() if extra.exists() else []:
+        shutil.copy2(path, dst / path.name)
+    if not (dst / "config.json").exists():
+        (dst / "config.json").write_text(json.dumps(meta.hf_config, indent=2))
+    logger.info("wrote HF directory %s (%d files)", dst, len(names))
+    return dst
+
+
+def _write_hf_files(
+    reader: McoreReader, maps: list[TensorMap], dst: Path, names: list[str], files: list[list]
+) -> None:
+    file_of = {item[0]: i for i, group in enumerate(files) for item in group}
+    writers = [StreamingWriter(dst / name, group) for name, group in zip(names, files)]
+    for tmap in maps:
+        for hf_name, tensor in zip(tmap.hf, tmap.to_hf(reader.full(tmap.mcore))):
+            writers[file_of[hf_name]].write(hf_name, tensor)
+    for writer in writers:
+        writer.close()
+    if len(names) > 1:
+        index = {
+            "metadata": {"total_size": sum((dst / n).stat().st_size for n in names)},
+            "weight_map": {hf_name: names[i] for hf_name, i in file_of.items()},
+        }
+        (dst / INDEX_NAME).write_text(json.dumps(index, indent=2))

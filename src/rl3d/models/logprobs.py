@@ -1,0 +1,108 @@
+"""Token log-probs and entropy from vocab-parallel logits, never gathering the full vocabulary.
+
+Each TP rank holds logits for a contiguous slice of the (padded) vocabulary. The forward pass
+all-reduces a max, then one stacked sum of (sum exp, target logit, sum exp * logit); the
+backward is analytic and needs no communication, like megatron's vocab-parallel cross entropy:
+
+    d logp_t / d z_k = 1[k = t] - p_k
+    d H / d z_k      = -p_k (log p_k + H)
+
+Vocabulary rows past `vocab_size` (Megatron's padding) are masked out, so the result equals
+`log_softmax` over the real vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def _tp_info(group: Any) -> tuple[int, int]:
+    if group is None or not dist.is_initialized():
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+class _VocabParallelLogprobEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, group, vocab_size):
+        rank, world = _tp_info(group)
+        vocab_local = logits.shape[-1]
+        start = rank * vocab_local
+        z = logits.float()
+        if vocab_size is not None and start + vocab_local > vocab_size:
+            padded = torch.arange(start, start + vocab_local, device=z.device) >= vocab_size
+            z = z.masked_fill(padded, float("-inf"))
+        z_max = z.max(dim=-1).values
+        if world > 1:
+            dist.all_reduce(z_max, op=dist.ReduceOp.MAX, group=group)
+        exp = torch.exp(z - z_max.unsqueeze(-1))
+        in_slice = (target >= start) & (target < start + vocab_local)
+        local_index = (target - start).clamp(0, vocab_local - 1).unsqueeze(-1)
+        target_z = torch.gather(z, -1, local_index).squeeze(-1)
+        finite_z = torch.where(exp > 0, z, torch.zeros_like(z))  # 0 * -inf would be nan
+        # Partial sums in fp64: rounding them to fp32 only at the end makes the result the same
+        # for every TP size (a TP split reorders the vocabulary sum).
+        partials = torch.stack(
+            [
+                exp.sum(-1, dtype=torch.float64),
+                torch.where(in_slice, target_z, torch.zeros_like(target_z)).double(),
+                (exp.double() * finite_z.double()).sum(-1),
+            ]
+        )
+        if world > 1:
+            dist.all_reduce(partials, group=group)
+        sum_exp, target_logit, sum_exp_z = partials
+        log_z = (z_max.double() + torch.log(sum_exp)).float()
+        logp = (target_logit - log_z.double()).float()
+        entropy = (log_z.double() - sum_exp_z / sum_exp).float()
+        ctx.save_for_backward(z, target, log_z, entropy)
+        ctx.start = start
+        ctx.in_dtype = logits.dtype
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp, grad_entropy):
+        z, target, log_z, entropy = ctx.saved_tensors
+        vocab_local = z.shape[-1]
+        log_p = z - log_z.unsqueeze(-1)
+        p = torch.exp(log_p)
+        grad = torch.zeros_like(z)
+        if grad_entropy is not None:
+            safe_log_p = torch.where(p > 0, log_p, torch.zeros_like(log_p))
+            grad = grad - grad_entropy.unsqueeze(-1) * p * (safe_log_p + entropy.unsqueeze(-1))
+        if grad_logp is not None:
+            grad = grad - grad_logp.unsqueeze(-1) * p
+            in_slice = (target >= ctx.start) & (target < ctx.start + vocab_local)
+            local_index = (target - ctx.start).clamp(0, vocab_local - 1).unsqueeze(-1)
+            hit = torch.where(in_slice, grad_logp, torch.zeros_like(grad_logp)).unsqueeze(-1)
+            grad = grad.scatter_add(-1, local_index, hit)
+        return grad.to(ctx.in_dtype), None, None, None
+
+
+def vocab_parallel_logprobs_entropy(
+    logits_local_BTV: torch.Tensor,
+    target_BT: torch.Tensor,
+    tp_group: Any = None,
+    *,
+    vocab_size: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logp_BT, entropy_BT) in fp32 from this TP rank's vocab slice of the logits.
+
+    `target_BT` holds global token ids. `tp_group=None` means the logits hold the whole
+    vocabulary. `vocab_size` (the unpadded vocabulary) masks Megatron's padding rows.
+    """
+    assert logits_local_BTV.shape[:-1] == target_BT.shape, (logits_local_BTV.shape, target_BT.shape)
+    return _VocabParallelLogprobEntropy.apply(logits_local_BTV, target_BT, tp_group, vocab_size)
+
+
+def logprobs_entropy_reference(
+    logits_BTV: torch.Tensor, target_BT: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full-vocabulary definition the vocab-parallel version is tested against."""
+    logp_all = torch.log_softmax(logits_BTV.float(), dim=-1)
+    logp = torch.gather(logp_all, -1, target_BT.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy

@@ -1,0 +1,195 @@
+"""Parallel training around a GPTModel: megatron DDP, optimizer, scheduler, PP schedule.
+
+    ddp = wrap_ddp(model, groups, use_distributed_optimizer=True)
+    optimizer = build_optimizer(ddp, groups, OptimConfig(lr=1e-5))
+    outputs, grad_norm = train_step(ddp, optimizer, groups, forward_step, batches, ...)
+
+`wrap_ddp` sets `config.finalize_model_grads_func`: megatron's schedules call it to all-reduce
+(or reduce-scatter) the DP gradients and the tied-embedding gradients, and without it DP
+gradients are silently not reduced. All collectives use the groups of `MegatronGroups`.
+
+`forward_step(batch, model) -> (output_tensor, loss_func)` follows megatron's convention, except
+that it receives one batch instead of an iterator (see `forward_backward`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rl3d.models.bootstrap import MegatronGroups
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """Adam with megatron's grad clipping; names follow megatron's OptimizerConfig."""
+
+    lr: float = 1e-6
+    min_lr: float = 0.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    clip_grad: float = 1.0
+    use_distributed_optimizer: bool = False
+    warmup_steps: int = 0
+    total_steps: int = 1_000_000
+    lr_decay_style: str = "constant"
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be positive, got {self.lr}")
+        if self.clip_grad < 0:
+            raise ValueError(f"optim.clip_grad must be >= 0, got {self.clip_grad}")
+        if self.lr_decay_style not in ("constant", "linear", "cosine"):
+            raise ValueError(
+                f"optim.lr_decay_style must be constant, linear or cosine, got {self.lr_decay_style!r}"
+            )
+
+
+def wrap_ddp(model: Any, groups: MegatronGroups, *, use_distributed_optimizer: bool = False) -> Any:
+    """megatron DistributedDataParallel over `groups`, with the grad-finalize hook installed."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed.finalize_model_grads import finalize_model_grads
+
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    ddp = DistributedDataParallel(
+        config=model.config, ddp_config=ddp_config, module=model, pg_collection=groups.pg_collection
+    )
+    # Without this hook the schedules never reduce DP (or tied-embedding) gradients.
+    ddp.config.finalize_model_grads_func = finalize_model_grads
+    ddp.config.no_sync_func = ddp.no_sync
+    return ddp
+
+
+def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: OptimConfig) -> Any:
+    """megatron's optimizer (distributed or not) over one DDP-wrapped model chunk."""
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    assert ddp.ddp_config.use_distributed_optimizer == cfg.use_distributed_optimizer, (
+        "wrap_ddp and the optimizer disagree on use_distributed_optimizer"
+    )
+    dtype = ddp.config.params_dtype
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_eps=cfg.adam_eps,
+        clip_grad=cfg.clip_grad,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        params_dtype=dtype,
+        use_distributed_optimizer=cfg.use_distributed_optimizer,
+    )
+    # megatron refuses its extra gloo groups together with explicit groups; they only serve the
+    # legacy (non dist-checkpointing) distributed-optimizer save path.
+    optimizer = get_megatron_optimizer(
+        config, [ddp], use_gloo_process_groups=False, pg_collection=groups.pg_collection
+    )
+    ddp.config.grad_scale_func = optimizer.scale_loss
+    return optimizer
+
+
+def build_scheduler(optimizer: Any, cfg: OptimConfig) -> Any:
+    """megatron's OptimizerParamScheduler, stepped once per optimizer step."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=cfg.lr if cfg.warmup_steps == 0 else 0.0,
+        max_lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        lr_warmup_steps=cfg.warmup_steps,
+        lr_decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1),
+        lr_decay_style=cfg.lr_decay_style,
+        start_wd=cfg.weight_decay,
+        end_wd=cfg.weight_decay,
+        wd_incr_steps=max(cfg.total_steps, 1),
+        wd_incr_style="constant",
+    )
+
+
+def forward_backward(
+    model: Any,
+    groups: MegatronGroups,
+    forward_step: Callable[[Any, Any], tuple[torch.Tensor, Callable]],
+    microbatches: Iterable[Any],
+    *,
+    num_microbatches: int,
+    seq_length: int,
+    micro_batch_size: int,
+    forward_only: bool = False,
+) -> list[Any]:
+    """Run megatron's (pipelined) schedule; the loss_func outputs, on the last PP stage only."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
+
+    unwrapped = _unwrap(model)
+    schedule = get_forward_backward_func(pp_size=groups.layout.p, vp_size=None)
+    p2p = P2PCommunicator(pp_group=groups.pp_group, config=unwrapped.config)
+    iterator = iter(microbatches)
+
+    def step(data_iterator: Any, chunk: Any) -> tuple[torch.Tensor, Callable]:
+        return forward_step(next(data_iterator), chunk)
+
+    kwargs: dict[str, Any] = dict(pg_collection=groups.pg_collection)
+    if groups.layout.p > 1:
+        kwargs["p2p_communicator"] = p2p
+    return schedule(
+        forward_step_func=step,
+        data_iterator=iterator,
+        model=[model],
+        num_microbatches=num_microbatches,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+        **kwargs,
+    )
+
+
+def train_step(
+    ddp: Any,
+    optimizer: Any,
+    groups: MegatronGroups,
+    forward_step: Callable[[Any, Any], tuple[torch.Tensor, Callable]],
+    microbatches: Iterable[Any],
+    *,
+    num_microbatches: int,
+    seq_length: int,
+    micro_batch_size: int,
+    scheduler: Any = None,
+) -> tuple[list[Any], float | None]:
+    """One optimizer step over `num_microbatches` microbatches; (loss_func outputs, grad norm)."""
+    ddp.zero_grad_buffer()
+    optimizer.zero_grad()
+    outputs = forward_backward(
+        ddp,
+        groups,
+        forward_step,
+        microbatches,
+        num_microbatches=num_microbatches,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+    )
+    ok, grad_norm, _ = optimizer.step()
+    if not ok:
+        raise FloatingPointError("optimizer step skipped (inf/nan gradients)")
+    if scheduler is not None:
+        scheduler.step(increment=1)
+    return outputs, grad_norm
+
+
+def _unwrap(model: Any) -> Any:
+    while hasattr(model, "module"):
+        model = model.module
+    return model

@@ -1,0 +1,129 @@
+"""Load weights into a built GPTModel on each rank, and save a live model's shards.
+
+`load_weights(model, spec, groups, src)` takes an HF directory or a Megatron weight directory
+(any tp, pp) and copies into this rank's parameters exactly its shard, one tensor at a time.
+`save_weights(model, spec, groups, dst, hf_config=...)` writes the Megatron weight directory
+of `rl3d.models.convert` from a live model (DP rank 0 of each shard writes its own file), which
+`mcore_to_hf` then turns into an HF directory.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.builder import TE_NAMES, stage_param_names
+from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader, shard_dir_name
+from rl3d.models.hf_mapping import tensor_maps
+from rl3d.models.safetensors_io import ShardedReader
+from rl3d.models.spec import ModelSpec
+from rl3d.ops.layouts import shard_for_tp
+
+logger = logging.getLogger(__name__)
+
+
+class HFSource:
+    """Megatron shards computed from an HF directory on the fly."""
+
+    def __init__(self, directory: str | Path, spec: ModelSpec, padded_vocab: int) -> None:
+        self._reader = ShardedReader(directory)
+        self._maps = {m.mcore: m for m in tensor_maps(spec, padded_vocab)}
+
+    def shard(self, name: str, tp: int, tp_rank: int, padded_vocab: int) -> torch.Tensor:
+        tmap = self._maps[name]
+        full = tmap.to_mcore([self._reader.get(n) for n in tmap.hf])
+        return shard_for_tp(full, tmap.kind, tp, tp_rank)
+
+    def close(self) -> None:
+        self._reader.close()
+
+
+def _open_source(src: str | Path, spec: ModelSpec, padded_vocab: int) -> Any:
+    src = Path(src)
+    if (src / META_NAME).exists():
+        reader = McoreReader(src)
+        if reader.meta.spec.num_layers != spec.num_layers or reader.meta.spec.hidden_size != spec.hidden_size:
+            raise ValueError(f"{src} holds {reader.meta.spec.name}, not a {spec.name}-shaped model")
+        return reader
+    if (src / "config.json").exists():
+        return HFSource(src, spec, padded_vocab)
+    raise FileNotFoundError(f"{src} is neither an HF directory nor an rl3d Megatron weight directory")
+
+
+def _unwrap(model: Any) -> torch.nn.Module:
+    while hasattr(model, "module"):  # megatron DDP / Float16Module
+        model = model.module
+    return model
+
+
+def _param(params: dict[str, torch.nn.Parameter], local: str) -> torch.nn.Parameter:
+    if local in params:
+        return params[local]
+    for ours, te in TE_NAMES.items():  # the TE layer spec fuses norms into the next linear
+        if local.endswith(ours):
+            return params[local[: -len(ours)] + te]
+    raise KeyError(f"model has no parameter {local}")
+
+
+def load_weights(
+    model: Any, spec: ModelSpec, groups: MegatronGroups, src: str | Path, *, role: str = "actor"
+) -> None:
+    """Copy this rank's shard of every parameter from `src` (HF or Megatron directory) into `model`.
+
+    The critic's value head is not in an HF checkpoint and keeps its initial weights.
+    """
+    model = _unwrap(model)
+    layout = groups.layout
+    padded = model.vocab_size
+    params = dict(model.named_parameters())
+    names = stage_param_names(spec, layout.p, groups.pp_rank, role=role)
+    source = _open_source(src, spec, padded)
+    loaded = set()
+    try:
+        with torch.no_grad():
+            for global_name, local in names.items():
+                if role == "critic" and global_name == "output_layer.weight":
+                    continue
+                param = _param(params, local)
+                param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
+                loaded.add(id(param))
+            tied_copy = params.get("output_layer.weight")
+            if tied_copy is not None and spec.tied_embeddings and role != "critic" and layout.p > 1:
+                embedding = "embedding.word_embeddings.weight"
+                tied_copy.copy_(source.shard(embedding, layout.t, groups.tp_rank, padded))
+                loaded.add(id(tied_copy))
+    finally:
+        source.close()
+    kept = {"output_layer.weight"} if role == "critic" else set()  # the value head
+    skipped = [n for n, p in params.items() if id(p) not in loaded and n not in kept]
+    assert not skipped, f"parameters not loaded from {src}: {skipped}"
+    logger.info("loaded %s into %s stage %d tp %d", src, role, groups.pp_rank, groups.tp_rank)
+
+
+def save_weights(
+    model: Any, spec: ModelSpec, groups: MegatronGroups, dst: str | Path, *, hf_config: dict[str, Any]
+) -> None:
+    """Write a live actor's weights as a Megatron weight directory (collective over the world)."""
+    from safetensors.torch import save_file
+
+    model = _unwrap(model)
+    layout, dst = groups.layout, Path(dst)
+    params = dict(model.named_parameters())
+    if groups.dp_rank == 0:
+        names = stage_param_names(spec, layout.p, groups.pp_rank)
+        tensors = {local: _param(params, local).detach().to("cpu").contiguous() for local in names.values()}
+        out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if groups.rank == 0:
+        meta = McoreMeta(layout.t, layout.p, model.vocab_size, hf_config["model_type"], spec, hf_config)
+        meta.write(dst)
+        (dst / HF_EXTRA).mkdir(exist_ok=True)
+        (dst / HF_EXTRA / "config.json").write_text(json.dumps(hf_config, indent=2))
+    dist.barrier()

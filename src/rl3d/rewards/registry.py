@@ -1,0 +1,107 @@
+"""Reward functions by name: built-ins, the synthetic tasks' own rewards, and user code.
+
+`reward.fn` is one of:
+- a built-in: ``gsm8k``, ``math_exact``, or a synthetic task's name (``parity_match``,
+  ``copy_first``, ...: see `rl3d.data.synthetic`);
+- ``synthetic``: the reward of the task in ``data.synthetic.task``;
+- ``"package.module:function"``: user code, imported with importlib (never `eval`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rl3d.config.schema import DataConfig, RewardConfig
+from rl3d.data.synthetic import SYNTHETIC_TASKS, SyntheticTask, get_synthetic_task
+from rl3d.rewards.base import RewardFn, RewardInput
+from rl3d.rewards.rule_based import (
+    gsm8k_answer_check,
+    gsm8k_reward,
+    math_exact_answer_check,
+    math_exact_reward,
+)
+from rl3d.utils.imports import import_object, is_import_path, suggest
+
+
+@dataclass(frozen=True)
+class BuiltinReward:
+    fn: RewardFn
+    # Normalises a dataset answer and raises ValueError/TypeError for an unusable one; None when
+    # the reward needs no answer. Handed to `load_prompt_dataset` so bad answers are bad rows.
+    answer_check: Callable[[Any], Any] | None = None
+
+
+BUILTIN_REWARDS: dict[str, BuiltinReward] = {}
+
+
+def register_reward(name: str, fn: RewardFn, *, answer_check: Callable[[Any], Any] | None = None) -> None:
+    assert name not in BUILTIN_REWARDS and name != "synthetic", f"reward {name!r} registered twice"
+    fn.reward_name = name  # type: ignore[attr-defined]  # what score_batch's errors call it
+    BUILTIN_REWARDS[name] = BuiltinReward(fn, answer_check)
+
+
+class SyntheticReward:
+    """The reward of a synthetic task as a reward function (picklable: it holds the task's name)."""
+
+    def __init__(self, task_name: str):
+        self.task_name = task_name
+        self.reward_name = task_name
+
+    def __call__(self, inp: RewardInput) -> float:
+        return get_synthetic_task(self.task_name).score(inp.prompt_ids, inp.response_ids, inp.finish_reason)
+
+    def __repr__(self) -> str:
+        return f"SyntheticReward({self.task_name!r})"
+
+
+def synthetic_reward(task: SyntheticTask | str) -> RewardFn:
+    return SyntheticReward(task if isinstance(task, str) else task.name)
+
+
+register_reward("gsm8k", gsm8k_reward, answer_check=gsm8k_answer_check)
+register_reward("math_exact", math_exact_reward, answer_check=math_exact_answer_check)
+for _task in SYNTHETIC_TASKS.values():
+    register_reward(_task.name, synthetic_reward(_task))
+
+
+def _resolve_name(reward_cfg: RewardConfig, data_cfg: DataConfig) -> str:
+    if reward_cfg.fn != "synthetic":
+        return reward_cfg.fn
+    if data_cfg.synthetic is None:
+        raise ValueError(
+            "reward.fn: 'synthetic' means the reward of data.synthetic.task; data.synthetic is unset"
+        )
+    return get_synthetic_task(data_cfg.synthetic.task).name
+
+
+def _builtin(name: str) -> BuiltinReward | None:
+    if name not in BUILTIN_REWARDS and name in SYNTHETIC_TASKS:  # a task registered after import
+        register_reward(name, synthetic_reward(SYNTHETIC_TASKS[name]))
+    return BUILTIN_REWARDS.get(name)
+
+
+def resolve_reward_fn(reward_cfg: RewardConfig, data_cfg: DataConfig) -> RewardFn:
+    """The function `reward.fn` names (ValueError naming the key and the problem otherwise)."""
+    name = _resolve_name(reward_cfg, data_cfg)
+    if is_import_path(name):
+        try:
+            return import_object(name, what="reward function")
+        except ValueError as err:
+            raise ValueError(f"reward.fn: {err}") from err
+    builtin = _builtin(name)
+    if builtin is None:
+        known = sorted([*BUILTIN_REWARDS, "synthetic"])
+        raise ValueError(
+            f"reward.fn: unknown reward {name!r}{suggest(name, known)}; known: {', '.join(known)}, "
+            "or a user function 'package.module:function'"
+        )
+    return builtin.fn
+
+
+def answer_check_for(reward_cfg: RewardConfig, data_cfg: DataConfig) -> Callable[[Any], Any] | None:
+    """The dataset-answer check of the built-in `reward.fn` names (None for user functions)."""
+    name = _resolve_name(reward_cfg, data_cfg)
+    builtin = None if is_import_path(name) else _builtin(name)
+    return builtin.answer_check if builtin is not None else None

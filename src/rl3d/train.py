@@ -1,0 +1,79 @@
+"""The torchrun entry point: `torchrun --nproc-per-node N -m rl3d.train RECIPE [key=value ...]`.
+
+The recipe is loaded and checked before any process group exists, so a bad recipe fails fast
+on every rank with the same message. Then rank 0 writes the resolved config into the run
+directory, every rank builds its workers, and the single controller runs the loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rl3d.config import ConfigError, load_config, run_dir_of, write_resolved_config
+
+logger = logging.getLogger("rl3d.train")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        print("usage: torchrun ... -m rl3d.train RECIPE [key.sub=value ...]", file=sys.stderr)  # noqa: T201
+        return 2
+    try:
+        loaded = load_config(argv[0], argv[1:])
+    except ConfigError as err:
+        print(f"rl3d: config error: {err}", file=sys.stderr)  # noqa: T201
+        return 2
+    cfg = loaded.config
+    import faulthandler
+    import signal
+    import warnings
+
+    from rl3d.logging import setup_logging
+
+    # `kill -USR2 <pid>` prints every thread's stack: the first thing to look at in a hung job.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
+
+    run_dir = run_dir_of(cfg)
+    rank = int(os.environ.get("RANK", "0"))
+    setup_logging(
+        level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=run_dir / "logs"
+    )
+    backend = "nccl" if torch.cuda.is_available() and cfg.launch.device != "cpu" else "gloo"
+    if backend == "gloo":
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.launch.nproc_per_node)))
+    timeout = datetime.timedelta(seconds=cfg.hybrid_engine.timeout_s)
+    dist.init_process_group(backend, timeout=timeout)
+    if dist.get_world_size() != cfg.launch.world_size:
+        logger.error(
+            "launched %d ranks, the recipe needs launch.world_size = %d",
+            dist.get_world_size(),
+            cfg.launch.world_size,
+        )
+        return 2
+    try:
+        if dist.get_rank() == 0:
+            write_resolved_config(loaded, run_dir)
+        from rl3d.controller.build import build_trainer
+        from rl3d.controller.summary import write_summary
+
+        trainer = build_trainer(loaded, Path(run_dir))
+        history = trainer.fit()
+        if dist.get_rank() == 0:
+            write_summary(cfg, history, Path(run_dir))
+        return 0
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

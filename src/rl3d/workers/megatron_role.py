@@ -1,0 +1,200 @@
+"""One megatron-core model of a role (actor, critic, reference) on this rank, with what the
+workers need from it: batched forward over micro-batches, PPO-style training over
+mini/micro-batches and epochs, and the training shards under their global names.
+
+Sequences in a batch are `input_ids` = [left-padded prompt | right-padded response], with
+`attention_mask` over both; `response_mask` [B, R] marks the response tokens. Token t's
+log-prob comes from the logits at position t-1, so a response of R tokens reads positions
+P-1 .. T-2 (P prompt columns, T = P + R).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from rl3d.config import OptimConfig as OptimSection
+from rl3d.controller.batch import DataBatch
+from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+
+def attention_mask_4d(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """[B, T] (1 = real token) -> megatron's [B, 1, T, T] bool mask (True = masked out)."""
+    T = attention_mask_BT.shape[1]
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=attention_mask_BT.device), diagonal=1)
+    key_pad = ~attention_mask_BT.bool()[:, None, None, :]
+    return causal[None, None] | key_pad
+
+
+def position_ids_of(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only, so a left-padded prompt starts at position 0."""
+    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class MegatronRole:
+    def __init__(
+        self,
+        spec: ModelSpec,
+        groups: MegatronGroups,
+        *,
+        role: str,
+        params_dtype: torch.dtype,
+        optim: OptimSection | None,
+        total_steps: int,
+        seed: int,
+        hf_path: str | None = None,
+        init_from: MegatronRole | None = None,
+    ):
+        from rl3d.models.builder import build_gpt
+
+        self.spec, self.groups, self.role = spec, groups, role
+        self.model = build_gpt(spec, groups, role=role, params_dtype=params_dtype, seed=seed)
+        if hf_path:
+            from rl3d.models.weights import load_weights
+
+            load_weights(self.model, spec, groups, hf_path, role=role)
+        elif init_from is not None:  # same initial network as the actor (critic: all but the head)
+            own = self.model.state_dict()
+            source = {k: v for k, v in init_from.unwrapped().state_dict().items() if k in own}
+            if role == "critic":
+                source = {k: v for k, v in source.items() if not k.startswith("output_layer")}
+            self.model.load_state_dict(source, strict=False)
+        self.trainable = optim is not None
+        self.ddp, self.optimizer, self.scheduler = self.model, None, None
+        if self.trainable:
+            from rl3d.models.training import OptimConfig, build_optimizer, build_scheduler, wrap_ddp
+
+            cfg = OptimConfig(
+                lr=optim.lr,
+                weight_decay=optim.weight_decay,
+                adam_beta1=optim.adam_beta1,
+                adam_beta2=optim.adam_beta2,
+                adam_eps=optim.adam_eps,
+                clip_grad=optim.clip_grad,
+                use_distributed_optimizer=optim.distributed_optimizer,
+                warmup_steps=optim.lr_warmup_steps,
+                total_steps=total_steps,
+                lr_decay_style=optim.lr_schedule,
+            )
+            self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
+            self.optimizer = build_optimizer(self.ddp, groups, cfg)
+            self.scheduler = build_scheduler(self.optimizer, cfg)
+
+    def unwrapped(self) -> torch.nn.Module:
+        model = self.ddp
+        while hasattr(model, "module"):
+            model = model.module
+        return model
+
+    # -- forward -------------------------------------------------------------------------------
+    def _microbatches(self, batch: DataBatch, micro_batch_size: int) -> list[DataBatch]:
+        return batch.chunks_of(min(micro_batch_size, len(batch)))
+
+    def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
+        def step(micro: DataBatch, chunk: Any):
+            mask = micro["attention_mask"]
+            out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+
+            def loss_func(output: torch.Tensor):
+                return extract(output, micro)
+
+            return out, loss_func
+
+        return step
+
+    def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
+        R = micro["response_mask"].shape[1]
+        T = micro["input_ids"].shape[1]
+        return output[:, T - R - 1 : T - 1]
+
+    def run_forward(self, batch: DataBatch, micro_batch_size: int, extract) -> list[dict] | None:
+        """Forward-only over micro-batches; `extract(output, micro) -> (loss, dict)` runs on the
+        last pipeline stage, where the list of dicts comes back (None on other stages)."""
+        from rl3d.models.training import forward_backward
+
+        micro = self._microbatches(batch, micro_batch_size)
+        self.unwrapped().eval()
+        with torch.no_grad():
+            outs = forward_backward(
+                self.ddp,
+                self.groups,
+                self._forward_step(extract),
+                micro,
+                num_microbatches=len(micro),
+                seq_length=batch["input_ids"].shape[1],
+                micro_batch_size=len(micro[0]),
+                forward_only=True,
+            )
+        return outs if self.groups.is_last_stage else None
+
+    # -- training ------------------------------------------------------------------------------
+    def train_minibatches(
+        self,
+        batch: DataBatch,
+        *,
+        mini_batch_size: int,
+        micro_batch_size: int,
+        epochs: int,
+        loss_of: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]],
+        count_unit: Callable,
+    ) -> list[dict]:
+        """PPO epochs over this DP rank's samples; `mini_batch_size` is global (all DP ranks).
+
+        The per-micro-batch loss is rescaled so that megatron's average over micro-batches and
+        DP ranks equals the aggregate over the whole mini-batch (`count_unit(micro)` counts the
+        micro-batch's tokens or sequences, whichever the aggregation averages over)."""
+        from rl3d.models.training import train_step
+
+        dp = self.groups.layout.d
+        local_mini = mini_batch_size // dp
+        metrics: list[dict] = []
+        self.unwrapped().train()
+        for _ in range(epochs):
+            for mini in batch.chunks_of(local_mini):
+                micro = self._microbatches(mini, micro_batch_size)
+                total = torch.tensor([float(sum(count_unit(m) for m in micro))])
+                dist.all_reduce(total, group=self.groups.dp_group)
+                scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
+
+                def scaled(output, m, scale=scale):
+                    loss, info = loss_of(output, m)
+                    return loss * scale[id(m)], info
+
+                outs, grad_norm = train_step(
+                    self.ddp,
+                    self.optimizer,
+                    self.groups,
+                    self._forward_step(scaled),
+                    micro,
+                    num_microbatches=len(micro),
+                    seq_length=mini["input_ids"].shape[1],
+                    micro_batch_size=len(micro[0]),
+                    scheduler=self.scheduler,
+                )
+                if self.groups.is_last_stage:
+                    for o in outs:
+                        metrics.append({k: float(v) for k, v in o.items()})
+                    if grad_norm is not None:
+                        metrics.append({"grad_norm": float(grad_norm)})
+        return metrics
+
+    # -- weights for the 3D-HybridEngine -------------------------------------------------------
+    def global_shards(self) -> dict[str, torch.Tensor]:
+        """This rank's training parameters under their global (planner) names, as the very
+        tensors the model trains (no copy)."""
+        from rl3d.models.builder import stage_param_names
+
+        layout = self.groups.layout
+        local = dict(self.unwrapped().named_parameters())
+        names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)
+        shards = {g: local[n].data for g, n in names.items()}
+        if self.spec.tied_embeddings and layout.p > 1 and self.groups.is_last_stage:
+            shards["output_layer.weight"] = local["output_layer.weight"].data  # megatron's synced copy
+        return shards

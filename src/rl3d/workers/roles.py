@@ -1,0 +1,349 @@
+"""The workers of the RL dataflow: actor+rollout (with the 3D-HybridEngine), critic, reference
+and reward. Each method declares its dispatch mode; the controller calls them through a worker
+group and never touches another rank's tensors.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+import torch.distributed as dist
+
+from rl3d import algos
+from rl3d.config import RL3DConfig
+from rl3d.controller.batch import DataBatch
+from rl3d.controller.dispatch import Dispatch, DispatchInfo, register
+from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
+from rl3d.models.spec import ModelSpec
+from rl3d.workers.megatron_role import MegatronRole
+
+logger = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _megatron_info(groups: MegatronGroups) -> DispatchInfo:
+    return DispatchInfo(
+        dp_rank=groups.dp_rank,
+        dp_size=groups.layout.d,
+        is_collector=groups.tp_rank == 0 and groups.is_last_stage,
+    )
+
+
+def _count_unit(mode: str):
+    """What a loss aggregation averages over: tokens (token-mean) or sequences."""
+    if mode == "token-mean":
+        return lambda m: float(m["response_mask"].sum())
+    return lambda m: float((m["response_mask"].sum(-1) > 0).sum())
+
+
+def _mean_metrics(rows: list[dict]) -> dict[str, float]:
+    keys = {k for r in rows for k in r}
+    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+
+
+class _LogProbMixin:
+    spec: ModelSpec
+    groups: MegatronGroups
+
+    def _logp_entropy(self, output: torch.Tensor, micro: DataBatch, role: MegatronRole):
+        logits = role.response_slice(output, micro)
+        return vocab_parallel_logprobs_entropy(
+            logits, micro["responses"], self.groups.tp_group, vocab_size=self.spec.vocab_size
+        )
+
+    def _forward_logprobs(self, role: MegatronRole, batch: DataBatch, micro_batch_size: int, key: str):
+        def extract(output, micro):
+            logp, entropy = self._logp_entropy(output, micro, role)
+            return torch.zeros(()), {key: logp.detach(), "entropy": entropy.detach()}
+
+        outs = role.run_forward(batch, micro_batch_size, extract)
+        if outs is None:
+            return None
+        return DataBatch(
+            {
+                key: torch.cat([o[key] for o in outs]),
+                f"{key}_entropy": torch.cat([o["entropy"] for o in outs]),
+            }
+        )
+
+
+class ActorRolloutWorker(_LogProbMixin):
+    """The megatron actor colocated with the rollout engine; the 3D-HybridEngine moves its
+    weights from the training layout to the generation layout (`reshard`) before rollout."""
+
+    def __init__(self, cfg: RL3DConfig, spec: ModelSpec, groups: MegatronGroups, *, pad_token_id: int):
+        from rl3d.hybrid_engine.executor import Resharder
+        from rl3d.parallel import GenerationLayout
+        from rl3d.parallel.groups import build_hybrid_groups
+        from rl3d.rollout import make_rollout_engine
+
+        self.cfg, self.spec, self.groups = cfg, spec, groups
+        self.dtype = DTYPES[cfg.model.dtype]
+        self.role = MegatronRole(
+            spec,
+            groups,
+            role="actor",
+            params_dtype=self.dtype,
+            optim=cfg.actor.optim,
+            total_steps=cfg.trainer.total_steps,
+            seed=cfg.trainer.seed,
+            hf_path=cfg.model.hf_path,
+        )
+        self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
+        if self.gen.p_g != 1 and cfg.rollout.engine == "torch":
+            raise ValueError("rollout.p_g: the torch rollout engine generates with p_g = 1")
+        he = cfg.hybrid_engine
+        self.hybrid_groups = build_hybrid_groups(self.gen, timeout_s=he.timeout_s)
+        self.resharder = Resharder(
+            spec,
+            self.hybrid_groups,
+            strategy=he.strategy,
+            bucket_mb=he.bucket_mb,
+            verify=he.verify,
+            dtype=self.dtype,
+            device=groups.device,
+            kernel_backend=he.kernel_backend,
+        )
+        tp_group = self.hybrid_groups.gen_tp if self.gen.t_g > 1 else None
+        self.engine = make_rollout_engine(
+            cfg.rollout.engine, spec=spec, group=tp_group, pad_token_id=pad_token_id
+        )
+        self.pad_token_id = pad_token_id
+        self.weights = None
+
+    def dispatch_info(self) -> DispatchInfo:
+        return _megatron_info(self.groups)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def reshard(self) -> dict[str, float]:
+        """Training layout -> generation layout; the engine then runs on the new shards."""
+        self.weights = self.resharder.to_generation(self.role.global_shards())
+        self.engine.load_weights(self.weights)
+        return self.resharder.last_stats.metrics()
+
+    @register(Dispatch.ONE_TO_ALL)
+    def generate_sequences(self, prompts: DataBatch, *, step: int) -> DataBatch:
+        """Every generation-DP rank samples its share of the prompts; all ranks get all samples."""
+        from rl3d.rollout import SamplingParams
+
+        ro = self.cfg.rollout
+        coords = self.gen.coords(self.groups.rank)
+        num_dp = self.gen.d_g * self.groups.layout.d
+        mine = list(range(coords.dp_g, len(prompts), num_dp))
+        params = SamplingParams(
+            temperature=ro.temperature,
+            top_p=ro.top_p,
+            top_k=ro.top_k,
+            max_new_tokens=ro.max_new_tokens,
+            stop_token_ids=tuple(ro.stop_token_ids),
+            n=ro.n,
+            seed=self.cfg.trainer.seed * 100003 + step * 1009 + coords.dp_g,
+        )
+        prompt_ids = [prompts["prompt_ids"][i] for i in mine]
+        out = self.engine.generate(prompt_ids, params) if prompt_ids else None
+        self.weights.release(self.cfg.hybrid_engine.release)  # never copied back: training weights rule
+        self.engine.release_memory()
+        local = None
+        if out is not None and coords.tp_g == 0:
+            # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
+            logps = out.token_logprobs(raw=out.raw_logprobs is not None)
+            responses, index = out.responses(), out.prompt_index.tolist()
+            local = [(mine[index[j]], responses[j], logps[j], out.finish_reasons[j]) for j in range(len(out))]
+        gathered: list = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, local)
+        rows = sorted((r for part in gathered if part for r in part), key=lambda r: r[0])
+        return self._to_batch(prompts, rows)
+
+    def _to_batch(self, prompts: DataBatch, rows: list) -> DataBatch:
+        P = max(len(prompts["prompt_ids"][p]) for p, *_ in rows)
+        R = max(max(len(r) for _, r, _, _ in rows), 1)
+        B = len(rows)
+        prompt = torch.full((B, P), self.pad_token_id, dtype=torch.long)
+        prompt_mask = torch.zeros(B, P, dtype=torch.long)
+        resp = torch.full((B, R), self.pad_token_id, dtype=torch.long)
+        resp_mask = torch.zeros(B, R, dtype=torch.long)
+        rollout_logp = torch.zeros(B, R)
+        for i, (p, r, lp, _) in enumerate(rows):
+            ids = prompts["prompt_ids"][p]
+            prompt[i, P - len(ids) :] = torch.tensor(ids)
+            prompt_mask[i, P - len(ids) :] = 1
+            resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+            resp_mask[i, : len(r)] = 1
+            rollout_logp[i, : len(lp)] = torch.tensor(lp)
+        meta = {k: [prompts[k][p] for p, *_ in rows] for k in prompts.meta if k != "uid"}
+        meta["finish_reason"] = [f for *_, f in rows]
+        meta["response_ids"] = [r for _, r, _, _ in rows]
+        return DataBatch(
+            {
+                "input_ids": torch.cat([prompt, resp], 1),
+                "attention_mask": torch.cat([prompt_mask, resp_mask], 1),
+                "responses": resp,
+                "response_mask": resp_mask,
+                "rollout_logp": rollout_logp,
+                "uid": torch.tensor([prompts["uid"][p] for p, *_ in rows]),
+            },
+            meta,
+        )
+
+    @register(Dispatch.MEGATRON_COMPUTE)
+    def compute_log_prob(self, batch: DataBatch) -> DataBatch | None:
+        return self._forward_logprobs(self.role, batch, self.cfg.actor.micro_batch_size, "old_logp")
+
+    @register(Dispatch.MEGATRON_COMPUTE)
+    def update_actor(self, batch: DataBatch) -> dict[str, float] | None:
+        al, kl = self.cfg.algorithm, self.cfg.algorithm.kl
+        kl_in_loss = kl.coef > 0 and al.kl_placement == "loss"
+
+        def loss_of(output, micro):
+            logp, entropy = self._logp_entropy(output, micro, self.role)
+            loss, metrics = algos.ppo_policy_loss(
+                logp_BT=logp,
+                old_logp_BT=micro["old_logp"],
+                adv_BT=micro["advantages"],
+                mask_BT=micro["response_mask"].bool(),
+                clip_low=al.clip_low,
+                clip_high=al.clip_high,
+                dual_clip_c=al.dual_clip_c,
+                loss_agg_mode=al.loss_agg_mode,
+                entropy_BT=entropy,
+                entropy_coef=al.entropy_coef,
+                ref_logp_BT=micro["ref_logp"] if kl_in_loss else None,
+                kl_loss_coef=kl.coef if kl_in_loss else 0.0,
+                kl_estimator=al.kl_estimator,
+            )
+            return loss, {f"actor/{k}": v.detach() for k, v in metrics.items()}
+
+        rows = self.role.train_minibatches(
+            batch,
+            mini_batch_size=self.cfg.actor.mini_batch_size,
+            micro_batch_size=self.cfg.actor.micro_batch_size,
+            epochs=self.cfg.actor.ppo_epochs,
+            loss_of=loss_of,
+            count_unit=_count_unit(al.loss_agg_mode),
+        )
+        if not self.groups.is_last_stage:
+            return None
+        out = _mean_metrics(rows)
+        if "grad_norm" in out:
+            out["actor/grad_norm"] = out.pop("grad_norm")
+        out["actor/lr"] = float(self.role.optimizer.param_groups[0]["lr"])
+        return out
+
+
+class CriticWorker:
+    def __init__(self, cfg: RL3DConfig, spec: ModelSpec, groups: MegatronGroups, *, init_from: MegatronRole):
+        self.cfg, self.groups = cfg, groups
+        self.role = MegatronRole(
+            spec,
+            groups,
+            role="critic",
+            params_dtype=DTYPES[cfg.model.dtype],
+            optim=cfg.critic.optim,
+            total_steps=cfg.trainer.total_steps,
+            seed=cfg.trainer.seed + 1,
+            init_from=init_from,
+        )
+
+    def dispatch_info(self) -> DispatchInfo:
+        return _megatron_info(self.groups)
+
+    def _values(self, output, micro):
+        return self.role.response_slice(output, micro)[..., 0].float()
+
+    @register(Dispatch.MEGATRON_COMPUTE)
+    def compute_values(self, batch: DataBatch) -> DataBatch | None:
+        outs = self.role.run_forward(
+            batch,
+            self.cfg.critic.micro_batch_size,
+            lambda o, m: (torch.zeros(()), {"values": self._values(o, m)}),
+        )
+        return None if outs is None else DataBatch({"values": torch.cat([o["values"] for o in outs])})
+
+    @register(Dispatch.MEGATRON_COMPUTE)
+    def update_critic(self, batch: DataBatch) -> dict[str, float] | None:
+        al = self.cfg.algorithm
+
+        def loss_of(output, micro):
+            loss, metrics = algos.clipped_value_loss(
+                values_BT=self._values(output, micro),
+                old_values_BT=micro["values"],
+                returns_BT=micro["returns"],
+                mask_BT=micro["response_mask"].bool(),
+                clip_range=al.value_clip_range,
+                loss_agg_mode=al.loss_agg_mode,
+            )
+            return loss, {f"critic/{k}": v.detach() for k, v in metrics.items()}
+
+        rows = self.role.train_minibatches(
+            batch,
+            mini_batch_size=self.cfg.critic.mini_batch_size,
+            micro_batch_size=self.cfg.critic.micro_batch_size,
+            epochs=self.cfg.critic.ppo_epochs,
+            loss_of=loss_of,
+            count_unit=_count_unit(al.loss_agg_mode),
+        )
+        if not self.groups.is_last_stage:
+            return None
+        out = _mean_metrics(rows)
+        if "grad_norm" in out:
+            out["critic/grad_norm"] = out.pop("grad_norm")
+        return out
+
+
+class ReferenceWorker(_LogProbMixin):
+    def __init__(self, cfg: RL3DConfig, spec: ModelSpec, groups: MegatronGroups, *, init_from: MegatronRole):
+        self.cfg, self.spec, self.groups = cfg, spec, groups
+        self.role = MegatronRole(
+            spec,
+            groups,
+            role="reference",
+            params_dtype=DTYPES[cfg.model.dtype],
+            optim=None,
+            total_steps=cfg.trainer.total_steps,
+            seed=cfg.trainer.seed,
+            hf_path=cfg.model.hf_path,
+            init_from=None if cfg.model.hf_path else init_from,
+        )
+
+    def dispatch_info(self) -> DispatchInfo:
+        return _megatron_info(self.groups)
+
+    @register(Dispatch.MEGATRON_COMPUTE)
+    def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch | None:
+        return self._forward_logprobs(self.role, batch, self.cfg.actor.micro_batch_size, "ref_logp")
+
+
+class RewardWorker:
+    """Rule rewards and user functions; cheap, so every rank scores the whole batch (ONE_TO_ALL)."""
+
+    def __init__(self, cfg: RL3DConfig, tokenizer):
+        from rl3d.rewards import resolve_reward_fn
+
+        self.cfg, self.tokenizer = cfg, tokenizer
+        self.fn = resolve_reward_fn(cfg.reward, cfg.data)
+
+    def dispatch_info(self) -> DispatchInfo:
+        return DispatchInfo(dp_rank=0, dp_size=1, is_collector=True)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def compute_reward(self, batch: DataBatch) -> tuple[DataBatch, dict[str, float]]:
+        from rl3d.rewards import RewardInput, score_batch
+
+        inputs = [
+            RewardInput(
+                prompt_index=int(batch["index"][i]),
+                prompt_ids=list(batch["prompt_ids"][i]),
+                response_ids=list(batch["response_ids"][i]),
+                prompt_text=batch["prompt_text"][i],
+                response_text=self.tokenizer.decode(batch["response_ids"][i], skip_special_tokens=True),
+                answer=batch["answer"][i],
+                finish_reason=batch["finish_reason"][i],
+            )
+            for i in range(len(batch))
+        ]
+        scores, report = score_batch(self.fn, inputs, on_error=self.cfg.reward.on_error)
+        return DataBatch({"score": torch.tensor(scores, dtype=torch.float32)}), {
+            "reward/errors": report.num_errors
+        }

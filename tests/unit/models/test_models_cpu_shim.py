@@ -1,0 +1,98 @@
+"""The CPU shim: active on CPU, idempotent, version-checked, and scoped to megatron's modules."""
+
+import importlib
+
+import pytest
+import torch
+
+from rl3d.models import cpu_shim
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU shim is inactive with CUDA")
+
+
+def test_activate_is_idempotent_and_active_on_cpu():
+    assert cpu_shim.activate() is True
+    assert cpu_shim.activate() is True
+    assert cpu_shim.is_active()
+
+
+def test_version_check():
+    assert cpu_shim.check_version("0.16.1") == "0.16.1"
+    assert cpu_shim.check_version("0.13.1") == "0.13.1"
+    assert cpu_shim.check_version("0.19.2") == "0.19.2"
+    with pytest.raises(RuntimeError, match="0.17.0 is not one the rl3d CPU shim was checked against"):
+        cpu_shim.check_version("0.17.0")
+
+
+def test_version_override_warns(monkeypatch, caplog):
+    monkeypatch.setenv("RL3D_ALLOW_UNTESTED_MEGATRON", "1")
+    assert cpu_shim.check_version("0.99.0") == "0.99.0"
+    assert "0.99.0" in caplog.text
+
+
+def test_installed_version_is_known():
+    import megatron.core
+
+    assert cpu_shim.check_version() == megatron.core.__version__
+
+
+@pytest.mark.parametrize("module_name", cpu_shim._DEVICE_LITERAL_MODULES)
+def test_patched_modules_make_cuda_tensors_on_cpu(module_name):
+    cpu_shim.activate()
+    module = importlib.import_module(module_name)
+    assert module.torch.zeros(2, device="cuda").device.type == "cpu"
+    assert module.torch.tensor([1.0], device="cuda").device.type == "cpu"
+    assert module.torch.empty(3, device=module.torch.cuda.current_device()).device.type == "cpu"
+    assert module.torch.Tensor is torch.Tensor  # everything else is the real torch
+
+
+def test_global_torch_untouched():
+    cpu_shim.activate()
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch.zeros(1, device="cuda")
+    assert torch.Tensor.type is cpu_shim._tensor_type
+    assert torch.zeros(1).type() == "torch.FloatTensor"
+
+
+def test_grad_clip_type_assert_passes_on_cpu():
+    cpu_shim.activate()
+    from megatron.core.optimizer import clip_grads
+
+    param = torch.nn.Parameter(torch.ones(4))
+    param.grad = torch.full((4,), 2.0)
+    clip_grads.clip_grad_by_total_norm_fp32([param], max_norm=1.0, total_norm=4.0)
+    torch.testing.assert_close(param.grad, torch.full((4,), 0.5), rtol=1e-5, atol=0)
+    assert torch.zeros(1).type() == "torch.FloatTensor"  # the type-name remap ended with the call
+
+
+def test_grad_norm_on_cpu():
+    cpu_shim.activate()
+    from megatron.core.optimizer import clip_grads
+
+    grads = [torch.full((4,), 3.0), torch.full((9,), 4.0)]
+    norm_sq, _ = clip_grads.multi_tensor_applier(
+        clip_grads.l2_norm_impl, torch.zeros(1, dtype=torch.int), [grads], False
+    )
+    assert norm_sq.device.type == "cpu"
+    assert norm_sq.item() == pytest.approx((4 * 9 + 9 * 16) ** 0.5)
+
+
+def test_memory_buffer_on_cpu(groups_1x1):
+    from megatron.core import parallel_state
+
+    buf = parallel_state.get_global_memory_buffer().get_tensor((2, 3), torch.float32, "test")
+    assert buf.shape == (2, 3) and buf.device.type == "cpu"
+
+
+def test_rng_tracker_forks_cpu_generator(groups_1x1):
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    tracker = get_cuda_rng_tracker()
+    assert type(tracker).__name__ == "CpuRNGStatesTracker"
+    before = torch.get_rng_state()
+    with tracker.fork():
+        first = torch.rand(3)
+    assert torch.equal(torch.get_rng_state(), before)  # the outer stream is untouched
+    with tracker.fork():
+        second = torch.rand(3)
+    assert not torch.equal(first, second)  # the forked stream advances

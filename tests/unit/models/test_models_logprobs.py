@@ -1,0 +1,59 @@
+"""Log-probs and entropy from (vocab-parallel) logits equal log_softmax on the full logits."""
+
+import pytest
+import torch
+
+from rl3d.models.logprobs import logprobs_entropy_reference, vocab_parallel_logprobs_entropy
+
+
+def _case(seed=0, B=3, T=5, V=37, scale=4.0):
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(B, T, V, generator=gen) * scale
+    target = torch.randint(0, V, (B, T), generator=gen)
+    return logits, target
+
+
+def test_equals_log_softmax():
+    logits, target = _case()
+    logp, entropy = vocab_parallel_logprobs_entropy(logits, target)
+    ref_logp, ref_entropy = logprobs_entropy_reference(logits, target)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=0, atol=1e-5)
+    dist = torch.distributions.Categorical(logits=logits)
+    torch.testing.assert_close(entropy, dist.entropy(), rtol=0, atol=1e-5)
+
+
+def test_padded_vocab_rows_are_masked():
+    logits, target = _case(V=40)
+    padded = torch.cat([logits, torch.full((3, 5, 24), 3.0)], dim=-1)  # Megatron pads to 64
+    logp, entropy = vocab_parallel_logprobs_entropy(padded, target, vocab_size=40)
+    ref_logp, ref_entropy = logprobs_entropy_reference(logits, target)
+    torch.testing.assert_close(logp, ref_logp, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(entropy, ref_entropy, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_matches_autograd_of_reference(dtype):
+    logits, target = _case(seed=1)
+    logits = logits.to(dtype)
+    weights = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(2))
+    ours = logits.clone().requires_grad_(True)
+    ref = logits.clone().requires_grad_(True)
+    logp, entropy = vocab_parallel_logprobs_entropy(ours, target)
+    (weights[0] * logp + weights[1] * entropy).sum().backward()
+    ref_logp, ref_entropy = logprobs_entropy_reference(ref, target)
+    (weights[0] * ref_logp + weights[1] * ref_entropy).sum().backward()
+    assert ours.grad.dtype == dtype
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(ours.grad.float(), ref.grad.float(), rtol=0, atol=tol)
+
+
+def test_backward_only_logp_and_padded():
+    logits, target = _case(seed=3, V=30)
+    padded = torch.cat([logits, torch.zeros(3, 5, 2)], dim=-1).requires_grad_(True)
+    logp, _ = vocab_parallel_logprobs_entropy(padded, target, vocab_size=30)
+    logp.sum().backward()
+    ref = logits.clone().requires_grad_(True)
+    logprobs_entropy_reference(ref, target)[0].sum().backward()
+    torch.testing.assert_close(padded.grad[..., :30], ref.grad, rtol=0, atol=1e-6)
+    assert torch.all(padded.grad[..., 30:] == 0)
