@@ -37,8 +37,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks setup.py
 	$(BIN)/ruff format --check src tests benchmarks setup.py
 
+# A fresh run directory each time, so a second `make demo` trains again instead of resuming.
 demo: $(STAMP)
-	$(BIN)/rl3d train $(RECIPE)
+	$(BIN)/rl3d train $(RECIPE) trainer.run_dir=runs/demo-$$(date +%Y%m%d-%H%M%S)
 
 bench: $(STAMP)
 	$(BIN)/rl3d bench transition --mode modeled

@@ -89,9 +89,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_arguments(bench)
     bench.set_defaults(func=_cmd_bench)
+    convert = sub.add_parser("convert", help="HF <-> Megatron checkpoints (hf2mcore, mcore2hf)")
+    from rl3d.models.cli_convert import add_convert_arguments, run_convert
+
+    add_convert_arguments(convert)
+    convert.set_defaults(func=run_convert)
     for name, issue in [
         ("slurm", "the SLURM issue"),
-        ("convert", "the megatron-models issue"),
     ]:
         cmd = sub.add_parser(name, help=f"(coming: {issue})")
         cmd.add_argument("rest", nargs=argparse.REMAINDER)

@@ -29,7 +29,7 @@ def test_train_dry_run_prints_torchrun_command(capsys):
     assert "--nproc-per-node=2" in out and "rl3d.train" in out and "1-2-1" in out
 
 
-@pytest.mark.parametrize("command", ["bench", "slurm"])
+@pytest.mark.parametrize("command", ["slurm"])
 def test_unlanded_subcommands_say_so(command, capsys):
     assert main([command]) == EXIT_NOT_AVAILABLE
     assert "not available yet" in capsys.readouterr().err

@@ -86,6 +86,18 @@ def _check_batches(cfg: RL3DConfig, fail) -> None:
 
 
 def _check_roles(cfg: RL3DConfig, fail) -> None:
+    if cfg.algorithm.overlong_buffer_length > cfg.rollout.max_new_tokens:
+        raise fail(
+            "algorithm.overlong_buffer_length",
+            f"{cfg.algorithm.overlong_buffer_length} exceeds rollout.max_new_tokens = "
+            f"{cfg.rollout.max_new_tokens}",
+        )
+    if cfg.algorithm.family.needs_cost_critic:
+        raise fail(
+            "algorithm.adv_estimator",
+            f"{cfg.algorithm.adv_estimator!r} needs a cost critic and cost rewards, which the RL loop "
+            "does not wire yet (the estimator and losses are in rl3d.algos)",
+        )
     if cfg.algorithm.needs_critic and cfg.critic.enabled is False:
         raise fail("critic.enabled", f"advantage estimator {cfg.algorithm.adv_estimator!r} needs a critic")
     if cfg.algorithm.kl.coef > 0 and cfg.reference.enabled is False:

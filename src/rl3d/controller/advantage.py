@@ -65,6 +65,7 @@ def compute_advantage(
         mask_BT=mask,
         values_BT=batch["values"] if "values" in batch else None,
         group_ids_B=batch["uid"],
+        greedy_scores_B=batch["greedy_score"] if "greedy_score" in batch else None,
         **estimator_hparams(cfg),
     )
     batch.set("advantages", adv.adv_BT.float()).set("returns", adv.returns_BT.float())

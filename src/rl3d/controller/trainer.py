@@ -14,6 +14,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
+from rl3d import algos
 from rl3d.config import RL3DConfig
 from rl3d.controller.advantage import compute_advantage, response_stats
 from rl3d.controller.batch import DataBatch
@@ -126,38 +129,48 @@ class RLTrainer:
         return metrics
 
     def generate(self, step: int, metrics: dict[str, float]) -> DataBatch:
-        """Sample prompts, roll out, score; DAPO's dynamic sampling drops groups whose rewards
-        are all equal and refills from new prompts (a bounded number of times)."""
-        wanted = self.cfg.data.prompts_per_step
+        """Sample prompts, roll out, score. DAPO's dynamic sampling drops groups whose rewards are
+        all equal and refills from new prompts (a bounded number of times); ReMax also scores one
+        greedy response per prompt as its baseline. Then the generation weights are released."""
+        wanted, family = self.cfg.data.prompts_per_step, self.cfg.algorithm.family
         kept: list[DataBatch] = []
-        num_kept, tries = 0, 0
+        num_kept = tries = 0
         while num_kept < wanted:
             prompts = self.sampler.next_batch()
             # a unique id per prompt of this step: GRPO-style groups and DAPO's filter key on it
             prompts.set("uid", [step * 1_000_000 + tries * 10_000 + i for i in range(len(prompts))])
-            batch = self.w.actor.call("generate_sequences", prompts, step=step * 16 + tries)
-            scores, reward_metrics = self.w.reward.call("compute_reward", batch)
-            batch = batch.union(scores)
-            metrics |= reward_metrics
-            if not self.cfg.algorithm.dynamic_sampling:
-                return batch
-            from rl3d.algos import dynamic_sampling_mask
-
-            keep = dynamic_sampling_mask(batch["score"], batch["uid"])
+            batch = self.score(
+                self.w.actor.call("generate_sequences", prompts, step=step * 16 + tries), metrics
+            )
+            if family.needs_greedy_baseline:
+                greedy = self.score(
+                    self.w.actor.call("generate_sequences", prompts, step=step, greedy=True), {}
+                )
+                by_uid = dict(zip(greedy["uid"].tolist(), greedy["score"].tolist()))
+                batch.set("greedy_score", torch.tensor([by_uid[u] for u in batch["uid"].tolist()]))
             tries += 1
+            if not self.cfg.algorithm.dynamic_sampling:
+                kept, num_kept = [batch], wanted
+                break
+            keep = algos.dynamic_sampling_mask(batch["score"], batch["uid"])
             if keep.any():
                 kept.append(batch.select(keep.nonzero().squeeze(-1)))
                 num_kept += len(set(kept[-1]["uid"].tolist()))
             if tries >= 8 and num_kept < wanted:
                 logger.warning(
-                    "dynamic sampling: %d/%d informative groups after %d tries; using all",
+                    "dynamic sampling: %d/%d groups informative after %d rounds; keeping all",
                     num_kept,
                     wanted,
                     tries,
                 )
-                kept.append(batch)
-                num_kept = wanted
-        metrics["dapo/sampling_rounds"] = tries
+                kept, num_kept = [batch], wanted
+        self.w.actor.call("release_generation")
+        metrics["generate/rounds"] = tries
         merged = DataBatch.concat(kept)
-        uids = list(dict.fromkeys(merged["uid"].tolist()))[:wanted]
-        return merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in set(uids)])
+        uids = set(list(dict.fromkeys(merged["uid"].tolist()))[:wanted])
+        return merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in uids])
+
+    def score(self, batch: DataBatch, metrics: dict[str, float]) -> DataBatch:
+        scores, reward_metrics = self.w.reward.call("compute_reward", batch)
+        metrics |= reward_metrics
+        return batch.union(scores)

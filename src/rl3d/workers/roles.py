@@ -5,6 +5,7 @@ group and never touches another rank's tensors.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -124,8 +125,10 @@ class ActorRolloutWorker(_LogProbMixin):
         return self.resharder.last_stats.metrics()
 
     @register(Dispatch.ONE_TO_ALL)
-    def generate_sequences(self, prompts: DataBatch, *, step: int) -> DataBatch:
-        """Every generation-DP rank samples its share of the prompts; all ranks get all samples."""
+    def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:
+        """Every generation-DP rank samples its share of the prompts; all ranks get all samples.
+
+        `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
         from rl3d.rollout import SamplingParams
 
         ro = self.cfg.rollout
@@ -141,10 +144,10 @@ class ActorRolloutWorker(_LogProbMixin):
             n=ro.n,
             seed=self.cfg.trainer.seed * 100003 + step * 1009 + coords.dp_g,
         )
+        if greedy:
+            params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
         prompt_ids = [prompts["prompt_ids"][i] for i in mine]
         out = self.engine.generate(prompt_ids, params) if prompt_ids else None
-        self.weights.release(self.cfg.hybrid_engine.release)  # never copied back: training weights rule
-        self.engine.release_memory()
         local = None
         if out is not None and coords.tp_g == 0:
             # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
@@ -155,6 +158,13 @@ class ActorRolloutWorker(_LogProbMixin):
         dist.all_gather_object(gathered, local)
         rows = sorted((r for part in gathered if part for r in part), key=lambda r: r[0])
         return self._to_batch(prompts, rows)
+
+    @register(Dispatch.ONE_TO_ALL)
+    def release_generation(self) -> None:
+        """After rollout: drop the generation buffer (or offload it) and the KV cache. Nothing is
+        copied back: the training weights are the source of truth."""
+        self.weights.release(self.cfg.hybrid_engine.release)
+        self.engine.release_memory()
 
     def _to_batch(self, prompts: DataBatch, rows: list) -> DataBatch:
         P = max(len(prompts["prompt_ids"][p]) for p, *_ in rows)

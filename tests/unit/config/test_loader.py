@@ -231,3 +231,10 @@ def test_algorithm_names_resolve_in_the_registry(tmp_path):
     assert cfg.algorithm.kl_placement == "reward" and cfg.algorithm.kl_estimator == "k1"
     cfg = load_config(recipe).config  # grpo puts its KL in the loss, estimated with k3
     assert cfg.algorithm.kl_placement == "loss" and cfg.algorithm.kl_estimator == "k3"
+
+
+def test_overlong_buffer_must_fit_the_response(tmp_path):
+    recipe = write_tree(tmp_path)
+    pattern = r"algorithm\.overlong_buffer_length: 99 exceeds rollout\.max_new_tokens"
+    with pytest.raises(ConfigError, match=pattern):
+        load_config(recipe, ["algorithm.overlong_buffer_length=99"])

@@ -6,7 +6,7 @@ import pytest
 
 import yaml
 from rl3d.cli import main
-from rl3d.config import load_config
+from rl3d.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
@@ -56,6 +56,10 @@ def test_every_algorithm_block_composes_into_a_valid_recipe(algo, tmp_path, monk
         "data: {synthetic: {task: copy_first}, prompts_per_step: 8}\n"
         "launch: {nproc_per_node: 2}\n"
     )
+    if algo == "safe_rlhf":  # the estimator exists; the loop has no cost critic yet
+        with pytest.raises(ConfigError, match="needs a cost critic and cost rewards"):
+            load_config(recipe)
+        return
     cfg = load_config(recipe).config
-    assert cfg.algorithm.adv_estimator in {"gae", "grpo", "rloo", "reinforce_plus_plus", "remax", "safe_rlhf"}
+    assert cfg.algorithm.adv_estimator in {"gae", "grpo", "rloo", "reinforce_plus_plus", "remax"}
     assert cfg.critic_enabled == cfg.algorithm.family.needs_critic or cfg.critic.enabled

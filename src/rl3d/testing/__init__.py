@@ -1,0 +1,1 @@
+"""Helpers for rl3d's tests that other packages' tests reuse (spawned gloo worlds, tiny models)."""
