@@ -114,3 +114,18 @@ def test_every_algorithm_family_runs(algo, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metrics_by_step(run_dir)
     assert sorted(rows) == [1, 2, 3] and all(math.isfinite(r["actor/pg_loss"]) for r in rows.values())
+
+
+@pytest.mark.slow
+def test_quickstart_from_an_hf_checkpoint(tmp_path):
+    """model.hf_path: the actor, reference and critic trunk load a (tiny, random) HF Llama."""
+    from rl3d.testing.tiny_hf import save_tiny_hf_model
+
+    hf_dir = tmp_path / "hf"
+    save_tiny_hf_model("tiny-llama", hf_dir, seed=5)
+    run_dir = tmp_path / "run"
+    proc = run_train(PPO, run_dir, "trainer.total_steps=2", f"model.hf_path={hf_dir}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = metrics_by_step(run_dir)
+    assert sorted(rows) == [1, 2] and rows[1]["rollout/logp_diff_max"] < 1e-4
+    assert rows[1]["kl/actor_ref_k1"] == 0.0  # the reference starts as the loaded actor

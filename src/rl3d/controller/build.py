@@ -122,7 +122,11 @@ def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
     spec = get_model_spec(cfg.model.name)
     par = cfg.actor.parallel
     groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
-    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
+    # synthetic tasks speak token ids: they never need the model's text tokenizer
+    text_data = bool(cfg.data.train_files)
+    tokenizer = load_tokenizer(
+        cfg.data.tokenizer or (cfg.model.hf_path if text_data else None), vocab_size=spec.vocab_size
+    )
     dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
     if dataset.num_bad_rows:
         logger.warning("data: skipped %d bad rows (see the log above for file and row)", dataset.num_bad_rows)
