@@ -34,16 +34,6 @@ def _timed(fn, device: torch.device) -> float:
     return _slowest(time.perf_counter() - start, device)
 
 
-def _zero_shards(full, params, rank, world):
-    out = {}
-    for p in params:
-        chunk = -(-p.numel // world)
-        flat = torch.zeros(chunk * world, dtype=full[p.name].dtype)
-        flat[: p.numel] = full[p.name].reshape(-1)
-        out[p.name] = flat[rank * chunk : (rank + 1) * chunk].clone()
-    return out
-
-
 def _fit_samples(device, dtype, world: int) -> list[tuple[int, int, float]]:
     """Raw all-gathers over the world at several sizes: (ring steps, bytes received, seconds)."""
     samples = []
@@ -64,7 +54,7 @@ def measured_worker(
     """Runs on every rank (spawned, or under torchrun); returns rank 0's results."""
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.params import model_params, stages_of
-    from rl3d.hybrid_engine.weights import full_model, training_shards
+    from rl3d.hybrid_engine.weights import full_model, training_shards, zero_shards
     from rl3d.models.spec import get_model_spec
     from rl3d.parallel import GenerationLayout, ParallelLayout
     from rl3d.parallel.groups import build_hybrid_groups
@@ -92,7 +82,11 @@ def measured_worker(
         )
     shards = {k: v.to(device) for k, v in shards.items()}
     unpiped = [p for p in params if stages_of(p, spec.num_layers, 1)]
-    zero = {k: v.to(device) for k, v in _zero_shards(full, unpiped, rank, n).items()} if rank < n else {}
+    zero = (
+        {k: v.to(device) for k, v in zero_shards(full, unpiped, rank=rank, world=n).items()}
+        if rank < n
+        else {}
+    )
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype_name, strategies=tuple(strategies))
     results = {}
     for strategy in strategies:

@@ -54,12 +54,16 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
             f"world size nnodes*nproc_per_node = {cfg.launch.nnodes}*{cfg.launch.nproc_per_node} = "
             f"{world} does not match {what}",
         )
-    if cfg.critic_enabled and cfg.critic.colocate and cfg.critic.parallel.world_size != par.world_size:
-        raise fail(
-            "critic.parallel",
-            f"a colocated critic must use the actor's {par.world_size} ranks, "
-            f"got tp*pp*dp = {cfg.critic.parallel.world_size}",
-        )
+    if cfg.critic_enabled:
+        if not cfg.critic.colocate:
+            raise fail("critic.colocate", "a critic on its own resource pool is not supported yet; use true")
+        cp = cfg.critic.parallel
+        if (cp.tp, cp.pp, cp.dp) != (par.tp, par.pp, par.dp):
+            raise fail(
+                "critic.parallel",
+                f"a colocated critic uses the actor's layout tp={par.tp} pp={par.pp} dp={par.dp}, "
+                f"got tp={cp.tp} pp={cp.pp} dp={cp.dp}",
+            )
 
 
 def _check_batches(cfg: RL3DConfig, fail) -> None:

@@ -81,7 +81,9 @@ class OptimConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ActorConfig:
+class TrainedRoleConfig:
+    """What the actor and the critic share: a layout, an optimizer and PPO's batch loop."""
+
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     ppo_epochs: int = 1
@@ -93,18 +95,16 @@ class ActorConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CriticConfig:
+class ActorConfig(TrainedRoleConfig):
+    pass
+
+
+@dataclass(frozen=True, kw_only=True)
+class CriticConfig(TrainedRoleConfig):
     # None = decided by the algorithm (GAE needs a critic, the GRPO family does not).
     enabled: bool | None = None
     colocate: bool = True  # share the actor's ranks; False = its own resource pool
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
-    ppo_epochs: int = 1
-    mini_batch_size: int = 8
-    micro_batch_size: int = 1
-
-    def __post_init__(self) -> None:
-        _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size")
 
 
 @dataclass(frozen=True, kw_only=True)

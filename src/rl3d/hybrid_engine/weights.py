@@ -51,6 +51,18 @@ def training_shards(
     }
 
 
+def zero_shards(full: dict[str, torch.Tensor], params: list[ParamInfo], *, rank: int, world: int):
+    """ZeRO-3's partition of a full model (ds_chat's training weights): each parameter flattened,
+    zero-padded to a multiple of `world`, and chunk `rank` of it."""
+    out = {}
+    for p in params:
+        chunk = -(-p.numel // world)
+        flat = torch.zeros(chunk * world, dtype=full[p.name].dtype)
+        flat[: p.numel] = full[p.name].reshape(-1)
+        out[p.name] = flat[rank * chunk : (rank + 1) * chunk].clone()
+    return out
+
+
 @dataclass
 class GenerationWeights:
     spec: ModelSpec

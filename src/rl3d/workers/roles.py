@@ -44,6 +44,25 @@ def _mean_metrics(rows: list[dict]) -> dict[str, float]:
     return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
 
 
+def _train(role: MegatronRole, section, batch: DataBatch, loss_of, loss_agg_mode: str, prefix: str):
+    """PPO epochs over mini/micro-batches of one role; its metrics (last PP stage), else None."""
+    rows = role.train_minibatches(
+        batch,
+        mini_batch_size=section.mini_batch_size,
+        micro_batch_size=section.micro_batch_size,
+        epochs=section.ppo_epochs,
+        loss_of=loss_of,
+        count_unit=_count_unit(loss_agg_mode),
+    )
+    if not role.groups.is_last_stage:
+        return None
+    out = _mean_metrics(rows)
+    if "grad_norm" in out:
+        out[f"{prefix}/grad_norm"] = out.pop("grad_norm")
+    out[f"{prefix}/lr"] = float(role.optimizer.param_groups[0]["lr"])
+    return out
+
+
 class _LogProbMixin:
     spec: ModelSpec
     groups: MegatronGroups
@@ -225,21 +244,7 @@ class ActorRolloutWorker(_LogProbMixin):
             )
             return loss, {f"actor/{k}": v.detach() for k, v in metrics.items()}
 
-        rows = self.role.train_minibatches(
-            batch,
-            mini_batch_size=self.cfg.actor.mini_batch_size,
-            micro_batch_size=self.cfg.actor.micro_batch_size,
-            epochs=self.cfg.actor.ppo_epochs,
-            loss_of=loss_of,
-            count_unit=_count_unit(al.loss_agg_mode),
-        )
-        if not self.groups.is_last_stage:
-            return None
-        out = _mean_metrics(rows)
-        if "grad_norm" in out:
-            out["actor/grad_norm"] = out.pop("grad_norm")
-        out["actor/lr"] = float(self.role.optimizer.param_groups[0]["lr"])
-        return out
+        return _train(self.role, self.cfg.actor, batch, loss_of, self.cfg.algorithm.loss_agg_mode, "actor")
 
 
 class CriticWorker:
@@ -286,20 +291,7 @@ class CriticWorker:
             )
             return loss, {f"critic/{k}": v.detach() for k, v in metrics.items()}
 
-        rows = self.role.train_minibatches(
-            batch,
-            mini_batch_size=self.cfg.critic.mini_batch_size,
-            micro_batch_size=self.cfg.critic.micro_batch_size,
-            epochs=self.cfg.critic.ppo_epochs,
-            loss_of=loss_of,
-            count_unit=_count_unit(al.loss_agg_mode),
-        )
-        if not self.groups.is_last_stage:
-            return None
-        out = _mean_metrics(rows)
-        if "grad_norm" in out:
-            out["critic/grad_norm"] = out.pop("grad_norm")
-        return out
+        return _train(self.role, self.cfg.critic, batch, loss_of, al.loss_agg_mode, "critic")
 
 
 class ReferenceWorker(_LogProbMixin):

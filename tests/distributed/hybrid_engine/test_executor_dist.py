@@ -15,7 +15,7 @@ import torch
 from rl3d.hybrid_engine.executor import Resharder
 from rl3d.hybrid_engine.params import model_params, stages_of
 from rl3d.hybrid_engine.plan import plan_transition
-from rl3d.hybrid_engine.weights import full_model, training_shards
+from rl3d.hybrid_engine.weights import full_model, training_shards, zero_shards
 from rl3d.models.spec import get_model_spec
 from rl3d.ops.layouts import shard_for_tp
 from rl3d.parallel import GenerationLayout, ParallelLayout
@@ -23,16 +23,6 @@ from rl3d.parallel.groups import build_hybrid_groups
 from rl3d.testing.spawn import run_distributed
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _zero_shards(full, params, rank, world):
-    out = {}
-    for p in params:
-        chunk = -(-p.numel // world)
-        flat = torch.zeros(chunk * world, dtype=full[p.name].dtype)
-        flat[: p.numel] = full[p.name].reshape(-1)
-        out[p.name] = flat[rank * chunk : (rank + 1) * chunk].clone()
-    return out
 
 
 def transition_worker(rank, world, model, layout, t_g, p_g, strategies, dtypes, rollout_ranks):
@@ -55,7 +45,7 @@ def transition_worker(rank, world, model, layout, t_g, p_g, strategies, dtypes, 
             shards = {}
         for strategy in strategies:
             zero = (
-                _zero_shards(full, [p for p in params if stages_of(p, spec.num_layers, 1)], rank, n)
+                zero_shards(full, [p for p in params if stages_of(p, spec.num_layers, 1)], rank=rank, world=n)
                 if (strategy == "ds_chat")
                 else None
             )

@@ -238,3 +238,14 @@ def test_overlong_buffer_must_fit_the_response(tmp_path):
     pattern = r"algorithm\.overlong_buffer_length: 99 exceeds rollout\.max_new_tokens"
     with pytest.raises(ConfigError, match=pattern):
         load_config(recipe, ["algorithm.overlong_buffer_length=99"])
+
+
+def test_colocated_critic_shares_the_actor_layout(tmp_path):
+    recipe = write_tree(tmp_path)
+    base = ["algorithm.adv_estimator=gae", "critic.enabled=true"]
+    with pytest.raises(ConfigError, match=r"critic\.parallel: a colocated critic uses the actor's layout tp=2"):
+        load_config(recipe, [*base, "critic.parallel.tp=1", "critic.parallel.dp=2"])
+    with pytest.raises(ConfigError, match=r"critic\.colocate: a critic on its own resource pool is not supported"):
+        load_config(recipe, [*base, "critic.colocate=false", "critic.parallel.tp=2", "launch.nproc_per_node=4"])
+    cfg = load_config(recipe, [*base, "critic.parallel.tp=2"]).config
+    assert cfg.critic_enabled
