@@ -243,9 +243,12 @@ def test_overlong_buffer_must_fit_the_response(tmp_path):
 def test_colocated_critic_shares_the_actor_layout(tmp_path):
     recipe = write_tree(tmp_path)
     base = ["algorithm.adv_estimator=gae", "critic.enabled=true"]
-    with pytest.raises(ConfigError, match=r"critic\.parallel: a colocated critic uses the actor's layout tp=2"):
+    layout = r"critic\.parallel: a colocated critic uses the actor's layout tp=2"
+    with pytest.raises(ConfigError, match=layout):
         load_config(recipe, [*base, "critic.parallel.tp=1", "critic.parallel.dp=2"])
-    with pytest.raises(ConfigError, match=r"critic\.colocate: a critic on its own resource pool is not supported"):
-        load_config(recipe, [*base, "critic.colocate=false", "critic.parallel.tp=2", "launch.nproc_per_node=4"])
+    own_pool = r"critic\.colocate: a critic on its own resource pool is not supported"
+    with pytest.raises(ConfigError, match=own_pool):
+        overrides = ["critic.colocate=false", "critic.parallel.tp=2", "launch.nproc_per_node=4"]
+        load_config(recipe, [*base, *overrides])
     cfg = load_config(recipe, [*base, "critic.parallel.tp=2"]).config
     assert cfg.critic_enabled
