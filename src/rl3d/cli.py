@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
-    bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition --mode modeled|measured`")
+    bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition ...`, `rl3d bench rollout ...`")
     from rl3d.bench.report import add_bench_arguments
 
     add_bench_arguments(bench)

@@ -37,6 +37,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--nics-per-node", type=int, default=1, help="modeled mode: 200 Gb/s NICs per node")
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--out", default=None, help="results folder (default results/transition/<name>)")
+    from rl3d.bench.rollout import add_rollout_arguments
+
+    ro = sub.add_parser("rollout", help="torch rollout engine vs HF generate, tokens/s on CPU")
+    add_rollout_arguments(ro)
 
 
 def _ints(text: str, count: int, flag: str) -> tuple[int, ...]:
@@ -215,6 +219,10 @@ def _plot_measured(rows: list[dict], path: Path) -> None:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    if args.bench == "rollout":
+        from rl3d.bench.rollout import run_rollout_bench
+
+        return run_rollout_bench(args)
     if args.mode == "modeled":
         from rl3d.bench.modeled import run_modeled
 

@@ -18,8 +18,8 @@ rotate-half RoPE, GQA, SwiGLU.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ EMBED, FINAL_NORM, OUTPUT = (
     "decoder.final_layernorm.weight",
     "output_layer.weight",
 )
+NEG_INF = float("-inf")
 LAYER_PARAMS = (
     "input_layernorm.weight",
     "self_attention.linear_qkv.weight",
@@ -88,6 +89,18 @@ class TPComm:
         return int(t.item())
 
 
+class LayerWeights(NamedTuple):
+    """One decoder layer's pieces, looked up once instead of by name at every forward."""
+
+    input_norm: torch.Tensor
+    qkv: list[torch.Tensor]
+    qkv_bias: list[torch.Tensor | None]
+    proj: list[torch.Tensor]
+    mlp_norm: torch.Tensor
+    fc1: list[torch.Tensor]
+    fc2: list[torch.Tensor]
+
+
 @dataclass
 class ShardedWeights:
     """Per parameter, the pieces of this rank's generation-TP shard (Megatron layout)."""
@@ -96,6 +109,7 @@ class ShardedWeights:
     tp_size: int
     tp_rank: int
     pieces: dict[str, list[torch.Tensor]]
+    layers: list[LayerWeights] = field(default_factory=list, repr=False)
 
     @classmethod
     def from_generation(cls, weights: Any) -> ShardedWeights:
@@ -142,6 +156,23 @@ class ShardedWeights:
             )
         first = self.pieces[EMBED][0]
         self.device, self.dtype = first.device, first.dtype
+        self.layers = []
+        for i in range(spec.num_layers):
+            pre = f"decoder.layers.{i}."
+            qkv = self.pieces[pre + "self_attention.linear_qkv.weight"]
+            fc1, fc2 = self.pieces[pre + "mlp.linear_fc1.weight"], self.pieces[pre + "mlp.linear_fc2.weight"]
+            assert len(fc1) == len(fc2), "fc2 piece i consumes fc1 piece i's activations"
+            self.layers.append(
+                LayerWeights(
+                    input_norm=self.pieces[pre + "input_layernorm.weight"][0],
+                    qkv=qkv,
+                    qkv_bias=self.pieces.get(pre + "self_attention.linear_qkv.bias") or [None] * len(qkv),
+                    proj=self.pieces[pre + "self_attention.linear_proj.weight"],
+                    mlp_norm=self.pieces[pre + "pre_mlp_layernorm.weight"][0],
+                    fc1=fc1,
+                    fc2=fc2,
+                )
+            )
         return self
 
     @property
@@ -157,9 +188,10 @@ class ShardedWeights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
+    fp32 = x.dtype == torch.float32  # skip the no-op casts: one dispatch each, per norm
+    h = x if fp32 else x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
+    return weight * (h if fp32 else h.to(x.dtype))
 
 
 def rope_cos_sin(positions_BT: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
@@ -170,12 +202,50 @@ def rope_cos_sin(positions_BT: torch.Tensor, head_dim: int, theta: float, dtype:
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat([-x2, x1], dim=-1)
+class RopeTable:
+    """cos and sin of every position in [0, num_positions), computed once, so that a forward
+    only gathers its rows (elementwise, so each value equals `rope_cos_sin`'s for that position).
+    The sin half that multiplies the rotated first half is stored negated: `rotate_half(x) * sin`
+    == `swap_halves(x) * sin_signed` exactly, with one op (flip) instead of three."""
+
+    def __init__(self, num_positions: int, head_dim: int, theta: float, dtype: torch.dtype, device):
+        pos = torch.arange(num_positions, device=device).unsqueeze(0)
+        cos, sin = rope_cos_sin(pos, head_dim, theta, dtype)
+        half = head_dim // 2
+        self.cos_PD = cos[0, 0]
+        self.sin_PD = torch.cat([-sin[0, 0, :, :half], sin[0, 0, :, half:]], dim=-1)
+        self.num_positions, self.dtype, self.device = num_positions, dtype, cos.device
+
+    def gather(self, positions_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, signed sin at `positions_BT`: [B, T, 1, 1, D], broadcast over (groups, heads)."""
+        return self.cos_PD[positions_BT][:, :, None, None], self.sin_PD[positions_BT][:, :, None, None]
 
 
-def _vocab_embed(pieces: list[torch.Tensor], ids: torch.Tensor, rank_start: int) -> torch.Tensor:
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    swapped = x.unflatten(-1, (2, half)).flip(-2).flatten(-2)  # [x2, x1]
+    return x * cos + swapped * sin_signed
+
+
+def causal_mask(key_valid_BL: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, T, end] additive mask (0 = attend, -inf = not) for queries at slots [start, end):
+    causal, real tokens only; a padding query sees itself (no empty row). Additive in the
+    query's dtype, as SDPA would convert a bool mask itself, once per layer."""
+    q_pos = torch.arange(start, end, device=key_valid_BL.device)
+    k_pos = torch.arange(end, device=key_valid_BL.device)
+    mask = (k_pos <= q_pos[:, None]) & (key_valid_BL[:, None, :end] | (k_pos == q_pos[:, None]))
+    return additive_mask(mask.unsqueeze(1), dtype)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, NEG_INF)
+
+
+def _vocab_embed(
+    pieces: list[torch.Tensor], ids: torch.Tensor, rank_start: int, vocab_size: int
+) -> torch.Tensor:
+    if len(pieces) == 1 and rank_start == 0 and pieces[0].shape[0] >= vocab_size:
+        return F.embedding(ids, pieces[0])  # one piece holds every id: no masking needed
     out, start = None, rank_start
     for w in pieces:
         rows = w.shape[0]
@@ -190,55 +260,39 @@ def _vocab_embed(pieces: list[torch.Tensor], ids: torch.Tensor, rank_start: int)
 def forward(
     w: ShardedWeights,
     tokens_BT: torch.Tensor,
-    positions_BT: torch.Tensor,
+    rope: tuple[torch.Tensor, torch.Tensor],
     cache: KVCache,
     start: int,
-    key_valid_BL: torch.Tensor,
+    mask_B1TL: torch.Tensor,
     tp: TPComm,
 ) -> torch.Tensor:
     """Run T new tokens of B cached rows; writes their K/V at cache slots [start, start+T) and
-    returns this rank's vocab-parallel logits of the last position, [B, vocab_rows]."""
+    returns this rank's vocab-parallel logits of the last position, [B, vocab_rows].
+    `rope` is `RopeTable.gather` at the tokens' positions, `mask_B1TL` an additive mask (`causal_mask`)."""
     spec = w.spec
     B, T = tokens_BT.shape
     end = start + T
     hd, hpg = spec.head_dim, spec.heads_per_group
-    x = tp.all_reduce(_vocab_embed(w.pieces[EMBED], tokens_BT, tp.rank * w.vocab_rows))
-    cos, sin = rope_cos_sin(positions_BT, hd, spec.rope_theta, x.dtype)
-    q_pos = torch.arange(start, end, device=x.device)
-    k_pos = torch.arange(end, device=x.device)
-    # Keys a query may see: causal, real tokens only; a padding query sees itself (no empty row).
-    mask = (k_pos <= q_pos[:, None]) & (key_valid_BL[:, None, :end] | (k_pos == q_pos[:, None]))
-    mask = mask.unsqueeze(1)  # [B, 1, T, end]
-    for i in range(spec.num_layers):
-        pre = f"decoder.layers.{i}."
-        h = rms_norm(x, w.pieces[pre + "input_layernorm.weight"][0], spec.norm_eps)
-        biases = w.pieces.get(pre + "self_attention.linear_qkv.bias") or [None] * len(
-            w.pieces[pre + "self_attention.linear_qkv.weight"]
-        )
-        groups = [
-            F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd)
-            for wq, b in zip(w.pieces[pre + "self_attention.linear_qkv.weight"], biases)
-        ]
+    x = tp.all_reduce(_vocab_embed(w.pieces[EMBED], tokens_BT, tp.rank * w.vocab_rows, spec.vocab_size))
+    cos, sin = rope
+    for i, lw in enumerate(w.layers):
+        h = rms_norm(x, lw.input_norm, spec.norm_eps)
+        groups = [F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd) for wq, b in zip(lw.qkv, lw.qkv_bias)]
         qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
-        q = qkv[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
-        k = qkv[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
+        qk = apply_rope(qkv[:, :, :, : hpg + 1], cos, sin)  # the queries and the key of each group
+        q = qk[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
+        k = qk[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
         v = qkv[:, :, :, hpg + 1].transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
         cache.write(i, k, v, start)
         k_all, v_all = cache.read(i, B, end)
-        attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask, enable_gqa=True)
+        attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask_B1TL, enable_gqa=True)
         attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
-        x = x + tp.all_reduce(_row_parallel(attn, w.pieces[pre + "self_attention.linear_proj.weight"]))
-        h = rms_norm(x, w.pieces[pre + "pre_mlp_layernorm.weight"][0], spec.norm_eps)
-        acts = []
-        for fc1 in w.pieces[pre + "mlp.linear_fc1.weight"]:
-            gate, up = F.linear(h, fc1).chunk(2, dim=-1)
-            acts.append(F.silu(gate) * up)
-        fc2 = w.pieces[pre + "mlp.linear_fc2.weight"]
+        x = x + tp.all_reduce(_row_parallel(attn, lw.proj))
+        h = rms_norm(x, lw.mlp_norm, spec.norm_eps)
         mlp = None
-        for a, w2 in zip(acts, fc2):
-            part = F.linear(a, w2)
+        for fc1, fc2 in zip(lw.fc1, lw.fc2):  # piece i of fc2 consumes exactly piece i's activations
+            gate, up = F.linear(h, fc1).chunk(2, dim=-1)
+            part = F.linear(F.silu(gate) * up, fc2)
             mlp = part if mlp is None else mlp + part
         x = x + tp.all_reduce(mlp)
     last = rms_norm(x[:, -1], w.pieces[FINAL_NORM][0], spec.norm_eps)
@@ -247,6 +301,8 @@ def forward(
 
 
 def _row_parallel(x: torch.Tensor, pieces: list[torch.Tensor]) -> torch.Tensor:
+    if len(pieces) == 1:
+        return F.linear(x, pieces[0])
     out, col = None, 0
     for p in pieces:
         part = F.linear(x[..., col : col + p.shape[1]], p)

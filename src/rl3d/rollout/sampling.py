@@ -56,9 +56,16 @@ def sampling_distribution(logits_BV: torch.Tensor, params: SamplingParams) -> to
     return torch.softmax(processed_logits(logits_BV, params), dim=-1)
 
 
-def draw_uniforms(generators: Sequence[torch.Generator], device: torch.device) -> torch.Tensor:
-    """One U[0, 1) per row, each from that row's generator (CPU generators, moved to `device`)."""
-    u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
+def draw_uniforms(
+    generators: Sequence[torch.Generator], device: torch.device, steps: int = 0
+) -> torch.Tensor:
+    """One U[0, 1) per row, each from that row's generator (CPU generators, moved to `device`).
+    With `steps` > 0: [B, steps], the uniforms of that many successive draws (a CPU generator
+    fills a tensor serially, so row i equals `steps` one-at-a-time draws from generator i)."""
+    if steps:
+        u = torch.stack([torch.rand(steps, generator=g, dtype=torch.float64) for g in generators])
+    else:
+        u = torch.stack([torch.rand((), generator=g, dtype=torch.float64) for g in generators])
     return u.to(device)
 
 
@@ -78,8 +85,10 @@ def sample_next(
     params: SamplingParams,
     generators: Sequence[torch.Generator],
     vocab_size: int,
+    uniforms_B: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Sample one token per row from (padded-vocab) logits.
+    """Sample one token per row from (padded-vocab) logits, with `uniforms_B` (drawn ahead by
+    `draw_uniforms(..., steps)`) or else one fresh draw from each row's generator.
 
     Returns (tokens [B] int64, log-prob under the sampling distribution [B] fp32 (0 for greedy),
     log-prob under the plain temperature-1 softmax [B] fp32). Columns >= `vocab_size` (Megatron's
@@ -91,7 +100,8 @@ def sample_next(
         logp = torch.zeros(tokens.shape, dtype=torch.float32, device=z.device)
     else:
         final_logp = torch.log_softmax(processed_logits(z, params), dim=-1)
-        tokens = inverse_cdf(final_logp.exp(), draw_uniforms(generators, z.device))
+        u = draw_uniforms(generators, z.device) if uniforms_B is None else uniforms_B
+        tokens = inverse_cdf(final_logp.exp(), u)
         logp = final_logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     raw = raw_logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return tokens, logp, raw

@@ -7,6 +7,12 @@ whose KV rows are then copied n times; finished rows are dropped from the batch 
 so decode compute follows the number of unfinished sequences. `stats` counts the rows each
 forward really computed.
 
+A decode step is kept to the model's own ops (on CPU, per-op dispatch is most of a small model's
+time): RoPE cos/sin are gathered from a table built once per engine, the attention mask is a view
+of one additive row per sample, each row's uniforms are drawn for all steps up front, responses
+are written into device tensors, and the host syncs only to learn which rows hit a stop token.
+All of these give bit-identical results to computing each piece per step.
+
 Tensor parallelism (t_g > 1): every rank of the generation-TP group runs the engine on the same
 prompts; row-parallel partial sums and embedding lookups are all-reduced, and the vocab-parallel
 logits are all-gathered so that every rank holds the identical full logits. Each rank then
@@ -27,8 +33,8 @@ import torch
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.kv_cache import KVCache
-from rl3d.rollout.model import ShardedWeights, TPComm, forward
-from rl3d.rollout.sampling import sample_generators, sample_next
+from rl3d.rollout.model import RopeTable, ShardedWeights, TPComm, additive_mask, causal_mask, forward
+from rl3d.rollout.sampling import draw_uniforms, sample_generators, sample_next
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +75,7 @@ class TorchRolloutEngine:
         self.tp = TPComm(group)
         self.weights: ShardedWeights | None = None
         self.cache: KVCache | None = None
+        self._rope_table: RopeTable | None = None
         self.stats = GenerationStats()
         if weights is not None:
             self.load_weights(weights)
@@ -95,10 +102,10 @@ class TorchRolloutEngine:
                                  dtype=w.dtype, device=w.device)  # fmt: skip
 
     def release_memory(self) -> None:
-        """Drop the KV cache and the references to the weights (the trainer owns them)."""
+        """Drop the KV cache, the RoPE table and the references to the weights (the trainer owns them)."""
         if self.cache is not None:
             self.cache.release()
-        self.weights = None
+        self.weights = self._rope_table = None
 
     def resume_memory(self) -> None:
         """Re-allocate the KV cache at its previous size; load weights again before generating."""
@@ -128,24 +135,48 @@ class TorchRolloutEngine:
             seed = self.tp.broadcast_int(seed)
         self.stats = GenerationStats()
         per_chunk = max(1, self.max_batch_rows // params.n)
-        rows: list[tuple[list[int], list[float], list[float], str]] = []
-        for lo in range(0, len(prompts), per_chunk):
-            rows += self._generate_chunk(prompts[lo : lo + per_chunk], params, seed, lo * params.n)
-        batch = RolloutBatch.from_lists(
-            [r[0] for r in rows], [r[1] for r in rows], [r[3] for r in rows],
-            [i // params.n for i in range(len(rows))], raw_logprobs=[r[2] for r in rows],
-            pad_token_id=self.pad_token_id,
-        )  # fmt: skip
+        chunks = [
+            self._generate_chunk(prompts[lo : lo + per_chunk], params, seed, lo * params.n)
+            for lo in range(0, len(prompts), per_chunk)
+        ]
+        lengths = torch.cat([c.lengths for c in chunks])
+        width = int(lengths.max())
+        num_rows = len(lengths)
+        batch = RolloutBatch(
+            response_ids=torch.cat([c.ids[:, :width] for c in chunks]).cpu(),
+            lengths=lengths,
+            logprobs=torch.cat([c.logprobs[:, :width] for c in chunks]).cpu(),
+            finish_reasons=[r for c in chunks for r in c.finish_reasons],
+            prompt_index=torch.arange(num_rows, dtype=torch.int64) // params.n,
+            raw_logprobs=torch.cat([c.raw_logprobs[:, :width] for c in chunks]).cpu(),
+        )
         batch.metrics.update(self.stats.metrics())
-        logger.debug("torch rollout: %d samples, %s", len(rows), self.stats)
+        logger.debug("torch rollout: %d samples, %s", num_rows, self.stats)
         return batch
 
+    def _rope(self, num_positions: int) -> RopeTable:
+        """The RoPE table, (re)built only when a batch needs more positions or another dtype."""
+        w, rope = self.weights, self._rope_table
+        if (
+            rope is None
+            or rope.num_positions < num_positions
+            or (rope.dtype, rope.device) != (w.dtype, w.device)
+        ):
+            size = min(self.spec.max_position_embeddings, max(num_positions, 256))
+            self._rope_table = rope = RopeTable(
+                size, self.spec.head_dim, self.spec.rope_theta, w.dtype, w.device
+            )
+        return rope
+
     # -- one batch of prompts ------------------------------------------------------------------
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams, seed: int, first_sample: int):
+    def _generate_chunk(
+        self, prompts: list[list[int]], params: SamplingParams, seed: int, first_sample: int
+    ) -> _Chunk:
         w, cache, n, device = self.weights, self.cache, params.n, self.weights.device
         num_prompts, width = len(prompts), max(len(p) for p in prompts)
-        num_rows, slots = num_prompts * n, width + params.max_new_tokens
+        num_rows, num_new, slots = num_prompts * n, params.max_new_tokens, width + params.max_new_tokens
         cache.reserve(num_rows, slots)
+        rope = self._rope(slots)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
         pad = width - lengths
         tokens = torch.full((num_prompts, width), self.pad_token_id, dtype=torch.int64, device=device)
@@ -155,43 +186,67 @@ class TorchRolloutEngine:
         key_valid = torch.zeros(num_prompts, slots, dtype=torch.bool, device=device)
         key_valid[:, :width] = cols >= pad[:, None]
         positions = (cols - pad[:, None]).clamp(min=0)
-        logits = forward(w, tokens, positions, cache, 0, key_valid, self.tp)
+        mask = causal_mask(key_valid, 0, width, w.dtype)
+        logits = forward(w, tokens, rope.gather(positions), cache, 0, mask, self.tp)
         self.stats.prefill_rows += num_prompts
         self.stats.prefill_tokens += num_prompts * width
         # n samples per prompt: copy the prefill's KV rows and logits instead of recomputing them.
         cache.expand(num_prompts, n, width)
         logits = logits.repeat_interleave(n, dim=0)
-        key_valid = key_valid.repeat_interleave(n, dim=0)
-        next_pos = lengths.repeat_interleave(n)
+        # decode masks are views of one additive row per sample: 0 at real tokens, -inf at padding
+        key_bias = additive_mask(key_valid.repeat_interleave(n, dim=0), w.dtype)
+        next_pos = lengths.repeat_interleave(n)[:, None]
         generators = sample_generators(seed, range(first_sample, first_sample + num_rows))
+        # every row's uniforms for all steps at once: the same numbers as one draw per step
+        uniforms = None if params.greedy else draw_uniforms(generators, device, steps=num_new)
         stop_ids = torch.tensor(sorted(params.stop_token_ids), dtype=torch.int64, device=device)
+        # Responses are written on the device, one column per step; the host only learns which
+        # rows stopped (one small copy per step, none at all without stop tokens).
+        out = _Chunk(
+            ids=torch.full((num_rows, num_new), self.pad_token_id, dtype=torch.int64, device=device),
+            logprobs=torch.zeros(num_rows, num_new, dtype=torch.float32, device=device),
+            raw_logprobs=torch.zeros(num_rows, num_new, dtype=torch.float32, device=device),
+            lengths=torch.full((num_rows,), num_new, dtype=torch.int64),
+            finish_reasons=[FINISH_LENGTH] * num_rows,
+        )
         active = list(range(num_rows))  # row of the cache -> sample index within the chunk
-        out = [([], [], [], FINISH_LENGTH) for _ in range(num_rows)]
-        for step in range(params.max_new_tokens):
+        rows: slice | torch.Tensor = slice(None)  # the same, as an index into `out`'s rows
+        for step in range(num_new):
             full_logits = self.tp.all_gather_last(logits)
-            tok, logp, raw = sample_next(full_logits, params, generators, self.spec.vocab_size)
+            u = None if uniforms is None else uniforms[rows, step]
+            tok, logp, raw = sample_next(full_logits, params, (), self.spec.vocab_size, u)
             self.stats.generated_tokens += len(active)
-            stopped = torch.isin(tok, stop_ids)
-            # one device -> host copy per step (token ids are exact in float64)
-            host = torch.stack([tok.double(), logp.double(), raw.double(), stopped.double()]).cpu().tolist()
-            done = [bool(d) for d in host[3]]
-            for r, s in enumerate(active):
-                out[s][0].append(int(host[0][r]))
-                out[s][1].append(host[1][r])
-                out[s][2].append(host[2][r])
-                if done[r]:
-                    out[s] = (*out[s][:3], FINISH_STOP)
-            if step + 1 == params.max_new_tokens or all(done):
+            out.ids[rows, step], out.logprobs[rows, step], out.raw_logprobs[rows, step] = tok, logp, raw
+            done: list[bool] = []
+            if len(stop_ids):
+                stopped = torch.isin(tok, stop_ids)
+                done = stopped.tolist()
+                for r, s in enumerate(active):
+                    if done[r]:
+                        out.finish_reasons[s], out.lengths[s] = FINISH_STOP, step + 1
+            if step + 1 == num_new or (done and all(done)):
                 break
             if any(done):  # drop finished rows: later steps compute on the survivors only
                 keep = (~stopped).nonzero().squeeze(-1)
                 cache.compact(keep, width + step)
-                key_valid, next_pos, tok = key_valid[keep], next_pos[keep], tok[keep]
+                key_bias, next_pos, tok = key_bias[keep], next_pos[keep], tok[keep]
                 active = [s for r, s in enumerate(active) if not done[r]]
-                generators = [g for r, g in enumerate(generators) if not done[r]]
+                rows = torch.tensor(active, dtype=torch.int64, device=device)
             slot = width + step
-            key_valid[:, slot] = True
-            logits = forward(w, tok[:, None], (next_pos + step)[:, None], cache, slot, key_valid, self.tp)
+            key_bias[:, slot] = 0.0  # the new token sees itself and all real tokens before it
+            mask = key_bias[:, None, None, : slot + 1]
+            logits = forward(w, tok[:, None], rope.gather(next_pos + step), cache, slot, mask, self.tp)
             self.stats.decode_steps += 1
             self.stats.decode_rows += len(active)
         return out
+
+
+@dataclass
+class _Chunk:
+    """One chunk's responses: [rows, max_new_tokens] on the engine's device, padded past `lengths`."""
+
+    ids: torch.Tensor
+    logprobs: torch.Tensor
+    raw_logprobs: torch.Tensor
+    lengths: torch.Tensor
+    finish_reasons: list[str]
