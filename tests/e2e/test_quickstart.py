@@ -15,8 +15,8 @@ from rl3d.parallel import ParallelLayout
 pytestmark = pytest.mark.e2e
 
 
-def planned_reshard_bytes(recipe) -> int:
-    cfg = load_config(recipe).config
+def planned_reshard_bytes(recipe, overrides=()) -> int:
+    cfg = load_config(recipe, list(overrides)).config
     par = cfg.actor.parallel
     layout = ParallelLayout(par.pp, par.tp, par.dp)
     spec = get_model_spec(cfg.model.name)
@@ -26,17 +26,20 @@ def planned_reshard_bytes(recipe) -> int:
     return plan.strategies["hybridflow"].comm_bytes_max
 
 
-def test_grpo_quickstart_logs_planner_bytes_and_matching_logprobs(tmp_path):
+@pytest.mark.parametrize("t_g", [1, 2])
+def test_grpo_quickstart_logs_planner_bytes_and_matching_logprobs(t_g, tmp_path):
     run_dir = tmp_path / "run"
-    proc = run_train(GRPO, run_dir, "trainer.total_steps=3", "checkpoint.save_every=0")
+    proc = run_train(GRPO, run_dir, "trainer.total_steps=3", "checkpoint.save_every=0", f"rollout.t_g={t_g}")
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = metrics_by_step(run_dir)
     assert sorted(steps) == [1, 2, 3]
-    planned = planned_reshard_bytes(GRPO)
+    planned = planned_reshard_bytes(GRPO, [f"rollout.t_g={t_g}"])
     for row in steps.values():
-        assert row["reshard/bytes"] == planned > 0  # the executor moved exactly the planner's bytes
-        # rollout engine vs trainer log-probs on the same tokens (fp32): stated tolerance 1e-4
-        assert row["rollout/logp_diff_max"] < 1e-4
+        # the executor moved exactly the planner's bytes (t_g = t = 2 moves none: identity)
+        assert row["reshard/bytes"] == planned and (planned > 0) == (t_g == 1)
+        # the rollout engine's log-probs against the megatron actor's recomputed ones, same
+        # tokens, fp32: stated tolerance 1e-5
+        assert row["rollout/logp_diff_max"] < 1e-5
         assert math.isfinite(row["actor/pg_loss"]) and row["perf/tokens_per_s"] > 0
         assert {"time/generate", "time/update_actor", "time/reshard", "reshard/seconds"} <= set(row)
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
