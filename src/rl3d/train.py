@@ -32,6 +32,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rl3d: config error: {err}", file=sys.stderr)  # noqa: T201
         return 2
     cfg = loaded.config
+    if cfg.launch.backend == "ray":  # one driver process, not a torchrun rank (Ray-on-SLURM runs this)
+        from rl3d.launch.ray_launch import run_driver
+
+        return run_driver(loaded)
     import faulthandler
     import signal
     import warnings

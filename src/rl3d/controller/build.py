@@ -1,13 +1,24 @@
 """Assemble a run from its resolved config: process groups, workers, data, logging, checkpoints.
 
-Runs on every rank under torchrun (the spmd backend). The recipe was validated before any
-process group existed; this module turns it into the objects `RLTrainer` drives.
+Two halves, shared by both worker-group backends:
+- rank-local (`build_rank_workers`, `save_rank_files`, `load_rank_files`): the role workers of
+  one rank and their checkpoint files. Under torchrun (spmd) every rank runs them; under Ray
+  every rank's actor does.
+- controller-side (`build_data`, `assemble_trainer`, `TrainerCheckpoints`): sampler, KL
+  controller, metric sinks, hooks, progress and the checkpoint directory. Under spmd every
+  rank runs them (rank 0 writes); under Ray the driver does.
+
+The recipe was validated before any process group existed; this module turns it into the
+objects `RLTrainer` drives. `build_trainer` is the spmd assembly; `rl3d.launch.ray_launch`
+is the Ray one.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,14 +52,117 @@ class PromptBatches:
         )
 
 
+# ---------------------------------------------------------------- rank-local
+
+
+@dataclass
+class RankWorkers:
+    """What one rank hosts: its megatron groups, its role workers by group name ("actor",
+    "reference", "critic") and the checkpointed megatron roles ("actor", "critic")."""
+
+    groups: Any  # rl3d.models.bootstrap.MegatronGroups
+    workers: dict[str, Any] = field(default_factory=dict)
+    roles: dict[str, Any] = field(default_factory=dict)
+
+
+def build_rank_workers(cfg: RL3DConfig, spec, groups, tokenizer) -> RankWorkers:
+    """The megatron role workers of this rank (actor+rollout, reference, critic)."""
+    from rl3d.workers.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker
+
+    pad = getattr(tokenizer, "pad_token_id", None)
+    actor = ActorRolloutWorker(cfg, spec, groups, pad_token_id=0 if pad is None else pad)
+    rank = RankWorkers(groups, workers={"actor": actor}, roles={"actor": actor.role})
+    if cfg.reference_enabled:
+        rank.workers["reference"] = ReferenceWorker(cfg, spec, groups, init_from=actor.role)
+    if cfg.critic_enabled:
+        critic = CriticWorker(cfg, spec, groups, init_from=actor.role)
+        rank.workers["critic"] = critic
+        rank.roles["critic"] = critic.role
+    return rank
+
+
+def build_rank(cfg: RL3DConfig) -> RankWorkers:
+    """One rank from scratch on an initialised torch.distributed world (a Ray rank actor)."""
+    from rl3d.data import load_tokenizer
+    from rl3d.models.bootstrap import init_megatron
+    from rl3d.models.spec import get_model_spec
+    from rl3d.parallel import ParallelLayout
+
+    spec = get_model_spec(cfg.model.name)
+    par = cfg.actor.parallel
+    groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
+    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
+    return build_rank_workers(cfg, spec, groups, tokenizer)
+
+
+def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
+    """This rank's part of a checkpoint: megatron dist checkpoints (collective) and its RNG."""
+    from rl3d.checkpoint import capture_rng_state
+    from rl3d.models.dist_checkpoint import save_checkpoint
+
+    for name, role in rank.roles.items():
+        save_checkpoint(
+            tmp / name,
+            ddp=role.ddp,
+            optimizer=role.optimizer,
+            scheduler=role.scheduler,
+            groups=rank.groups,
+            iteration=step,
+        )
+    torch.save(capture_rng_state(), tmp / f"rng_rank{rank.groups.rank}.pt")
+
+
+def load_rank_files(rank: RankWorkers, path: Path) -> None:
+    from rl3d.checkpoint import restore_rng_state
+    from rl3d.models.dist_checkpoint import load_checkpoint
+
+    for name, role in rank.roles.items():
+        load_checkpoint(
+            path / name,
+            ddp=role.ddp,
+            optimizer=role.optimizer,
+            scheduler=role.scheduler,
+            groups=rank.groups,
+        )
+    restore_rng_state(torch.load(path / f"rng_rank{rank.groups.rank}.pt", weights_only=False))
+
+
+# ---------------------------------------------------------------- controller-side
+
+
+@dataclass
+class RankFiles:
+    """How the controller has every rank write (or read) its checkpoint files.
+
+    spmd: this process is one rank; `save`/`load` do its own part, `barrier` syncs the world.
+    Ray: the driver is the only writer of the directory (`rank` 0, no barrier); `save`/`load`
+    ask every rank's actor at once (megatron's save is collective)."""
+
+    save: Callable[[Path, int], None]
+    load: Callable[[Path], None]
+    rank: int = 0
+    world_size: int = 1
+    barrier: Callable[[], Any] = lambda: None
+
+
+def spmd_rank_files(rank: RankWorkers) -> RankFiles:
+    return RankFiles(
+        save=lambda tmp, step: save_rank_files(rank, tmp, step),
+        load=lambda path: load_rank_files(rank, path),
+        rank=rank.groups.rank,
+        world_size=dist.get_world_size(),
+        barrier=dist.barrier,
+    )
+
+
 class TrainerCheckpoints:
     """Model + optimizer + scheduler (megatron dist checkpoints), data position, KL controller
     and every rank's RNG, written atomically by `CheckpointManager` (tmp dir, then rename)."""
 
-    def __init__(self, cfg: RL3DConfig, run_dir: Path, roles: dict[str, Any], groups):
+    def __init__(self, cfg: RL3DConfig, run_dir: Path, ranks: RankFiles):
         from rl3d.checkpoint import CheckpointManager
 
-        self.cfg, self.roles, self.groups = cfg, roles, groups
+        self.cfg, self.ranks = cfg, ranks
         self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
 
     def due(self, step: int) -> bool:
@@ -56,21 +170,9 @@ class TrainerCheckpoints:
         return every > 0 and (step % every == 0 or step == self.cfg.trainer.total_steps)
 
     def save(self, step: int, trainer: RLTrainer) -> Path:
-        from rl3d.checkpoint import capture_rng_state
-        from rl3d.models.dist_checkpoint import save_checkpoint
-
         def write(tmp: Path) -> None:
-            for name, role in self.roles.items():
-                save_checkpoint(
-                    tmp / name,
-                    ddp=role.ddp,
-                    optimizer=role.optimizer,
-                    scheduler=role.scheduler,
-                    groups=self.groups,
-                    iteration=step,
-                )
-            torch.save(capture_rng_state(), tmp / f"rng_rank{self.groups.rank}.pt")
-            if self.groups.rank == 0:
+            self.ranks.save(tmp, step)
+            if self.ranks.rank == 0:
                 state = {
                     "step": step,
                     "sampler": trainer.sampler.sampler.state_dict(),
@@ -79,90 +181,75 @@ class TrainerCheckpoints:
                 }
                 (tmp / "trainer_state.json").write_text(json.dumps(state))
 
-        return self.manager.save(
-            step, write, rank=self.groups.rank, world_size=dist.get_world_size(), barrier=dist.barrier
-        )
+        r = self.ranks
+        return self.manager.save(step, write, rank=r.rank, world_size=r.world_size, barrier=r.barrier)
 
     def resume(self, sampler, kl_ctl) -> tuple[int, list]:
         """Restore the newest complete checkpoint; (step, metric history), or (0, []) if none."""
-        from rl3d.checkpoint import restore_rng_state
-        from rl3d.models.dist_checkpoint import load_checkpoint
-
         if self.cfg.checkpoint.resume == "never" or (latest := self.manager.latest()) is None:
             return 0, []
         step, path = latest
-        for name, role in self.roles.items():
-            load_checkpoint(
-                path / name,
-                ddp=role.ddp,
-                optimizer=role.optimizer,
-                scheduler=role.scheduler,
-                groups=self.groups,
-            )
+        self.ranks.load(path)
         state = json.loads((path / "trainer_state.json").read_text())
         sampler.load_state_dict(state["sampler"])
         kl_ctl.load_state_dict(state["kl_ctl"])
-        restore_rng_state(torch.load(path / f"rng_rank{self.groups.rank}.pt", weights_only=False))
         logger.info("resumed from %s (step %d)", path, step)
         return step, state["history"]
 
 
-def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
-    from rl3d import algos
-    from rl3d.controller.hooks import load_hooks
-    from rl3d.data import PromptSampler, load_prompt_dataset, load_tokenizer
-    from rl3d.logging import JsonlMetricsWriter, Progress, TensorBoardWriter
-    from rl3d.models.bootstrap import init_megatron
-    from rl3d.models.spec import get_model_spec
-    from rl3d.parallel import ParallelLayout
-    from rl3d.rewards import answer_check_for
-    from rl3d.workers.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker, RewardWorker
+@dataclass
+class RunData:
+    spec: Any  # rl3d.models.spec.ModelSpec
+    tokenizer: Any
+    sampler: Any  # rl3d.data.PromptSampler
 
-    cfg = loaded.config
+
+def build_data(cfg: RL3DConfig) -> RunData:
+    """Model spec, tokenizer, prompt dataset and sampler (no process group needed)."""
+    from rl3d.data import PromptSampler, load_prompt_dataset, load_tokenizer
+    from rl3d.models.spec import get_model_spec
+    from rl3d.rewards import answer_check_for
+
     spec = get_model_spec(cfg.model.name)
-    par = cfg.actor.parallel
-    groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
-    # synthetic tasks speak token ids: they never need the model's text tokenizer
-    text_data = bool(cfg.data.train_files)
-    tokenizer = load_tokenizer(
-        cfg.data.tokenizer or (cfg.model.hf_path if text_data else None), vocab_size=spec.vocab_size
-    )
+    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
     dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
     if dataset.num_bad_rows:
         logger.warning("data: skipped %d bad rows (see the log above for file and row)", dataset.num_bad_rows)
     sampler = PromptSampler(
         dataset, prompts_per_step=cfg.data.prompts_per_step, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle
     )
-    pad = getattr(tokenizer, "pad_token_id", None)
-    actor = ActorRolloutWorker(cfg, spec, groups, pad_token_id=0 if pad is None else pad)
-    roles = {"actor": actor.role}
-    critic = reference = None
-    if cfg.reference_enabled:
-        reference = ReferenceWorker(cfg, spec, groups, init_from=actor.role)
-    if cfg.critic_enabled:
-        critic = CriticWorker(cfg, spec, groups, init_from=actor.role)
-        roles["critic"] = critic.role
-    workers = Workers(
-        actor=SPMDWorkerGroup(actor, role="actor"),
-        reward=SPMDWorkerGroup(RewardWorker(cfg, tokenizer), role="reward"),
-        critic=SPMDWorkerGroup(critic, role="critic") if critic else None,
-        reference=SPMDWorkerGroup(reference, role="reference") if reference else None,
-    )
+    return RunData(spec, tokenizer, sampler)
+
+
+def assemble_trainer(
+    cfg: RL3DConfig,
+    run_dir: Path,
+    workers: Workers,
+    sampler,
+    checkpoints: TrainerCheckpoints,
+    *,
+    writes: bool,
+) -> RLTrainer:
+    """The controller around the worker groups. `writes`: this process logs metrics and
+    progress (rank 0 under spmd, the driver under Ray)."""
+    from rl3d import algos
+    from rl3d.controller.hooks import load_hooks
+    from rl3d.logging import JsonlMetricsWriter, Progress, TensorBoardWriter
+
     kl = cfg.algorithm.kl
     kl_args = {"kl_coef": kl.coef} | (
         {"target_kl": kl.target, "horizon": kl.horizon} if kl.controller == "adaptive" else {}
     )
     kl_ctl = algos.make_kl_controller(kl.controller, **kl_args)
-    checkpoints = TrainerCheckpoints(cfg, run_dir, roles, groups)
     start_step, history = checkpoints.resume(sampler, kl_ctl)
     sinks: list[Any] = []
-    if groups.rank == 0:
+    if writes:
         if cfg.logging.jsonl:
             sinks.append(JsonlMetricsWriter(run_dir / "metrics.jsonl", rank=0))
         if cfg.logging.tensorboard:
             sinks.append(TensorBoardWriter(run_dir / "tensorboard"))
     progress = Progress(
-        cfg.trainer.total_steps, start=start_step, emit=logger.info if groups.rank == 0 else (lambda _: None)
+        cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
     )
     trainer = RLTrainer(
         cfg,
@@ -177,3 +264,30 @@ def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
     )
     trainer.history = history
     return trainer
+
+
+def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
+    """The spmd assembly: every torchrun rank builds its workers and runs the controller."""
+    from rl3d.models.bootstrap import init_megatron
+    from rl3d.parallel import ParallelLayout
+    from rl3d.workers.roles import RewardWorker
+
+    cfg = loaded.config
+    par = cfg.actor.parallel
+    groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
+    data = build_data(cfg)
+    rank = build_rank_workers(cfg, data.spec, groups, data.tokenizer)
+    if cfg.reward.num_workers:
+        logger.warning(
+            "reward.num_workers = %d: fanning scoring out needs launch.backend: ray; scoring in process",
+            cfg.reward.num_workers,
+        )
+    groups_of = {name: SPMDWorkerGroup(w, role=name) for name, w in rank.workers.items()}
+    workers = Workers(
+        actor=groups_of["actor"],
+        reward=SPMDWorkerGroup(RewardWorker(cfg, data.tokenizer), role="reward"),
+        critic=groups_of.get("critic"),
+        reference=groups_of.get("reference"),
+    )
+    checkpoints = TrainerCheckpoints(cfg, run_dir, spmd_rank_files(rank))
+    return assemble_trainer(cfg, run_dir, workers, data.sampler, checkpoints, writes=groups.rank == 0)

@@ -1,4 +1,5 @@
-"""`rl3d train`: validate the recipe, then start its ranks with torchrun on this machine."""
+"""`rl3d train`: validate the recipe, then start its ranks with torchrun on this machine, or (with
+`launch.backend: ray`) run the Ray driver in this process."""
 
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ def describe(loaded) -> str:
 def launch_train(recipe: str, overrides: list[str], *, dry_run: bool = False) -> int:
     """Validate first (a bad recipe fails before any process starts), then launch."""
     loaded = load_config(recipe, overrides)
-    command = torchrun_command(recipe, overrides, loaded.config.launch.nproc_per_node)
     print(describe(loaded))  # noqa: T201 - the CLI's own output
+    if loaded.config.launch.backend == "ray":
+        from rl3d.launch.ray_launch import describe_driver, run_driver
+
+        print("command      " + describe_driver(loaded.config))  # noqa: T201
+        return 0 if dry_run else run_driver(loaded)
+    command = torchrun_command(recipe, overrides, loaded.config.launch.nproc_per_node)
     print("command      " + shlex.join(command))  # noqa: T201
     if dry_run:
         return 0

@@ -1,0 +1,217 @@
+"""The Ray driver: `rl3d train RECIPE launch.backend=ray` runs the controller in this process.
+
+    ray.init()  (local, or `launch.ray_address` / $RAY_ADDRESS to join a cluster)
+    -> pool "actor": one rank actor per rank (actor + rollout + reference + critic), one
+       torch.distributed world (gloo on CPU, NCCL on GPU)
+    -> reward: in the driver, or a pool of `reward.num_workers` CPU actors
+    -> RLTrainer.fit() exactly as under spmd -> summary -> ray.shutdown() if Ray was ours
+
+The rank actors write their logs to `run_dir/logs/rank{N}.log`, the driver to `driver.log`;
+Ray's own logs are under the session directory printed at start. A worker that dies stops the
+driver with an error naming the role and the rank; the exit status is then 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from rl3d.config import LoadedConfig, RL3DConfig
+
+logger = logging.getLogger("rl3d.launch.ray")
+
+# Environment the Ray workers need from the driver's (a cluster started elsewhere does not
+# inherit it): rl3d's yaml dir, user modules on PYTHONPATH, Ray's debugger switches.
+FORWARDED_ENV = (
+    "PYTHONPATH",
+    "RL3D_YAML_DIR",
+    "RAY_DEBUG",
+    "RAY_DEBUG_POST_MORTEM",
+    "RL3D_RAY_CALL_TIMEOUT_S",
+)
+
+
+def threads_per_rank(cfg: RL3DConfig) -> int:
+    """The spmd backend's torch thread count per CPU rank, so both compute alike."""
+    return max(1, (os.cpu_count() or 1) // max(1, cfg.launch.nproc_per_node))
+
+
+def describe_driver(cfg: RL3DConfig) -> str:
+    where = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
+    return f"Ray driver in this process on {where}: {cfg.launch.world_size} rank actor(s)" + (
+        f" + {cfg.reward.num_workers} reward actor(s)" if cfg.reward.num_workers else ""
+    )
+
+
+def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int):
+    """Runs inside each rank actor: logging, threads, then the rank's workers."""
+    import faulthandler
+    import signal
+    import warnings
+
+    import torch
+
+    from rl3d.controller.build import build_rank
+    from rl3d.logging import setup_logging
+
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
+    rank = int(os.environ["RANK"])
+    setup_logging(
+        level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=Path(run_dir) / "logs"
+    )
+    torch.set_num_threads(num_threads)
+    return build_rank(cfg)
+
+
+def make_reward_worker(cfg: RL3DConfig):
+    """Runs inside each reward actor (and in the driver when scoring is not fanned out)."""
+    from rl3d.data import load_tokenizer
+    from rl3d.models.spec import get_model_spec
+    from rl3d.workers.roles import RewardWorker
+
+    spec = get_model_spec(cfg.model.name)
+    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
+    return RewardWorker(cfg, tokenizer)
+
+
+def _device_kind(cfg: RL3DConfig) -> str:
+    import ray
+
+    if cfg.launch.device == "cpu":
+        return "cpu"
+    has_gpu = ray.cluster_resources().get("GPU", 0) >= 1
+    if cfg.launch.device == "cuda" and not has_gpu:
+        raise RuntimeError("launch.device = cuda, but the Ray cluster has no GPU")
+    return "cuda" if has_gpu else "cpu"
+
+
+class RayRun:
+    """The driver's handles: rank actors, reward pool; `close()` releases them."""
+
+    def __init__(self) -> None:
+        self.ranks: Any = None
+        self.reward_pool: Any = None
+
+    def close(self) -> None:
+        for part in (self.reward_pool, self.ranks):
+            if part is not None:
+                try:
+                    part.shutdown()
+                except Exception as err:  # the cluster may already be gone
+                    logger.debug("shutting down %s: %s", part, err)
+
+
+def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
+    from rl3d.controller.build import (
+        RankFiles,
+        TrainerCheckpoints,
+        assemble_trainer,
+        build_data,
+        load_rank_files,
+        save_rank_files,
+    )
+    from rl3d.controller.ray_backend import FanOutGroup, LocalWorkerGroup, RankActors, ResourcePool
+    from rl3d.controller.trainer import Workers
+
+    device = _device_kind(cfg)
+    threads = threads_per_rank(cfg)
+    bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
+    strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
+    pool = ResourcePool("actor", num_bundles=cfg.launch.world_size, bundle=bundle, strategy=strategy)
+    run.ranks = ranks = RankActors(pool)
+    ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.hybrid_engine.timeout_s)
+    ranks.setup(setup_rank_process, cfg, str(run_dir), threads)
+    if cfg.reward.num_workers:
+        reward_pool = ResourcePool(
+            "reward", num_bundles=cfg.reward.num_workers, bundle={"CPU": 1}, strategy="PACK"
+        )
+        run.reward_pool = reward = FanOutGroup(reward_pool, make_reward_worker, cfg, role="reward")
+    else:
+        reward = LocalWorkerGroup(make_reward_worker(cfg), role="reward")
+    workers = Workers(
+        actor=ranks.group("actor"),
+        reward=reward,
+        critic=ranks.group("critic") if cfg.critic_enabled else None,
+        reference=ranks.group("reference") if cfg.reference_enabled else None,
+    )
+    data = build_data(cfg)
+    files = RankFiles(
+        save=lambda tmp, step: ranks.run(save_rank_files, tmp, step, what="checkpoint save"),
+        load=lambda path: ranks.run(load_rank_files, path, what="checkpoint load"),
+        world_size=cfg.launch.world_size,
+    )
+    checkpoints = TrainerCheckpoints(cfg, run_dir, files)
+    return assemble_trainer(cfg, run_dir, workers, data.sampler, checkpoints, writes=True)
+
+
+def run_driver(loaded: LoadedConfig) -> int:
+    """Start (or join) Ray, build, fit, summarise. 0 on success, 1 on a failed run."""
+    import faulthandler
+    import signal
+    import warnings
+
+    import ray
+    import torch
+
+    from rl3d.config import run_dir_of, write_resolved_config
+    from rl3d.controller.ray_backend import WorkerCallError, WorkerDiedError
+    from rl3d.controller.summary import write_summary
+    from rl3d.logging import setup_logging
+
+    cfg = loaded.config
+    run_dir = Path(run_dir_of(cfg))
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
+    setup_logging(level=cfg.logging.level, rank=0, log_dir=None)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    driver_log = logging.FileHandler(run_dir / "logs" / "driver.log")
+    driver_log.setFormatter(logging.getLogger("rl3d").handlers[0].formatter)
+    logging.getLogger("rl3d").addHandler(driver_log)
+    torch.set_num_threads(threads_per_rank(cfg))
+
+    address = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS")
+    env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
+    started = time.perf_counter()
+    common: dict[str, Any] = dict(
+        namespace=f"rl3d-{os.getpid()}-{int(time.time())}",
+        logging_level=logging.WARNING,
+        runtime_env={"env_vars": env} if env else None,
+    )
+    if address:
+        context = ray.init(address=address, **common)
+    else:
+        world = cfg.launch.world_size * threads_per_rank(cfg) + cfg.reward.num_workers
+        # "local": always a new instance of our own, never some other job's cluster on this machine
+        context = ray.init(
+            address="local", num_cpus=max(os.cpu_count() or 1, world), include_dashboard=False, **common
+        )
+    info = context.address_info
+    logger.info(
+        "Ray %s at %s (%s); Ray's logs: %s/logs",
+        ray.__version__,
+        info.get("gcs_address", address),
+        "joined" if address else "started here",
+        info.get("session_dir", "?"),
+    )
+    run = RayRun()
+    try:
+        write_resolved_config(loaded, run_dir)
+        trainer = build_ray_trainer(cfg, run_dir, run)
+        logger.info("ray backend ready in %.1f s", time.perf_counter() - started)
+        history = trainer.fit()
+        write_summary(cfg, history, run_dir)
+        return 0
+    except Exception as err:
+        # a dead worker or a failed call already says where (and carries the worker's traceback)
+        known = isinstance(err, (WorkerDiedError, WorkerCallError))
+        logger.error("run failed: %s: %s", type(err).__name__, err, exc_info=not known)
+        return 1
+    finally:
+        run.close()
+        ray.shutdown()
+        logging.getLogger("rl3d").removeHandler(driver_log)
+        driver_log.close()
