@@ -1,23 +1,17 @@
 """The `rl3d` command: train, validate, plan, bench, slurm, convert.
 
 Each subcommand parses its own arguments and calls into the package; this module only routes.
-Exit codes: 0 ok, 2 bad input (recipe, arguments), 3 a feature that is not available yet.
+Exit codes: 0 ok, 1 a run or submission that failed, 2 bad input (recipe, arguments).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 
 from rl3d.config import ConfigError
 
 EXIT_BAD_INPUT = 2
-EXIT_NOT_AVAILABLE = 3
-
-
-class NotAvailable(RuntimeError):
-    """A subcommand whose implementation has not landed yet (never fake output)."""
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -57,13 +51,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
-def _not_yet(feature: str, issue: str) -> Callable[[argparse.Namespace], int]:
-    def run(args: argparse.Namespace) -> int:
-        raise NotAvailable(f"`rl3d {feature}` is not available yet (tracked in {issue}).")
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -94,12 +81,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_convert_arguments(convert)
     convert.set_defaults(func=run_convert)
-    for name, issue in [
-        ("slurm", "the SLURM issue"),
-    ]:
-        cmd = sub.add_parser(name, help=f"(coming: {issue})")
-        cmd.add_argument("rest", nargs=argparse.REMAINDER)
-        cmd.set_defaults(func=_not_yet(name, issue))
+    slurm = sub.add_parser(
+        "slurm", help="write an sbatch script into the run dir and submit it; status, cancel"
+    )
+    from rl3d.launch.slurm import add_slurm_arguments, run_slurm
+
+    add_slurm_arguments(slurm)
+    slurm.set_defaults(func=run_slurm)
     return parser
 
 
@@ -110,9 +98,6 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as err:
         print(f"rl3d: config error: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except NotAvailable as err:
-        print(f"rl3d: {err}", file=sys.stderr)
-        return EXIT_NOT_AVAILABLE
 
 
 if __name__ == "__main__":

@@ -4,9 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from rl3d.cli import EXIT_BAD_INPUT, EXIT_NOT_AVAILABLE, main
+from rl3d.cli import EXIT_BAD_INPUT, main
 
 ROOT = Path(__file__).resolve().parents[2]
 GRPO = str(ROOT / "recipes/quickstart_cpu_grpo.yaml")
@@ -27,12 +25,6 @@ def test_train_dry_run_prints_torchrun_command(capsys):
     assert main(["train", GRPO, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "--nproc-per-node=2" in out and "rl3d.train" in out and "1-2-1" in out
-
-
-@pytest.mark.parametrize("command", ["slurm"])
-def test_unlanded_subcommands_say_so(command, capsys):
-    assert main([command]) == EXIT_NOT_AVAILABLE
-    assert "not available yet" in capsys.readouterr().err
 
 
 def test_console_script_is_installed():

@@ -67,6 +67,18 @@ class RLTrainer:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
         self.stop_requested = True
 
+    def _stop_everywhere(self) -> bool:
+        """A stop signal reaches ranks at different moments: agree at the step boundary (spmd),
+        so every rank checkpoints the same step and none waits in a collective alone."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.stop_requested  # the Ray driver: one process decides
+        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
+        flag = torch.tensor([int(self.stop_requested)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
     def fit(self) -> list[dict[str, float]]:
         previous = signal.signal(signal.SIGUSR1, self._on_signal)
         try:
@@ -77,10 +89,11 @@ class RLTrainer:
                 for sink in self.sinks:
                     sink.log(step, metrics)
                 self.progress.update(1, {"reward": metrics["reward/score_mean"]})
-                if self.checkpoints.due(step) or self.stop_requested:
+                stop = self._stop_everywhere()
+                if self.checkpoints.due(step) or stop:
                     path = self.checkpoints.save(step, self)
                     self.hooks.call("on_checkpoint", step=step, batch=None, metrics={"path": str(path)})
-                if self.stop_requested:
+                if stop:
                     logger.warning("stopped at step %d on request (checkpoint saved)", step)
                     break
         finally:
