@@ -52,6 +52,11 @@ class PromptBatches:
         )
 
 
+def tokenizer_path(cfg: RL3DConfig) -> str | None:
+    """data.tokenizer, else the model's (text data only): synthetic tasks speak token ids."""
+    return cfg.data.tokenizer or (cfg.model.hf_path if cfg.data.train_files else None)
+
+
 # ---------------------------------------------------------------- rank-local
 
 
@@ -91,7 +96,7 @@ def build_rank(cfg: RL3DConfig) -> RankWorkers:
     spec = get_model_spec(cfg.model.name)
     par = cfg.actor.parallel
     groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
-    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
     return build_rank_workers(cfg, spec, groups, tokenizer)
 
 
@@ -211,7 +216,7 @@ def build_data(cfg: RL3DConfig) -> RunData:
     from rl3d.rewards import answer_check_for
 
     spec = get_model_spec(cfg.model.name)
-    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
     dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
     if dataset.num_bad_rows:
         logger.warning("data: skipped %d bad rows (see the log above for file and row)", dataset.num_bad_rows)

@@ -69,12 +69,13 @@ def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int):
 
 def make_reward_worker(cfg: RL3DConfig):
     """Runs inside each reward actor (and in the driver when scoring is not fanned out)."""
+    from rl3d.controller.build import tokenizer_path
     from rl3d.data import load_tokenizer
     from rl3d.models.spec import get_model_spec
     from rl3d.workers.roles import RewardWorker
 
     spec = get_model_spec(cfg.model.name)
-    tokenizer = load_tokenizer(cfg.data.tokenizer or cfg.model.hf_path, vocab_size=spec.vocab_size)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
     return RewardWorker(cfg, tokenizer)
 
 
