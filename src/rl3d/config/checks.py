@@ -90,6 +90,12 @@ def _check_batches(cfg: RL3DConfig, fail) -> None:
 
 
 def _check_roles(cfg: RL3DConfig, fail) -> None:
+    if cfg.hybrid_engine.strategy != "hybridflow":
+        raise fail(
+            "hybrid_engine.strategy",
+            f"{cfg.hybrid_engine.strategy!r} is a baseline for `rl3d bench transition`; "
+            "training runs reshard with 'hybridflow'",
+        )
     if cfg.algorithm.overlong_buffer_length > cfg.rollout.max_new_tokens:
         raise fail(
             "algorithm.overlong_buffer_length",

@@ -252,3 +252,9 @@ def test_colocated_critic_shares_the_actor_layout(tmp_path):
         load_config(recipe, [*base, *overrides])
     cfg = load_config(recipe, [*base, "critic.parallel.tp=2"]).config
     assert cfg.critic_enabled
+
+
+def test_baseline_strategies_are_for_the_benchmark_only(tmp_path):
+    recipe = write_tree(tmp_path)
+    with pytest.raises(ConfigError, match=r"hybrid_engine\.strategy: 'ds_chat' is a baseline"):
+        load_config(recipe, ["hybrid_engine.strategy=ds_chat"])
