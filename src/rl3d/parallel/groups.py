@@ -41,6 +41,8 @@ class HybridGroups:
     micro_dp: Group  # d_g ranks that all-gather one generation shard
     pp_micro: Group  # members of micro_dp with this rank's training TP rank (norms travel here)
     gen_tp: Group
+    gen_pp: Group
+    gen_dp: Group  # every rank holding the same generation shard (d_g * d of them)
     model_parallel: Group  # the t*p ranks of this rank's training replica
     pipeline: Group  # the p ranks of this rank's (dp, tp) across stages
     world: Group  # the training world (t*p*d ranks)
@@ -83,6 +85,8 @@ def build_hybrid_groups(gen: GenerationLayout, *, timeout_s: float, rollout_rank
     make("micro_dp", gen.micro_dp_groups())
     make("pp_micro", _pp_micro_groups(gen))
     make("gen_tp", gen.gen_tp_groups())
+    make("gen_pp", gen.gen_pp_groups())
+    make("gen_dp", gen.gen_dp_groups())
     make("model_parallel", gen.train.model_parallel_groups())
     make("pipeline", gen.train.pp_groups())
     make("world", [list(range(train_world))])
@@ -95,6 +99,8 @@ def build_hybrid_groups(gen: GenerationLayout, *, timeout_s: float, rollout_rank
         micro_dp=mine.get("micro_dp"),
         pp_micro=mine.get("pp_micro"),
         gen_tp=mine.get("gen_tp"),
+        gen_pp=mine.get("gen_pp"),
+        gen_dp=mine.get("gen_dp"),
         model_parallel=mine.get("model_parallel"),
         pipeline=mine.get("pipeline"),
         world=mine.get("world"),

@@ -32,7 +32,13 @@ def transition_worker(rank, world, model, layout, t_g, p_g, strategies, dtypes, 
     groups = build_hybrid_groups(gen, timeout_s=60, rollout_ranks=rollout_ranks)
     params = model_params(spec, train_tp=train.t)
     n = train.world_size
-    results = {}
+    results = {
+        "groups": {
+            name: list(getattr(groups, name).ranks)
+            for name in ("micro_dp", "gen_tp", "gen_pp", "gen_dp")
+            if getattr(groups, name) is not None  # openrlhf's rollout ranks are in none
+        }
+    }
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
         full = full_model(params, seed=7, dtype=dtype)
@@ -82,6 +88,16 @@ def transition_worker(rank, world, model, layout, t_g, p_g, strategies, dtypes, 
 
 def check_against_plan(results, model, layout, t_g, p_g, strategies, dtypes):
     spec = get_model_spec(model)
+    gen = GenerationLayout.from_training(ParallelLayout(*layout), t_g, p_g)
+    expected = {
+        "micro_dp": gen.micro_dp_groups(),
+        "gen_tp": gen.gen_tp_groups(),
+        "gen_pp": gen.gen_pp_groups(),
+        "gen_dp": gen.gen_dp_groups(),
+    }
+    for rank, per_rank in enumerate(results[: gen.world_size]):
+        for name, ranks in per_rank["groups"].items():
+            assert rank in ranks and ranks in expected[name], (rank, name, ranks)
     for dtype_name in dtypes:
         plan = plan_transition(
             spec, ParallelLayout(*layout), t_g, p_g, dtype=dtype_name, strategies=strategies
