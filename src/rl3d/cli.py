@@ -26,14 +26,15 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from rl3d.launch.train import launch_train
 
-    return launch_train(args.recipe, args.overrides, dry_run=args.dry_run)
+    return launch_train(args.recipe, args.overrides, emit=print, dry_run=args.dry_run)
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from rl3d.hybrid_engine.report import run_plan
 
     try:
-        return run_plan(args)
+        print(run_plan(args))
+        return 0
     except ValueError as err:
         if isinstance(err, ConfigError):
             raise
@@ -45,7 +46,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from rl3d.bench.report import run_bench
 
     try:
-        return run_bench(args)
+        print(run_bench(args))
+        return 0
     except ValueError as err:
         print(f"rl3d bench: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -218,7 +218,8 @@ def _plot_measured(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def run_bench(args: argparse.Namespace) -> str:
+    """Run the benchmark; its output (a table, or the JSON contract with --json)."""
     if args.bench == "rollout":
         from rl3d.bench.rollout import run_rollout_bench
 
@@ -259,11 +260,8 @@ def run_bench(args: argparse.Namespace) -> int:
     (out / "transition.md").write_text(table + "\n")
     (out / "result.json").write_text(json.dumps(result, indent=1, default=str))
     if args.json:
-        print(json.dumps(_contract(args.mode, result)))  # noqa: T201 - command output
-    else:
-        print(table)  # noqa: T201
-        print(f"results in {out}")  # noqa: T201
-    return 0
+        return json.dumps(_contract(args.mode, result))
+    return f"{table}\nresults in {out}"
 
 
 def _contract(mode: str, result: dict) -> dict:

@@ -283,7 +283,7 @@ def _plot(rows: list[dict], result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def run_rollout_bench(args: argparse.Namespace) -> int:
+def run_rollout_bench(args: argparse.Namespace) -> str:
     spec = get_model_spec(args.model)
     _check_args(args, spec)
     import torch
@@ -312,8 +312,5 @@ def run_rollout_bench(args: argparse.Namespace) -> int:
             "batch": result["batch"],
             "new_tokens": result["new_tokens"],
         }
-        print(json.dumps(contract))  # noqa: T201 - command output
-    else:
-        print(table)  # noqa: T201
-        print(f"results in {out}")  # noqa: T201
-    return 0
+        return json.dumps(contract)
+    return f"{table}\nresults in {out}"

@@ -138,7 +138,7 @@ def format_auto(rows, best, hw: HardwareModel) -> str:
     return "\n".join(lines)
 
 
-def run_plan(args: argparse.Namespace) -> int:
+def run_plan(args: argparse.Namespace) -> str:
     """Entry point of `rl3d plan`; ValueError (bad layout, model, flag) is reported by the CLI."""
     spec, train, t_g, p_g, dtype = _inputs(args)
     if args.auto:
@@ -155,11 +155,8 @@ def run_plan(args: argparse.Namespace) -> int:
         best = best_row(rows)
         if args.json:
             out = {"layouts": [vars(r) | {"total_s": r.total_s, "best": r is best} for r in rows]}
-            print(json.dumps(out))  # noqa: T201 - command output
-        else:
-            print(format_auto(rows, best, hw))  # noqa: T201
-        return 0
+            return json.dumps(out)
+        return format_auto(rows, best, hw)
     strategies = tuple(args.strategy) if args.strategy else STRATEGIES
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
-    print(json.dumps(plan.to_json()) if args.json else format_plan(plan))  # noqa: T201
-    return 0
+    return json.dumps(plan.to_json()) if args.json else format_plan(plan)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import shlex
 import sys
+from collections.abc import Callable
 
 from rl3d.config import load_config
 
@@ -36,17 +37,20 @@ def describe(loaded) -> str:
     return "\n".join(lines)
 
 
-def launch_train(recipe: str, overrides: list[str], *, dry_run: bool = False) -> int:
-    """Validate first (a bad recipe fails before any process starts), then launch."""
+def launch_train(
+    recipe: str, overrides: list[str], *, emit: Callable[[str], None], dry_run: bool = False
+) -> int:
+    """Validate first (a bad recipe fails before any process starts), then launch; `emit`
+    shows the user what will run."""
     loaded = load_config(recipe, overrides)
-    print(describe(loaded))  # noqa: T201 - the CLI's own output
+    emit(describe(loaded))
     if loaded.config.launch.backend == "ray":
         from rl3d.launch.ray_launch import describe_driver, run_driver
 
-        print("command      " + describe_driver(loaded.config))  # noqa: T201
+        emit("command      " + describe_driver(loaded.config))
         return 0 if dry_run else run_driver(loaded)
     command = torchrun_command(recipe, overrides, loaded.config.launch.nproc_per_node)
-    print("command      " + shlex.join(command))  # noqa: T201
+    emit("command      " + shlex.join(command))
     if dry_run:
         return 0
     import subprocess
