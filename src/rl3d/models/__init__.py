@@ -1,7 +1,7 @@
 """Model shapes, megatron-core builders, converters and the CPU shim.
 
 - spec: ModelSpec shapes (pure Python)
-- bootstrap: init_megatron(layout) -> MegatronGroups; the only user of megatron's parallel_state
+- bootstrap: init_megatron(layout) -> MegatronGroups; the only reader of megatron's process-group globals
 - cpu_shim: remaps megatron-core's CUDA-only calls on CPU (version-checked, inactive with CUDA)
 - builder: build_gpt(spec, groups, role=actor|critic|reference), megatron_param_kinds
 - logprobs: vocab_parallel_logprobs_entropy (logp_BT, entropy_BT without gathering the vocab)
