@@ -132,3 +132,49 @@ def test_quickstart_from_an_hf_checkpoint(tmp_path):
     rows = metrics_by_step(run_dir)
     assert sorted(rows) == [1, 2] and rows[1]["rollout/logp_diff_max"] < 1e-4
     assert rows[1]["kl/actor_ref_k1"] == 0.0  # the reference starts as the loaded actor
+
+
+@pytest.mark.slow
+def test_parquet_prompts_with_a_bad_row_and_the_gsm8k_reward(tmp_path):
+    """Text data end to end: parquet rows through a template and an HF tokenizer (built offline),
+    a bad row reported with file:row and skipped, the gsm8k rule reward on decoded text."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["Q:", "what", "is", "plus", "?", "####"] + [str(i) for i in range(10)]
+    vocab = {"[PAD]": 0, "[UNK]": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(words)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="</s>"
+    ).save_pretrained(str(tmp_path / "tok"))
+    prompts = [
+        "Q: what is 2 plus 3 ?",
+        None,
+        "Q: what is 4 plus 4 ?",
+        "Q: what is 1 plus 1 ?",
+        "Q: what is 5 plus 2 ?",
+        "Q: what is 3 plus 3 ?",
+    ]
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": prompts, "answer": ["5", "1", "8", "2", "7", "6"]}), str(data))
+    run_dir = tmp_path / "run"
+    proc = run_train(
+        GRPO,
+        run_dir,
+        f"data.train_files=[{data}]",
+        f"data.tokenizer={tmp_path / 'tok'}",
+        "data.synthetic=null",
+        "reward.fn=gsm8k",
+        "data.prompts_per_step=4",
+        "actor.mini_batch_size=16",
+        "trainer.total_steps=2",
+        "checkpoint.save_every=0",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (run_dir / "logs/rank0.log").read_text()
+    assert f"skipping bad row {data}:1: missing prompt" in log and "skipped 1 bad rows" in log
+    rows = metrics_by_step(run_dir)
+    assert sorted(rows) == [1, 2] and all(0.0 <= r["reward/score_mean"] <= 1.0 for r in rows.values())
