@@ -93,7 +93,8 @@ def sample_next(
     Returns (tokens [B] int64, log-prob under the sampling distribution [B] fp32 (0 for greedy),
     log-prob under the plain temperature-1 softmax [B] fp32). Columns >= `vocab_size` (Megatron's
     vocab padding) are never sampled."""
-    z = logits_BV[:, :vocab_size].float()
+    z = logits_BV if logits_BV.shape[-1] == vocab_size else logits_BV[:, :vocab_size]
+    z = z if z.dtype == torch.float32 else z.float()  # skip no-op dispatches: this runs every step
     raw_logp = torch.log_softmax(z, dim=-1)
     if params.greedy:
         tokens = z.argmax(-1)

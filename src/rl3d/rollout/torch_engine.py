@@ -9,9 +9,12 @@ forward really computed.
 
 A decode step is kept to the model's own ops (on CPU, per-op dispatch is most of a small model's
 time): RoPE cos/sin are gathered from a table built once per engine, the attention mask is a view
-of one additive row per sample, each row's uniforms are drawn for all steps up front, responses
-are written into device tensors, and the host syncs only to learn which rows hit a stop token.
-All of these give bit-identical results to computing each piece per step.
+of one additive row per (sample, kv head), each row's uniforms are drawn for all steps up front,
+responses are written into device tensors, and the host syncs only to learn which rows hit a stop
+token. All of these give bit-identical results to computing each piece per step. The decode
+forward itself (`decode_forward`: fused RoPE over the whole qkv output, one batched matmul per
+KV group against the cache, one-op RMS statistics) equals the prefill `forward` up to
+floating-point reordering; every t_g runs the same code, so t_g > 1 still equals t_g = 1 exactly.
 
 Tensor parallelism (t_g > 1): every rank of the generation-TP group runs the engine on the same
 prompts; row-parallel partial sums and embedding lookups are all-reduced, and the vocab-parallel
@@ -33,7 +36,15 @@ import torch
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.kv_cache import KVCache
-from rl3d.rollout.model import RopeTable, ShardedWeights, TPComm, additive_mask, causal_mask, forward
+from rl3d.rollout.model import (
+    RopeTable,
+    ShardedWeights,
+    TPComm,
+    additive_mask,
+    causal_mask,
+    decode_forward,
+    forward,
+)
 from rl3d.rollout.sampling import draw_uniforms, sample_generators, sample_next
 
 logger = logging.getLogger(__name__)
@@ -112,7 +123,7 @@ class TorchRolloutEngine:
         if self.cache is not None:
             self.cache.resume()
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def generate(self, prompts_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
         if self.weights is None:
             raise RuntimeError("torch rollout engine has no weights: call load_weights() first")
@@ -193,9 +204,14 @@ class TorchRolloutEngine:
         # n samples per prompt: copy the prefill's KV rows and logits instead of recomputing them.
         cache.expand(num_prompts, n, width)
         logits = logits.repeat_interleave(n, dim=0)
-        # decode masks are views of one additive row per sample: 0 at real tokens, -inf at padding
+        # decode masks are views of one additive row per (sample, kv head): 0 at real tokens,
+        # -inf at padding; [rows, kv_heads, slots]
         key_bias = additive_mask(key_valid.repeat_interleave(n, dim=0), w.dtype)
-        next_pos = lengths.repeat_interleave(n)[:, None]
+        key_bias = key_bias[:, None].expand(-1, w.kv_heads(), -1).contiguous()
+        # every decode step's RoPE position per row: [rows, max_new_tokens]
+        positions = lengths.repeat_interleave(n)[:, None] + torch.arange(num_new, device=device)
+        rope_decode = rope.decode_table(self.spec.heads_per_group)
+        swap = rope.swap_index(w.kv_heads() * (self.spec.heads_per_group + 2) * self.spec.head_dim)
         generators = sample_generators(seed, range(first_sample, first_sample + num_rows))
         # every row's uniforms for all steps at once: the same numbers as one draw per step
         uniforms = None if params.greedy else draw_uniforms(generators, device, steps=num_new)
@@ -216,7 +232,9 @@ class TorchRolloutEngine:
             u = None if uniforms is None else uniforms[rows, step]
             tok, logp, raw = sample_next(full_logits, params, (), self.spec.vocab_size, u)
             self.stats.generated_tokens += len(active)
-            out.ids[rows, step], out.logprobs[rows, step], out.raw_logprobs[rows, step] = tok, logp, raw
+            out.ids[rows, step], out.raw_logprobs[rows, step] = tok, raw
+            if not params.greedy:  # greedy: logp is 0, as `out.logprobs` already holds
+                out.logprobs[rows, step] = logp
             done: list[bool] = []
             if len(stop_ids):
                 stopped = torch.isin(tok, stop_ids)
@@ -229,13 +247,14 @@ class TorchRolloutEngine:
             if any(done):  # drop finished rows: later steps compute on the survivors only
                 keep = (~stopped).nonzero().squeeze(-1)
                 cache.compact(keep, width + step)
-                key_bias, next_pos, tok = key_bias[keep], next_pos[keep], tok[keep]
+                key_bias, positions, tok = key_bias[keep], positions[keep], tok[keep]
                 active = [s for r, s in enumerate(active) if not done[r]]
                 rows = torch.tensor(active, dtype=torch.int64, device=device)
             slot = width + step
-            key_bias[:, slot] = 0.0  # the new token sees itself and all real tokens before it
-            mask = key_bias[:, None, None, : slot + 1]
-            logits = forward(w, tok[:, None], rope.gather(next_pos + step), cache, slot, mask, self.tp)
+            key_bias[:, :, slot] = 0.0  # the new token sees itself and all real tokens before it
+            mask = key_bias[:, :, : slot + 1].flatten(0, 1)[:, None]
+            rope_step = rope_decode.index_select(0, positions[:, step])
+            logits = decode_forward(w, tok, rope_step, swap, cache, slot, mask, self.tp)
             self.stats.decode_steps += 1
             self.stats.decode_rows += len(active)
         return out
