@@ -11,14 +11,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Sequence
 from importlib import resources
 from types import ModuleType
 
 import torch
 
-from rl3d.ops.gather import GatheredShards, ParamLayout
-from rl3d.ops.views import CopyBlock, copy_blocks, gather_blocks, pack_blocks, unpack_blocks
+from rl3d.ops.views import BlockOps, CopyBlock
 
 logger = logging.getLogger(__name__)
 
@@ -80,30 +78,9 @@ def _run(blocks: list[CopyBlock]) -> None:
             )
 
 
-def strided_copy_into(src: torch.Tensor, dst: torch.Tensor) -> None:
-    _run(copy_blocks(src, dst))
-
-
-def pack_bucket_into(tensors: Sequence[torch.Tensor], bucket: torch.Tensor) -> None:
-    _run(pack_blocks(tensors, bucket))
-
-
-def unpack_bucket_into(bucket: torch.Tensor, destinations: Sequence[torch.Tensor]) -> None:
-    _run(unpack_blocks(bucket, destinations))
-
-
-def gather_to_layout_into(
-    shards: Sequence[torch.Tensor] | GatheredShards,
-    layout: ParamLayout,
-    *,
-    train_tp: int,
-    gen_tp: int,
-    gen_rank: int,
-    target: str,
-    out: torch.Tensor,
-) -> None:
-    _run(
-        gather_blocks(
-            shards, layout, train_tp=train_tp, gen_tp=gen_tp, gen_rank=gen_rank, target=target, out=out
-        )
-    )
+# The module-level ops rl3d.ops.dispatch calls, planned by `views.BlockOps` and run by `_run`.
+_OPS = BlockOps(_run)
+strided_copy_into = _OPS.strided_copy_into
+pack_bucket_into = _OPS.pack_bucket_into
+unpack_bucket_into = _OPS.unpack_bucket_into
+gather_to_layout_into = _OPS.gather_to_layout_into

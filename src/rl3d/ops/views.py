@@ -8,7 +8,7 @@ innermost run as long as possible, so the kernels read and write long contiguous
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -208,3 +208,37 @@ def unpack_blocks(bucket: torch.Tensor, destinations: Sequence[torch.Tensor]) ->
         blocks.extend(copy_blocks(bucket[offset : offset + numel].view(destination.shape), destination))
         offset += numel
     return blocks
+
+
+class BlockOps:
+    """The four resharding ops of a form that only knows how to run copy blocks (the Triton and
+    CUDA forms): each op plans its blocks here, and `run` executes them."""
+
+    def __init__(self, run: Callable[[list[CopyBlock]], None]):
+        self.run = run
+
+    def strided_copy_into(self, src: torch.Tensor, dst: torch.Tensor) -> None:
+        self.run(copy_blocks(src, dst))
+
+    def pack_bucket_into(self, tensors: Sequence[torch.Tensor], bucket: torch.Tensor) -> None:
+        self.run(pack_blocks(tensors, bucket))
+
+    def unpack_bucket_into(self, bucket: torch.Tensor, destinations: Sequence[torch.Tensor]) -> None:
+        self.run(unpack_blocks(bucket, destinations))
+
+    def gather_to_layout_into(
+        self,
+        shards: Sequence[torch.Tensor] | GatheredShards,
+        layout: ParamLayout,
+        *,
+        train_tp: int,
+        gen_tp: int,
+        gen_rank: int,
+        target: str,
+        out: torch.Tensor,
+    ) -> None:
+        self.run(
+            gather_blocks(
+                shards, layout, train_tp=train_tp, gen_tp=gen_tp, gen_rank=gen_rank, target=target, out=out
+            )
+        )

@@ -6,20 +6,14 @@ import pytest
 
 from rl3d.cli import main
 
+# a tiny measured run: tiny-llama trained at 1-2-1, generated at t_g = 1
+MEASURED = "bench transition --mode measured --model tiny-llama --train 1,2,1 --gen 1,1".split()
+
 
 @pytest.mark.distributed
 def test_measured_contract_on_two_ranks(capsys, tmp_path):
     args = [
-        "bench",
-        "transition",
-        "--mode",
-        "measured",
-        "--model",
-        "tiny-llama",
-        "--train",
-        "1,2,1",
-        "--gen",
-        "1,1",
+        *MEASURED,
         "--strategies",
         "hybridflow,ds_chat",
         "--repeats",
@@ -43,16 +37,7 @@ def test_measured_contract_on_two_ranks(capsys, tmp_path):
 
 def test_measured_world_must_fit_the_layout(capsys):
     args = [
-        "bench",
-        "transition",
-        "--mode",
-        "measured",
-        "--model",
-        "tiny-llama",
-        "--train",
-        "1,2,1",
-        "--gen",
-        "1,1",
+        *MEASURED,
         "--world",
         "3",
     ]
