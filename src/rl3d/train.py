@@ -63,15 +63,16 @@ def main(argv: list[str] | None = None) -> int:
             cfg.launch.world_size,
         )
         return 2
+    world_rank = dist.get_rank()  # own pools turn this world into one world per pool
     try:
-        if dist.get_rank() == 0:
+        if world_rank == 0:
             write_resolved_config(loaded, run_dir)
         from rl3d.controller.build import build_trainer
         from rl3d.controller.summary import write_summary
 
         trainer = build_trainer(loaded, Path(run_dir))
         history = trainer.fit()
-        if dist.get_rank() == 0:
+        if world_rank == 0:
             write_summary(cfg, history, Path(run_dir))
         return 0
     finally:

@@ -22,18 +22,25 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
 
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:
+    from rl3d.config.pools import role_pools
     from rl3d.models.spec import get_model_spec
     from rl3d.parallel import GenerationLayout, ParallelLayout
 
     par = cfg.actor.parallel
     spec = get_model_spec(cfg.model.name)
-    if spec.num_query_groups % par.tp:
-        raise fail(
-            "actor.parallel.tp",
-            f"tp={par.tp} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
-        )
-    if spec.num_layers % par.pp:
-        raise fail("actor.parallel.pp", f"pp={par.pp} must divide the model's {spec.num_layers} layers")
+    own_pools = [("actor", par)]
+    if cfg.critic_enabled and not cfg.critic.colocate:
+        own_pools.append(("critic", cfg.critic.parallel))
+    if cfg.reference_enabled and not cfg.reference.colocate:
+        own_pools.append(("reference", cfg.reference.parallel))
+    for role, rp in own_pools:
+        if spec.num_query_groups % rp.tp:
+            raise fail(
+                f"{role}.parallel.tp",
+                f"tp={rp.tp} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
+            )
+        if spec.num_layers % rp.pp:
+            raise fail(f"{role}.parallel.pp", f"pp={rp.pp} must divide the model's {spec.num_layers} layers")
     try:
         GenerationLayout.from_training(
             ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g
@@ -42,27 +49,24 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
         key = "rollout.t_g" if "t_g" in str(err) else "rollout.p_g"
         raise fail(key, f"{err} (actor.parallel = tp {par.tp}, pp {par.pp}, dp {par.dp})") from None
     world = cfg.launch.world_size
-    needed = par.world_size
-    if cfg.critic_enabled and not cfg.critic.colocate:
-        needed += cfg.critic.parallel.world_size
+    pools = role_pools(cfg)
+    needed = sum(p.size for p in pools)
     if world != needed:
-        what = f"actor p*t*d = {par.pp}*{par.tp}*{par.dp} = {par.world_size}"
-        if needed != par.world_size:
-            what += f" + critic's own pool {cfg.critic.parallel.world_size}"
+        what = " + ".join(
+            f"{p.name} p*t*d = {p.layout.p}*{p.layout.t}*{p.layout.d} = {p.size}" for p in pools
+        )
         raise fail(
             "launch.nproc_per_node",
             f"world size nnodes*nproc_per_node = {cfg.launch.nnodes}*{cfg.launch.nproc_per_node} = "
             f"{world} does not match {what}",
         )
-    if cfg.critic_enabled:
-        if not cfg.critic.colocate:
-            raise fail("critic.colocate", "a critic on its own resource pool is not supported yet; use true")
+    if cfg.critic_enabled and cfg.critic.colocate:
         cp = cfg.critic.parallel
         if (cp.tp, cp.pp, cp.dp) != (par.tp, par.pp, par.dp):
             raise fail(
                 "critic.parallel",
                 f"a colocated critic uses the actor's layout tp={par.tp} pp={par.pp} dp={par.dp}, "
-                f"got tp={cp.tp} pp={cp.pp} dp={cp.dp}",
+                f"got tp={cp.tp} pp={cp.pp} dp={cp.dp} (or set critic.colocate: false for its own pool)",
             )
 
 
@@ -87,6 +91,12 @@ def _check_batches(cfg: RL3DConfig, fail) -> None:
                 f"mini_batch_size {rc.mini_batch_size} must split evenly over dp={dp} ranks in "
                 f"micro-batches of {rc.micro_batch_size} (need a multiple of {dp * rc.micro_batch_size})",
             )
+    if cfg.reference_enabled and not cfg.reference.colocate and samples % cfg.reference.parallel.dp:
+        raise fail(
+            "reference.parallel.dp",
+            f"dp={cfg.reference.parallel.dp} must divide the step's {samples} samples "
+            f"(data.prompts_per_step * rollout.n)",
+        )
 
 
 def _check_roles(cfg: RL3DConfig, fail) -> None:

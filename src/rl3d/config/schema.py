@@ -103,7 +103,9 @@ class ActorConfig(TrainedRoleConfig):
 class CriticConfig(TrainedRoleConfig):
     # None = decided by the algorithm (GAE needs a critic, the GRPO family does not).
     enabled: bool | None = None
-    colocate: bool = True  # share the actor's ranks; False = its own resource pool
+    # True: on the actor's ranks, in the actor's layout. False: its own resource pool of
+    # parallel.tp * pp * dp ranks after the actor's, in its own layout.
+    colocate: bool = True
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
 
 
@@ -111,7 +113,8 @@ class CriticConfig(TrainedRoleConfig):
 class ReferenceConfig:
     # None = enabled exactly when a KL term is used (algorithm.kl.coef > 0).
     enabled: bool | None = None
-    colocate: bool = True
+    colocate: bool = True  # False: its own pool of parallel.tp * pp * dp ranks (layout `parallel`)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # used when colocate is False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from rl3d.config import LoadedConfig, RL3DConfig
+from rl3d.config.pools import Pool, role_pools
 from rl3d.controller.batch import DataBatch
 from rl3d.controller.dispatch import SPMDWorkerGroup
 from rl3d.controller.trainer import RLTrainer, Workers
@@ -60,44 +61,87 @@ def tokenizer_path(cfg: RL3DConfig) -> str | None:
 # ---------------------------------------------------------------- rank-local
 
 
+INIT_WEIGHTS = "init_weights"  # run_dir subfolder: the actor's initial weights, for other pools
+
+
 @dataclass
 class RankWorkers:
-    """What one rank hosts: its megatron groups, its role workers by group name ("actor",
+    """What one rank hosts: its pool, megatron groups, role workers by group name ("actor",
     "reference", "critic") and the checkpointed megatron roles ("actor", "critic")."""
 
     groups: Any  # rl3d.models.bootstrap.MegatronGroups
+    pool: Pool
     workers: dict[str, Any] = field(default_factory=dict)
     roles: dict[str, Any] = field(default_factory=dict)
 
 
-def build_rank_workers(cfg: RL3DConfig, spec, groups, tokenizer) -> RankWorkers:
-    """The megatron role workers of this rank (actor+rollout, reference, critic)."""
+def build_rank_workers(
+    cfg: RL3DConfig,
+    spec,
+    groups,
+    tokenizer,
+    *,
+    pools: list[Pool],
+    pool: Pool,
+    run_dir: Path,
+    sync: Callable[[], Any] = lambda: None,
+) -> RankWorkers:
+    """The megatron role workers of this rank's pool (actor+rollout and the colocated roles, or
+    one role in its own pool).
+
+    Every role starts from the actor's initial network. A colocated one copies it in memory; one
+    in its own pool (another world, maybe another layout) loads `model.hf_path`, else the
+    actor's initial weights, which the actor's pool writes to `run_dir/init_weights` before
+    `sync()` (a barrier across pools under spmd; under Ray the driver sets the actor's pool up
+    first)."""
     from rl3d.workers.roles import ActorRolloutWorker, CriticWorker, ReferenceWorker
 
-    pad = getattr(tokenizer, "pad_token_id", None)
-    actor = ActorRolloutWorker(cfg, spec, groups, pad_token_id=0 if pad is None else pad)
-    rank = RankWorkers(groups, workers={"actor": actor}, roles={"actor": actor.role})
-    if cfg.reference_enabled:
-        rank.workers["reference"] = ReferenceWorker(cfg, spec, groups, init_from=actor.role)
-    if cfg.critic_enabled:
-        critic = CriticWorker(cfg, spec, groups, init_from=actor.role)
-        rank.workers["critic"] = critic
-        rank.roles["critic"] = critic.role
+    rank = RankWorkers(groups, pool)
+    init_dir = run_dir / INIT_WEIGHTS
+    if pool.name == "actor":
+        pad = getattr(tokenizer, "pad_token_id", None)
+        actor = ActorRolloutWorker(cfg, spec, groups, pad_token_id=0 if pad is None else pad)
+        rank.workers["actor"], rank.roles["actor"] = actor, actor.role
+        if len(pools) > 1 and not cfg.model.hf_path:
+            export_initial_weights(actor.role, init_dir)
+        sync()
+        init_from, init_path = actor.role, None
+    else:
+        sync()
+        init_from, init_path = None, cfg.model.hf_path or str(init_dir)
+    if "reference" in pool.roles:
+        rank.workers["reference"] = ReferenceWorker(
+            cfg, spec, groups, init_from=init_from, init_path=init_path
+        )
+    if "critic" in pool.roles:
+        critic = CriticWorker(cfg, spec, groups, init_from=init_from, init_path=init_path)
+        rank.workers["critic"], rank.roles["critic"] = critic, critic.role
     return rank
 
 
-def build_rank(cfg: RL3DConfig) -> RankWorkers:
-    """One rank from scratch on an initialised torch.distributed world (a Ray rank actor)."""
+def export_initial_weights(role, dst: Path) -> None:
+    """The actor's weights as a Megatron weight directory any layout loads (collective over the
+    actor's world)."""
+    from rl3d.models.hf_mapping import hf_config_from_spec
+    from rl3d.models.weights import save_weights
+
+    save_weights(role.model, role.spec, role.groups, dst, hf_config=hf_config_from_spec(role.spec).to_dict())
+    logger.info("wrote the actor's initial weights to %s for the other pools", dst)
+
+
+def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankWorkers:
+    """One rank of pool `pool_name` on its pool's initialised torch.distributed world (a Ray
+    rank actor)."""
     from rl3d.data import load_tokenizer
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.spec import get_model_spec
-    from rl3d.parallel import ParallelLayout
 
     spec = get_model_spec(cfg.model.name)
-    par = cfg.actor.parallel
-    groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
+    pools = role_pools(cfg)
+    pool = next(p for p in pools if p.name == pool_name)
+    groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
     tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
-    return build_rank_workers(cfg, spec, groups, tokenizer)
+    return build_rank_workers(cfg, spec, groups, tokenizer, pools=pools, pool=pool, run_dir=Path(run_dir))
 
 
 def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
@@ -114,7 +158,7 @@ def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
             groups=rank.groups,
             iteration=step,
         )
-    torch.save(capture_rng_state(), tmp / f"rng_rank{rank.groups.rank}.pt")
+    torch.save(capture_rng_state(), tmp / _rng_file(rank))
 
 
 def load_rank_files(rank: RankWorkers, path: Path) -> None:
@@ -129,7 +173,11 @@ def load_rank_files(rank: RankWorkers, path: Path) -> None:
             scheduler=role.scheduler,
             groups=rank.groups,
         )
-    restore_rng_state(torch.load(path / f"rng_rank{rank.groups.rank}.pt", weights_only=False))
+    restore_rng_state(torch.load(path / _rng_file(rank), weights_only=False))
+
+
+def _rng_file(rank: RankWorkers) -> str:
+    return f"rng_{rank.pool.name}_rank{rank.groups.rank}.pt"
 
 
 # ---------------------------------------------------------------- controller-side
@@ -150,13 +198,22 @@ class RankFiles:
     barrier: Callable[[], Any] = lambda: None
 
 
-def spmd_rank_files(rank: RankWorkers) -> RankFiles:
+def spmd_rank_files(rank: RankWorkers, channel: Any = None) -> RankFiles:
+    """This torchrun rank's files; with own pools the barrier spans them through `channel`."""
+    if channel is None:
+        return RankFiles(
+            save=lambda tmp, step: save_rank_files(rank, tmp, step),
+            load=lambda path: load_rank_files(rank, path),
+            rank=rank.groups.rank,
+            world_size=dist.get_world_size(),
+            barrier=dist.barrier,
+        )
     return RankFiles(
         save=lambda tmp, step: save_rank_files(rank, tmp, step),
         load=lambda path: load_rank_files(rank, path),
-        rank=rank.groups.rank,
-        world_size=dist.get_world_size(),
-        barrier=dist.barrier,
+        rank=channel.rank,
+        world_size=channel.world_size,
+        barrier=channel.barrier,
     )
 
 
@@ -234,9 +291,11 @@ def assemble_trainer(
     checkpoints: TrainerCheckpoints,
     *,
     writes: bool,
+    agree: Callable[[bool], bool] | None = None,
 ) -> RLTrainer:
     """The controller around the worker groups. `writes`: this process logs metrics and
-    progress (rank 0 under spmd, the driver under Ray)."""
+    progress (rank 0 under spmd, the driver under Ray). `agree(flag)`: True on every
+    controller once any has its flag set (default: an all-reduce over the world)."""
     from rl3d import algos
     from rl3d.controller.hooks import load_hooks
     from rl3d.logging import JsonlMetricsWriter, Progress, TensorBoardWriter
@@ -266,33 +325,57 @@ def assemble_trainer(
         progress=progress,
         checkpoints=checkpoints,
         start_step=start_step,
+        agree=agree,
     )
     trainer.history = history
     return trainer
 
 
 def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
-    """The spmd assembly: every torchrun rank builds its workers and runs the controller."""
+    """The spmd assembly: every torchrun rank builds its pool's workers and runs the controller.
+    With own pools, each pool first becomes its own world (`rl3d.controller.spmd_pools`)."""
+    from rl3d.controller.spmd_pools import split_world
     from rl3d.models.bootstrap import init_megatron
-    from rl3d.parallel import ParallelLayout
     from rl3d.workers.roles import RewardWorker
 
     cfg = loaded.config
-    par = cfg.actor.parallel
-    groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
+    pools = role_pools(cfg)
+    pool, channel = pools[0], None
+    if len(pools) > 1:
+        pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.hybrid_engine.timeout_s)
+    groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
     data = build_data(cfg)
-    rank = build_rank_workers(cfg, data.spec, groups, data.tokenizer)
+    rank = build_rank_workers(
+        cfg,
+        data.spec,
+        groups,
+        data.tokenizer,
+        pools=pools,
+        pool=pool,
+        run_dir=run_dir,
+        sync=channel.barrier if channel else lambda: None,
+    )
     if cfg.reward.num_workers:
         logger.warning(
             "reward.num_workers = %d: fanning scoring out needs launch.backend: ray; scoring in process",
             cfg.reward.num_workers,
         )
-    groups_of = {name: SPMDWorkerGroup(w, role=name) for name, w in rank.workers.items()}
+    roles = [r for p in pools for r in p.roles]
+    groups_of = {r: SPMDWorkerGroup(rank.workers.get(r), role=r, channel=channel) for r in roles}
     workers = Workers(
         actor=groups_of["actor"],
         reward=SPMDWorkerGroup(RewardWorker(cfg, data.tokenizer), role="reward"),
         critic=groups_of.get("critic"),
         reference=groups_of.get("reference"),
     )
-    checkpoints = TrainerCheckpoints(cfg, run_dir, spmd_rank_files(rank))
-    return assemble_trainer(cfg, run_dir, workers, data.sampler, checkpoints, writes=groups.rank == 0)
+    checkpoints = TrainerCheckpoints(cfg, run_dir, spmd_rank_files(rank, channel))
+    is_first = (channel.rank if channel else groups.rank) == 0
+    return assemble_trainer(
+        cfg,
+        run_dir,
+        workers,
+        data.sampler,
+        checkpoints,
+        writes=is_first,
+        agree=channel.any if channel else None,
+    )

@@ -82,15 +82,25 @@ def merge_outputs(outputs: list[Any]) -> Any:
 
 
 class SPMDWorkerGroup:
-    """The default backend: the controller runs on every rank of `group` (None = the world)."""
+    """The default backend: the controller runs on every rank of `group` (None = the world).
 
-    def __init__(self, worker: Worker, *, role: str, group: Any = None):
-        self.worker, self.role, self.group = worker, role, group
+    With own resource pools (`rl3d.controller.spmd_pools`) `worker` is None on the ranks of
+    other pools, and `channel` carries the collection across pools: the role's ranks compute,
+    every rank gets the result."""
 
-    def call(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+    def __init__(self, worker: Worker | None, *, role: str, group: Any = None, channel: Any = None):
+        self.worker, self.role, self.group, self.channel = worker, role, group, channel
+
+    def _method(self, method_name: str) -> Callable:
         method = getattr(self.worker, method_name, None)
         if method is None:
             raise AttributeError(f"{self.role} worker has no method {method_name!r}")
+        return method
+
+    def call(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        if self.channel is not None:
+            return self._call_across_pools(method_name, *args, **kwargs)
+        method = self._method(method_name)
         mode = dispatch_mode(method)
         info = self.worker.dispatch_info()
         if mode is Dispatch.ONE_TO_ALL:
@@ -102,3 +112,28 @@ class SPMDWorkerGroup:
         dist.all_gather_object(gathered, (info.dp_rank, out if collect else None), group=self.group)
         ordered = [o for _, o in sorted(((r, o) for r, o in gathered if o is not None), key=lambda x: x[0])]
         return merge_outputs(ordered)
+
+    def _call_across_pools(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
+        mine: tuple | None = None  # (kind, dp rank, output) from the ranks that report
+        if self.worker is not None:
+            try:
+                method = self._method(method_name)
+                mode, info = dispatch_mode(method), self.worker.dispatch_info()
+                if mode is Dispatch.ONE_TO_ALL:
+                    out = method(*args, **kwargs)
+                    mine = ("one", 0, out) if dist.get_rank() == 0 else None
+                else:
+                    out = method(split_for(mode, info, args[0]), *args[1:], **kwargs)
+                    if mode is Dispatch.DP_COMPUTE or info.is_collector:
+                        mine = ("part", info.dp_rank, out)
+            except Exception as err:
+                self.channel.all_gather_object(("error", self.channel.rank, f"{type(err).__name__}: {err}"))
+                raise
+        parts = [p for p in self.channel.all_gather_object(mine) if p is not None]
+        errors = [p for p in parts if p[0] == "error"]
+        if errors:
+            _, rank, message = errors[0]
+            raise RuntimeError(f"{self.role}.{method_name} failed on world rank {rank}: {message}")
+        if parts and parts[0][0] == "one":
+            return parts[0][2]
+        return merge_outputs([o for _, _, o in sorted(parts, key=lambda p: p[1])])

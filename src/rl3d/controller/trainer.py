@@ -56,12 +56,14 @@ class RLTrainer:
         progress,
         checkpoints,
         start_step: int = 0,
+        agree=None,
     ):
         self.cfg, self.w = cfg, workers
         self.sampler, self.kl_ctl, self.sinks, self.hooks = sampler, kl_ctl, sinks, hooks
         self.progress, self.checkpoints, self.start_step = progress, checkpoints, start_step
         self.history: list[dict[str, float]] = []
         self.stop_requested = False
+        self.agree = agree  # flag -> any controller's flag (own pools); None: all-reduce
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
@@ -72,6 +74,8 @@ class RLTrainer:
         so every rank checkpoints the same step and none waits in a collective alone."""
         import torch.distributed as dist
 
+        if self.agree is not None:
+            return self.agree(self.stop_requested)
         if not (dist.is_available() and dist.is_initialized()):
             return self.stop_requested  # the Ray driver: one process decides
         device = "cuda" if dist.get_backend() == "nccl" else "cpu"

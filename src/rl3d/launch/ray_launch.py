@@ -1,8 +1,9 @@
 """The Ray driver: `rl3d train RECIPE launch.backend=ray` runs the controller in this process.
 
     ray.init()  (local, or `launch.ray_address` / $RAY_ADDRESS to join a cluster)
-    -> pool "actor": one rank actor per rank (actor + rollout + reference + critic), one
-       torch.distributed world (gloo on CPU, NCCL on GPU)
+    -> pool "actor": one rank actor per rank (actor + rollout + the colocated reference and
+       critic), one torch.distributed world (gloo on CPU, NCCL on GPU)
+    -> pools "critic" / "reference" when they are not colocated: the same, in their own layout
     -> reward: in the driver, or a pool of `reward.num_workers` CPU actors
     -> RLTrainer.fit() exactly as under spmd -> summary -> ray.shutdown() if Ray was ours
 
@@ -46,8 +47,8 @@ def describe_driver(cfg: RL3DConfig) -> str:
     )
 
 
-def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int):
-    """Runs inside each rank actor: logging, threads, then the rank's workers."""
+def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int, pool: str = "actor"):
+    """Runs inside each rank actor of `pool`: logging, threads, then the rank's workers."""
     import faulthandler
     import signal
     import warnings
@@ -59,12 +60,15 @@ def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int):
 
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
-    rank = int(os.environ["RANK"])
+    from rl3d.config.pools import role_pools
+
+    offset = next(p.offset for p in role_pools(cfg) if p.name == pool)
+    rank = offset + int(os.environ["RANK"])  # the world rank the spmd backend would give it
     setup_logging(
         level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=Path(run_dir) / "logs"
     )
     torch.set_num_threads(num_threads)
-    return build_rank(cfg)
+    return build_rank(cfg, run_dir, pool)
 
 
 def make_reward_worker(cfg: RL3DConfig):
@@ -91,14 +95,14 @@ def _device_kind(cfg: RL3DConfig) -> str:
 
 
 class RayRun:
-    """The driver's handles: rank actors, reward pool; `close()` releases them."""
+    """The driver's handles: rank actors of each pool, reward pool; `close()` releases them."""
 
     def __init__(self) -> None:
-        self.ranks: Any = None
+        self.pools: dict[str, Any] = {}  # pool name -> RankActors
         self.reward_pool: Any = None
 
     def close(self) -> None:
-        for part in (self.reward_pool, self.ranks):
+        for part in (self.reward_pool, *self.pools.values()):
             if part is not None:
                 try:
                     part.shutdown()
@@ -107,6 +111,10 @@ class RayRun:
 
 
 def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
+    """One placement group and torch.distributed world per resource pool (`rl3d.config.pools`);
+    the actor's pool is set up first, so a role in its own pool can load the actor's initial
+    weights."""
+    from rl3d.config.pools import hosting, role_pools
     from rl3d.controller.build import (
         RankFiles,
         TrainerCheckpoints,
@@ -122,10 +130,12 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
     threads = threads_per_rank(cfg)
     bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
     strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
-    pool = ResourcePool("actor", num_bundles=cfg.launch.world_size, bundle=bundle, strategy=strategy)
-    run.ranks = ranks = RankActors(pool)
-    ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.hybrid_engine.timeout_s)
-    ranks.setup(setup_rank_process, cfg, str(run_dir), threads)
+    pools = role_pools(cfg)
+    for pool in pools:
+        res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
+        run.pools[pool.name] = ranks = RankActors(res)
+        ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.hybrid_engine.timeout_s)
+        ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
     if cfg.reward.num_workers:
         reward_pool = ResourcePool(
             "reward", num_bundles=cfg.reward.num_workers, bundle={"CPU": 1}, strategy="PACK"
@@ -133,16 +143,25 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
         run.reward_pool = reward = FanOutGroup(reward_pool, make_reward_worker, cfg, role="reward")
     else:
         reward = LocalWorkerGroup(make_reward_worker(cfg), role="reward")
+
+    def group(role: str):
+        return run.pools[hosting(pools, role).name].group(role)
+
     workers = Workers(
-        actor=ranks.group("actor"),
+        actor=group("actor"),
         reward=reward,
-        critic=ranks.group("critic") if cfg.critic_enabled else None,
-        reference=ranks.group("reference") if cfg.reference_enabled else None,
+        critic=group("critic") if cfg.critic_enabled else None,
+        reference=group("reference") if cfg.reference_enabled else None,
     )
     data = build_data(cfg)
+
+    def on_every_pool(fn, *args, what: str) -> None:
+        for ranks in run.pools.values():  # each pool's checkpoint is collective in its own world
+            ranks.run(fn, *args, what=what)
+
     files = RankFiles(
-        save=lambda tmp, step: ranks.run(save_rank_files, tmp, step, what="checkpoint save"),
-        load=lambda path: ranks.run(load_rank_files, path, what="checkpoint load"),
+        save=lambda tmp, step: on_every_pool(save_rank_files, tmp, step, what="checkpoint save"),
+        load=lambda path: on_every_pool(load_rank_files, path, what="checkpoint load"),
         world_size=cfg.launch.world_size,
     )
     checkpoints = TrainerCheckpoints(cfg, run_dir, files)

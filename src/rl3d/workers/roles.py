@@ -248,7 +248,18 @@ class ActorRolloutWorker(_LogProbMixin):
 
 
 class CriticWorker:
-    def __init__(self, cfg: RL3DConfig, spec: ModelSpec, groups: MegatronGroups, *, init_from: MegatronRole):
+    """The value model: the actor's initial network (copied from `init_from`, the colocated
+    actor, or loaded from `init_path`) with a scalar value head."""
+
+    def __init__(
+        self,
+        cfg: RL3DConfig,
+        spec: ModelSpec,
+        groups: MegatronGroups,
+        *,
+        init_from: MegatronRole | None = None,
+        init_path: str | None = None,
+    ):
         self.cfg, self.groups = cfg, groups
         self.role = MegatronRole(
             spec,
@@ -258,6 +269,7 @@ class CriticWorker:
             optim=cfg.critic.optim,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed + 1,
+            hf_path=init_path,
             init_from=init_from,
         )
 
@@ -295,8 +307,20 @@ class CriticWorker:
 
 
 class ReferenceWorker(_LogProbMixin):
-    def __init__(self, cfg: RL3DConfig, spec: ModelSpec, groups: MegatronGroups, *, init_from: MegatronRole):
+    """The frozen initial policy: `model.hf_path`, else a copy of `init_from` (the colocated
+    actor) or the weights at `init_path` (own pool)."""
+
+    def __init__(
+        self,
+        cfg: RL3DConfig,
+        spec: ModelSpec,
+        groups: MegatronGroups,
+        *,
+        init_from: MegatronRole | None = None,
+        init_path: str | None = None,
+    ):
         self.cfg, self.spec, self.groups = cfg, spec, groups
+        path = cfg.model.hf_path or init_path
         self.role = MegatronRole(
             spec,
             groups,
@@ -305,8 +329,8 @@ class ReferenceWorker(_LogProbMixin):
             optim=None,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,
-            hf_path=cfg.model.hf_path,
-            init_from=None if cfg.model.hf_path else init_from,
+            hf_path=path,
+            init_from=None if path else init_from,
         )
 
     def dispatch_info(self) -> DispatchInfo:

@@ -246,12 +246,33 @@ def test_colocated_critic_shares_the_actor_layout(tmp_path):
     layout = r"critic\.parallel: a colocated critic uses the actor's layout tp=2"
     with pytest.raises(ConfigError, match=layout):
         load_config(recipe, [*base, "critic.parallel.tp=1", "critic.parallel.dp=2"])
-    own_pool = r"critic\.colocate: a critic on its own resource pool is not supported"
-    with pytest.raises(ConfigError, match=own_pool):
-        overrides = ["critic.colocate=false", "critic.parallel.tp=2", "launch.nproc_per_node=4"]
-        load_config(recipe, [*base, *overrides])
     cfg = load_config(recipe, [*base, "critic.parallel.tp=2"]).config
     assert cfg.critic_enabled
+
+
+def test_own_pools_add_their_ranks_after_the_actors(tmp_path):
+    from rl3d.config.pools import hosting, pool_of, role_pools
+
+    recipe = write_tree(tmp_path)
+    base = ["algorithm.adv_estimator=gae", "critic.enabled=true", "critic.colocate=false"]
+    base += ["critic.parallel.tp=1", "critic.parallel.dp=2"]
+    world = r"does not match actor p\*t\*d = 1\*2\*1 = 2 \+ critic p\*t\*d = 1\*1\*2 = 2"
+    with pytest.raises(ConfigError, match=r"launch\.nproc_per_node: .*" + world):
+        load_config(recipe, base)
+    cfg = load_config(recipe, [*base, "launch.nproc_per_node=4"]).config
+    pools = role_pools(cfg)
+    assert [(p.name, list(p.ranks), p.roles) for p in pools] == [
+        ("actor", [0, 1], ("actor",)),
+        ("critic", [2, 3], ("critic",)),
+    ]
+    assert pool_of(pools, 3).name == "critic" and hosting(pools, "actor").offset == 0
+    ref = ["reference.enabled=true", "reference.colocate=false", "reference.parallel.tp=2"]
+    cfg = load_config(recipe, [*base, *ref, "launch.nproc_per_node=6"]).config
+    assert [(p.name, list(p.ranks)) for p in role_pools(cfg)][2] == ("reference", [4, 5])
+    with pytest.raises(ConfigError, match=r"reference\.parallel\.tp: tp=3 must divide"):
+        load_config(recipe, [*base, *ref[:2], "reference.parallel.tp=3", "launch.nproc_per_node=7"])
+    with pytest.raises(ConfigError, match=r"reference\.parallel\.dp: dp=3 must divide the step's"):
+        load_config(recipe, [*base, *ref[:2], "reference.parallel.dp=3", "launch.nproc_per_node=7"])
 
 
 def test_baseline_strategies_are_for_the_benchmark_only(tmp_path):
