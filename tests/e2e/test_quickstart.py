@@ -4,7 +4,7 @@ torch rollout engine, GRPO / PPO, checkpoints."""
 import math
 
 import pytest
-from train_helpers import GRPO, PPO, metrics_by_step, run_train
+from train_helpers import GRPO, PPO, ROOT, metrics_by_step, run_train
 
 import yaml
 from rl3d.config import load_config
@@ -117,6 +117,22 @@ def test_every_algorithm_family_runs(algo, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = metrics_by_step(run_dir)
     assert sorted(rows) == [1, 2, 3] and all(math.isfinite(r["actor/pg_loss"]) for r in rows.values())
+
+
+@pytest.mark.slow
+def test_safe_rlhf_pushes_the_cost_under_its_threshold(tmp_path):
+    """Safe-RLHF quickstart: reward and cost critics train, the Lagrange multiplier rises while
+    the mean cost (random policy: ~0.5) exceeds the 0.1 threshold, and the cost falls."""
+    run_dir = tmp_path / "run"
+    recipe = ROOT / "recipes/quickstart_cpu_safe_rlhf.yaml"
+    proc = run_train(recipe, run_dir, "trainer.total_steps=50", "checkpoint.save_every=0")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [metrics_by_step(run_dir)[s] for s in range(1, 51)]
+    assert all(math.isfinite(r["critic/vf_loss"]) and math.isfinite(r["cost_critic/vf_loss"]) for r in rows)
+    first = sum(r["cost/mean"] for r in rows[:10]) / 10
+    last = sum(r["cost/mean"] for r in rows[-10:]) / 10
+    assert first > 0.3 and last < first - 0.15, (first, last)
+    assert max(r["safe/lambda"] for r in rows) > 2.0  # raised while the constraint was violated
 
 
 @pytest.mark.slow

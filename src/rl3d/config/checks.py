@@ -112,15 +112,33 @@ def _check_roles(cfg: RL3DConfig, fail) -> None:
             f"{cfg.algorithm.overlong_buffer_length} exceeds rollout.max_new_tokens = "
             f"{cfg.rollout.max_new_tokens}",
         )
-    if cfg.algorithm.family.needs_cost_critic:
+    if cfg.algorithm.family.needs_cost_critic and not cfg.reward.cost_fn:
         raise fail(
-            "algorithm.adv_estimator",
-            f"{cfg.algorithm.adv_estimator!r} needs a cost critic and cost rewards, which the RL loop "
-            "does not wire yet (the estimator and losses are in rl3d.algos)",
+            "reward.cost_fn",
+            f"{cfg.algorithm.adv_estimator!r} trains against a cost: name a cost function "
+            "(built-in 'high_token_ids' for the synthetic tasks, or 'package.module:function')",
         )
+    _check_reward_names(cfg, fail)
     if cfg.algorithm.needs_critic and cfg.critic.enabled is False:
         raise fail("critic.enabled", f"advantage estimator {cfg.algorithm.adv_estimator!r} needs a critic")
     if cfg.algorithm.kl.coef > 0 and cfg.reference.enabled is False:
         raise fail("reference.enabled", "algorithm.kl.coef > 0 needs the reference model")
     if cfg.rollout.engine == "sglang" and cfg.launch.device == "cpu":
         raise fail("rollout.engine", "sglang needs CUDA; use rollout.engine=torch on CPU")
+
+
+def _check_reward_names(cfg: RL3DConfig, fail) -> None:
+    """Built-in reward and cost names resolve now; user functions ("pkg.mod:fn") are imported
+    by the reward worker, where the user's PYTHONPATH applies."""
+    from rl3d.rewards.registry import resolve_cost_fn, resolve_reward_fn
+    from rl3d.utils.imports import is_import_path
+
+    checks = (("reward.fn", cfg.reward.fn, lambda: resolve_reward_fn(cfg.reward, cfg.data)),)
+    checks += (("reward.cost_fn", cfg.reward.cost_fn, lambda: resolve_cost_fn(cfg.reward)),)
+    for key, name, resolve in checks:
+        if name is None or is_import_path(name):
+            continue
+        try:
+            resolve()
+        except ValueError as err:
+            raise fail(key, str(err).removeprefix(f"{key}: ")) from None

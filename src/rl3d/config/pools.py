@@ -12,7 +12,7 @@ own placement group and world.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rl3d.config.schema import ParallelConfig, RL3DConfig
 from rl3d.parallel.layout import ParallelLayout
@@ -23,7 +23,7 @@ class Pool:
     name: str  # "actor", "critic" or "reference"
     layout: ParallelLayout
     offset: int  # world rank of the pool's rank 0
-    roles: tuple[str, ...]  # the worker groups it hosts
+    roles: tuple[str, ...]  # the worker groups it hosts ("cost_critic": Safe-RLHF, with the critic)
 
     @property
     def size(self) -> int:
@@ -55,6 +55,8 @@ def role_pools(cfg: RL3DConfig) -> list[Pool]:
     pools = [Pool("actor", _layout(cfg.actor.parallel), 0, tuple(colocated))]
     for name, par in own:
         pools.append(Pool(name, _layout(par), pools[-1].offset + pools[-1].size, (name,)))
+    if cfg.algorithm.family.needs_cost_critic:  # Safe-RLHF's cost critic lives with the critic
+        pools = [replace(p, roles=(*p.roles, "cost_critic")) if "critic" in p.roles else p for p in pools]
     return pools
 
 

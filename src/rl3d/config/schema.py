@@ -289,6 +289,9 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig:
     fn: str = "synthetic"  # a built-in reward name, or a user function "package.module:function"
+    # A cost per response (higher = worse), named like `fn`: Safe-RLHF trains against it, the
+    # other estimators only log it (cost/mean)
+    cost_fn: str | None = None
     num_workers: int = 0  # >0 fans scoring out to CPU workers (Ray backend)
     on_error: Literal["stop", "skip"] = "stop"  # skip = score 0, report and count
 

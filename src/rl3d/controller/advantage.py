@@ -24,15 +24,21 @@ def estimator_hparams(cfg: AlgorithmConfig) -> dict:
         "lam": cfg.lam,
         "whiten": cfg.whiten_advantages,
         "norm_by_std": cfg.norm_adv_by_std,
-        "lagrange_multiplier": None,
     }
     accepted = inspect.signature(cfg.family.fn).parameters
     return {k: v for k, v in candidates.items() if k in accepted and v is not None}
 
 
 def compute_advantage(
-    batch: DataBatch, cfg: AlgorithmConfig, *, kl_coef: float, max_response_length: int
+    batch: DataBatch,
+    cfg: AlgorithmConfig,
+    *,
+    kl_coef: float,
+    max_response_length: int,
+    lagrange_multiplier: float | None = None,
 ) -> tuple[DataBatch, dict[str, float]]:
+    """Advantages and returns into `batch`. Safe-RLHF also reads the per-response `cost`, the
+    cost critic's `cost_values` and the current Lagrange multiplier, and sets `cost_returns`."""
     mask = batch["response_mask"].bool()
     scores = batch["score"].float()
     metrics: dict[str, float] = {
@@ -59,6 +65,14 @@ def compute_advantage(
             estimator=cfg.kl_estimator,
         )
         metrics |= {f"kl/{k}": float(v) for k, v in kl_metrics.items()}
+    cost_rewards = None
+    if "cost" in batch:
+        costs = batch["cost"].float()
+        metrics |= {"cost/mean": costs.mean().item(), "cost/std": costs.std().item()}
+        cost_rewards = algos.scores_to_token_rewards(costs, mask)
+    hparams = estimator_hparams(cfg)
+    if lagrange_multiplier is not None:
+        hparams["lagrange_multiplier"] = lagrange_multiplier
     adv = algos.compute_advantages(
         cfg.adv_estimator,
         rewards_BT=rewards,
@@ -66,9 +80,13 @@ def compute_advantage(
         values_BT=batch["values"] if "values" in batch else None,
         group_ids_B=batch["uid"],
         greedy_scores_B=batch["greedy_score"] if "greedy_score" in batch else None,
-        **estimator_hparams(cfg),
+        cost_rewards_BT=cost_rewards,
+        cost_values_BT=batch["cost_values"] if "cost_values" in batch else None,
+        **hparams,
     )
     batch.set("advantages", adv.adv_BT.float()).set("returns", adv.returns_BT.float())
+    if adv.cost_returns_BT is not None:
+        batch.set("cost_returns", adv.cost_returns_BT.float())
     valid = adv.adv_BT[mask]
     metrics["adv/mean"] = valid.mean().item() if valid.numel() else 0.0
     metrics["adv/std"] = valid.std().item() if valid.numel() > 1 else 0.0

@@ -67,7 +67,8 @@ INIT_WEIGHTS = "init_weights"  # run_dir subfolder: the actor's initial weights,
 @dataclass
 class RankWorkers:
     """What one rank hosts: its pool, megatron groups, role workers by group name ("actor",
-    "reference", "critic") and the checkpointed megatron roles ("actor", "critic")."""
+    "reference", "critic", "cost_critic") and the checkpointed megatron roles (the trained
+    ones)."""
 
     groups: Any  # rl3d.models.bootstrap.MegatronGroups
     pool: Pool
@@ -113,9 +114,10 @@ def build_rank_workers(
         rank.workers["reference"] = ReferenceWorker(
             cfg, spec, groups, init_from=init_from, init_path=init_path
         )
-    if "critic" in pool.roles:
-        critic = CriticWorker(cfg, spec, groups, init_from=init_from, init_path=init_path)
-        rank.workers["critic"], rank.roles["critic"] = critic, critic.role
+    for name, kind in (("critic", "reward"), ("cost_critic", "cost")):
+        if name in pool.roles:
+            critic = CriticWorker(cfg, spec, groups, init_from=init_from, init_path=init_path, kind=kind)
+            rank.workers[name], rank.roles[name] = critic, critic.role
     return rank
 
 
@@ -239,6 +241,7 @@ class TrainerCheckpoints:
                     "step": step,
                     "sampler": trainer.sampler.sampler.state_dict(),
                     "kl_ctl": trainer.kl_ctl.state_dict(),
+                    "lagrange": trainer.lagrange.state_dict() if trainer.lagrange else None,
                     "history": trainer.history,
                 }
                 (tmp / "trainer_state.json").write_text(json.dumps(state))
@@ -246,7 +249,7 @@ class TrainerCheckpoints:
         r = self.ranks
         return self.manager.save(step, write, rank=r.rank, world_size=r.world_size, barrier=r.barrier)
 
-    def resume(self, sampler, kl_ctl) -> tuple[int, list]:
+    def resume(self, sampler, kl_ctl, lagrange=None) -> tuple[int, list]:
         """Restore the newest complete checkpoint; (step, metric history), or (0, []) if none."""
         if self.cfg.checkpoint.resume == "never" or (latest := self.manager.latest()) is None:
             return 0, []
@@ -255,6 +258,8 @@ class TrainerCheckpoints:
         state = json.loads((path / "trainer_state.json").read_text())
         sampler.load_state_dict(state["sampler"])
         kl_ctl.load_state_dict(state["kl_ctl"])
+        if lagrange is not None:
+            lagrange.load_state_dict(state["lagrange"])
         logger.info("resumed from %s (step %d)", path, step)
         return step, state["history"]
 
@@ -305,7 +310,16 @@ def assemble_trainer(
         {"target_kl": kl.target, "horizon": kl.horizon} if kl.controller == "adaptive" else {}
     )
     kl_ctl = algos.make_kl_controller(kl.controller, **kl_args)
-    start_step, history = checkpoints.resume(sampler, kl_ctl)
+    lagrange = None
+    if cfg.algorithm.family.needs_cost_critic:
+        safe = cfg.algorithm.safe_rlhf
+        lagrange = algos.LagrangeMultiplier(
+            init_value=safe.lagrange_init,
+            cost_threshold=safe.cost_threshold,
+            lr=safe.lagrange_lr,
+            max_value=safe.lagrange_max,
+        )
+    start_step, history = checkpoints.resume(sampler, kl_ctl, lagrange)
     sinks: list[Any] = []
     if writes:
         if cfg.logging.jsonl:
@@ -326,6 +340,7 @@ def assemble_trainer(
         checkpoints=checkpoints,
         start_step=start_step,
         agree=agree,
+        lagrange=lagrange,
     )
     trainer.history = history
     return trainer
@@ -367,6 +382,7 @@ def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
         reward=SPMDWorkerGroup(RewardWorker(cfg, data.tokenizer), role="reward"),
         critic=groups_of.get("critic"),
         reference=groups_of.get("reference"),
+        cost_critic=groups_of.get("cost_critic"),
     )
     checkpoints = TrainerCheckpoints(cfg, run_dir, spmd_rank_files(rank, channel))
     is_first = (channel.rank if channel else groups.rank) == 0

@@ -30,6 +30,7 @@ class Workers:
     reward: Any
     critic: Any = None
     reference: Any = None
+    cost_critic: Any = None  # Safe-RLHF
 
 
 @dataclass
@@ -57,6 +58,7 @@ class RLTrainer:
         checkpoints,
         start_step: int = 0,
         agree=None,
+        lagrange=None,
     ):
         self.cfg, self.w = cfg, workers
         self.sampler, self.kl_ctl, self.sinks, self.hooks = sampler, kl_ctl, sinks, hooks
@@ -64,6 +66,7 @@ class RLTrainer:
         self.history: list[dict[str, float]] = []
         self.stop_requested = False
         self.agree = agree  # flag -> any controller's flag (own pools); None: all-reduce
+        self.lagrange = lagrange  # Safe-RLHF's multiplier (rl3d.algos.LagrangeMultiplier)
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
@@ -115,26 +118,31 @@ class RLTrainer:
         if self.w.reference is not None:
             with t("ref_logp"):
                 batch = batch.union(self.w.reference.call("compute_ref_log_prob", batch))
-        if self.w.critic is not None:
+        critics = [c for c in (self.w.critic, self.w.cost_critic) if c is not None]
+        for critic in critics:
             with t("values"):
-                batch = batch.union(self.w.critic.call("compute_values", batch))
+                batch = batch.union(critic.call("compute_values", batch))
         with t("advantage"):
             batch, adv_metrics = compute_advantage(
                 batch,
                 cfg.algorithm,
                 kl_coef=self.kl_ctl.value,
                 max_response_length=cfg.rollout.max_new_tokens,
+                lagrange_multiplier=self.lagrange.value if self.lagrange else None,
             )
         metrics |= adv_metrics | response_stats(batch)
-        if self.w.critic is not None:
+        for critic in critics:
             with t("update_critic"):
-                metrics |= self.w.critic.call("update_critic", batch) or {}
+                metrics |= critic.call("update_critic", batch) or {}
         with t("update_actor"):
             metrics |= self.w.actor.call("update_actor", batch) or {}
         with t("reshard"):
             metrics |= self.w.actor.call("reshard")
         self.kl_ctl.update(current_kl=metrics.get("kl/actor_ref_k1", 0.0), num_steps=len(batch))
         metrics["kl/coef"] = float(self.kl_ctl.value)
+        if self.lagrange is not None:  # lambda rises while the mean cost exceeds the threshold
+            metrics["safe/lambda"] = self.lagrange.value  # the value this step's advantages used
+            metrics["safe/lambda_next"] = self.lagrange.update(batch["cost"])
         tokens = float(batch["attention_mask"].sum())
         step_s = sum(t.seconds.values())
         metrics |= {f"time/{k}": v for k, v in t.seconds.items()} | {"time/step": step_s}

@@ -152,6 +152,7 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
         reward=reward,
         critic=group("critic") if cfg.critic_enabled else None,
         reference=group("reference") if cfg.reference_enabled else None,
+        cost_critic=group("cost_critic") if cfg.algorithm.family.needs_cost_critic else None,
     )
     data = build_data(cfg)
 

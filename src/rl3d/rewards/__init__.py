@@ -5,6 +5,7 @@
 
 Built-ins: ``gsm8k``, ``math_exact``, the synthetic tasks (``parity_match``, ``copy_first``) and
 ``synthetic`` (= the task in ``data.synthetic.task``); or a user ``"package.module:function"``.
+Safe-RLHF's cost: ``resolve_cost_fn(cfg.reward)`` (built-in ``high_token_ids``, or user code).
 """
 
 from rl3d.rewards.base import RewardError, RewardFn, RewardInput, ScoreReport, reward_fn_name, score_batch
@@ -12,6 +13,7 @@ from rl3d.rewards.registry import (
     BUILTIN_REWARDS,
     answer_check_for,
     register_reward,
+    resolve_cost_fn,
     resolve_reward_fn,
     synthetic_reward,
 )
@@ -29,6 +31,7 @@ __all__ = [
     "math_exact_reward",
     "parse_number",
     "register_reward",
+    "resolve_cost_fn",
     "resolve_reward_fn",
     "reward_fn_name",
     "score_batch",

@@ -5,6 +5,9 @@
   ``copy_first``, ...: see `rl3d.data.synthetic`);
 - ``synthetic``: the reward of the task in ``data.synthetic.task``;
 - ``"package.module:function"``: user code, imported with importlib (never `eval`).
+
+`reward.cost_fn` (Safe-RLHF's cost, higher = worse) is named the same way; the built-in cost
+is ``high_token_ids`` (`resolve_cost_fn`).
 """
 
 from __future__ import annotations
@@ -105,3 +108,40 @@ def answer_check_for(reward_cfg: RewardConfig, data_cfg: DataConfig) -> Callable
     name = _resolve_name(reward_cfg, data_cfg)
     builtin = None if is_import_path(name) else _builtin(name)
     return builtin.answer_check if builtin is not None else None
+
+
+def high_token_ids_cost(inp: RewardInput) -> float:
+    """A checkable cost for the synthetic tasks: the fraction of response tokens in the upper
+    half of their 256-id vocabulary (ids 128-255).
+
+    A random policy pays about 0.5. The `parity_*` and `copy_*` rewards do not care about it
+    (half the ids of either parity are cheap), so reward and cost can both be satisfied, but
+    only a policy that learns the constraint does so: what Safe-RLHF's multiplier is for."""
+    tokens = inp.response_ids
+    if not tokens:
+        return 0.0
+    return sum(t >= HIGH_TOKEN_ID for t in tokens) / len(tokens)
+
+
+HIGH_TOKEN_ID = 128
+high_token_ids_cost.reward_name = "high_token_ids"  # type: ignore[attr-defined]
+BUILTIN_COSTS: dict[str, RewardFn] = {"high_token_ids": high_token_ids_cost}
+
+
+def resolve_cost_fn(reward_cfg: RewardConfig) -> RewardFn | None:
+    """The function `reward.cost_fn` names, or None when unset."""
+    name = reward_cfg.cost_fn
+    if name is None:
+        return None
+    if is_import_path(name):
+        try:
+            return import_object(name, what="cost function")
+        except ValueError as err:
+            raise ValueError(f"reward.cost_fn: {err}") from err
+    if name not in BUILTIN_COSTS:
+        known = sorted(BUILTIN_COSTS)
+        raise ValueError(
+            f"reward.cost_fn: unknown cost {name!r}{suggest(name, known)}; known: {', '.join(known)}, "
+            "or a user function 'package.module:function'"
+        )
+    return BUILTIN_COSTS[name]

@@ -249,7 +249,10 @@ class ActorRolloutWorker(_LogProbMixin):
 
 class CriticWorker:
     """The value model: the actor's initial network (copied from `init_from`, the colocated
-    actor, or loaded from `init_path`) with a scalar value head."""
+    actor, or loaded from `init_path`) with a scalar value head.
+
+    `kind="cost"` is Safe-RLHF's cost critic: the same model and losses on the cost values and
+    returns (batch keys `cost_values`, `cost_returns`; metrics under `cost_critic/`)."""
 
     def __init__(
         self,
@@ -259,8 +262,16 @@ class CriticWorker:
         *,
         init_from: MegatronRole | None = None,
         init_path: str | None = None,
+        kind: str = "reward",
     ):
+        assert kind in ("reward", "cost"), kind
         self.cfg, self.groups = cfg, groups
+        prefix = "" if kind == "reward" else "cost_"
+        self.values_key, self.returns_key, self.name = (
+            f"{prefix}values",
+            f"{prefix}returns",
+            f"{prefix}critic",
+        )
         self.role = MegatronRole(
             spec,
             groups,
@@ -268,7 +279,7 @@ class CriticWorker:
             params_dtype=DTYPES[cfg.model.dtype],
             optim=cfg.critic.optim,
             total_steps=cfg.trainer.total_steps,
-            seed=cfg.trainer.seed + 1,
+            seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
             hf_path=init_path,
             init_from=init_from,
         )
@@ -281,12 +292,13 @@ class CriticWorker:
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_values(self, batch: DataBatch) -> DataBatch | None:
+        key = self.values_key
         outs = self.role.run_forward(
             batch,
             self.cfg.critic.micro_batch_size,
-            lambda o, m: (torch.zeros(()), {"values": self._values(o, m)}),
+            lambda o, m: (torch.zeros(()), {key: self._values(o, m)}),
         )
-        return None if outs is None else DataBatch({"values": torch.cat([o["values"] for o in outs])})
+        return None if outs is None else DataBatch({key: torch.cat([o[key] for o in outs])})
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def update_critic(self, batch: DataBatch) -> dict[str, float] | None:
@@ -295,15 +307,15 @@ class CriticWorker:
         def loss_of(output, micro):
             loss, metrics = algos.clipped_value_loss(
                 values_BT=self._values(output, micro),
-                old_values_BT=micro["values"],
-                returns_BT=micro["returns"],
+                old_values_BT=micro[self.values_key],
+                returns_BT=micro[self.returns_key],
                 mask_BT=micro["response_mask"].bool(),
                 clip_range=al.value_clip_range,
                 loss_agg_mode=al.loss_agg_mode,
             )
-            return loss, {f"critic/{k}": v.detach() for k, v in metrics.items()}
+            return loss, {f"{self.name}/{k}": v.detach() for k, v in metrics.items()}
 
-        return _train(self.role, self.cfg.critic, batch, loss_of, al.loss_agg_mode, "critic")
+        return _train(self.role, self.cfg.critic, batch, loss_of, al.loss_agg_mode, self.name)
 
 
 class ReferenceWorker(_LogProbMixin):
@@ -345,10 +357,11 @@ class RewardWorker:
     """Rule rewards and user functions; cheap, so every rank scores the whole batch (ONE_TO_ALL)."""
 
     def __init__(self, cfg: RL3DConfig, tokenizer):
-        from rl3d.rewards import resolve_reward_fn
+        from rl3d.rewards import resolve_cost_fn, resolve_reward_fn
 
         self.cfg, self.tokenizer = cfg, tokenizer
         self.fn = resolve_reward_fn(cfg.reward, cfg.data)
+        self.cost_fn = resolve_cost_fn(cfg.reward)  # Safe-RLHF only
 
     def dispatch_info(self) -> DispatchInfo:
         return DispatchInfo(dp_rank=0, dp_size=1, is_collector=True)
@@ -369,7 +382,12 @@ class RewardWorker:
             )
             for i in range(len(batch))
         ]
-        scores, report = score_batch(self.fn, inputs, on_error=self.cfg.reward.on_error)
-        return DataBatch({"score": torch.tensor(scores, dtype=torch.float32)}), {
-            "reward/errors": report.num_errors
-        }
+        on_error = self.cfg.reward.on_error
+        scores, report = score_batch(self.fn, inputs, on_error=on_error)
+        out = DataBatch({"score": torch.tensor(scores, dtype=torch.float32)})
+        metrics = {"reward/errors": report.num_errors}
+        if self.cost_fn is not None:
+            costs, cost_report = score_batch(self.cost_fn, inputs, on_error=on_error)
+            out.set("cost", torch.tensor(costs, dtype=torch.float32))
+            metrics["cost/errors"] = cost_report.num_errors
+        return out, metrics

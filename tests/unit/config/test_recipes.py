@@ -56,9 +56,15 @@ def test_every_algorithm_block_composes_into_a_valid_recipe(algo, tmp_path, monk
         "data: {synthetic: {task: copy_first}, prompts_per_step: 8}\n"
         "launch: {nproc_per_node: 2}\n"
     )
-    if algo == "safe_rlhf":  # the estimator exists; the loop has no cost critic yet
-        with pytest.raises(ConfigError, match="needs a cost critic and cost rewards"):
+    if algo == "safe_rlhf":  # trains against a cost, which the recipe must name
+        with pytest.raises(ConfigError, match=r"reward\.cost_fn: 'safe_rlhf' trains against a cost"):
             load_config(recipe)
+        with pytest.raises(
+            ConfigError, match=r"reward\.cost_fn: unknown cost 'high_token_id'.*high_token_ids"
+        ):
+            load_config(recipe, ["reward.cost_fn=high_token_id"])
+        cfg = load_config(recipe, ["reward.cost_fn=high_token_ids"]).config
+        assert cfg.critic_enabled and cfg.algorithm.family.needs_cost_critic
         return
     cfg = load_config(recipe).config
     assert cfg.algorithm.adv_estimator in {"gae", "grpo", "rloo", "reinforce_plus_plus", "remax"}
