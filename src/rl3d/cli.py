@@ -17,8 +17,13 @@ EXIT_BAD_INPUT = 2
 def _cmd_validate(args: argparse.Namespace) -> int:
     from rl3d.config import config_to_yaml, load_config
 
+    from rl3d.config.pools import role_pools
+
     loaded = load_config(args.recipe, args.overrides)
     print(f"# {args.recipe}: valid; files applied: {', '.join(loaded.files)}")
+    for pool in role_pools(loaded.config):
+        ranks = f"{pool.ranks.start}-{pool.ranks.stop - 1}" if pool.size > 1 else str(pool.offset)
+        print(f"# pool {pool.name}: world ranks {ranks}, p-t-d {pool.layout}, hosts {', '.join(pool.roles)}")
     print(config_to_yaml(loaded.config), end="")
     return 0
 

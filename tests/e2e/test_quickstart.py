@@ -88,8 +88,9 @@ def test_bad_recipe_fails_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe, steps, margin", [(GRPO, 150, 0.15), (PPO, 150, 0.1)], ids=["grpo", "ppo"])
+@pytest.mark.parametrize("recipe, steps, margin", [(GRPO, 200, 0.3), (PPO, 150, 0.1)], ids=["grpo", "ppo"])
 def test_quickstart_learns(recipe, steps, margin, tmp_path):
+    """GRPO: the demo as `make demo` runs it, against the README's promise (+0.3 in 200 steps)."""
     run_dir = tmp_path / "run"
     proc = run_train(recipe, run_dir, f"trainer.total_steps={steps}", "checkpoint.save_every=0", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]

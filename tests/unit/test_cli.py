@@ -32,3 +32,12 @@ def test_console_script_is_installed():
     proc = subprocess.run([str(exe), "validate", GRPO], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "tiny-llama" in proc.stdout
+
+
+def test_validate_prints_the_resource_pools(capsys):
+    ppo = str(ROOT / "recipes/quickstart_cpu_ppo.yaml")
+    own = ["critic.colocate=false", "critic.parallel.tp=1", "critic.parallel.dp=2", "launch.nproc_per_node=4"]
+    assert main(["validate", ppo, *own]) == 0
+    out = capsys.readouterr().out
+    assert "# pool actor: world ranks 0-1, p-t-d 1-2-1, hosts actor, reference\n" in out
+    assert "# pool critic: world ranks 2-3, p-t-d 1-1-2, hosts critic\n" in out

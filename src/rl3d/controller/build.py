@@ -175,7 +175,10 @@ def load_rank_files(rank: RankWorkers, path: Path) -> None:
             scheduler=role.scheduler,
             groups=rank.groups,
         )
-    restore_rng_state(torch.load(path / _rng_file(rank), weights_only=False))
+    rng = path / _rng_file(rank)
+    if not rng.exists() and rank.pool.offset == 0:  # written before pools had names
+        rng = path / f"rng_rank{rank.groups.rank}.pt"
+    restore_rng_state(torch.load(rng, weights_only=False))
 
 
 def _rng_file(rank: RankWorkers) -> str:
