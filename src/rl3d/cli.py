@@ -16,7 +16,6 @@ EXIT_BAD_INPUT = 2
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from rl3d.config import config_to_yaml, load_config
-
     from rl3d.config.pools import role_pools
 
     loaded = load_config(args.recipe, args.overrides)
