@@ -27,11 +27,27 @@ def _slowest(seconds: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def _timed(fn, device: torch.device) -> float:
+def _cpu_seconds() -> float:
+    """This process's CPU time, all threads (gloo's socket threads too), user + system."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(fn, device: torch.device, cpu: list | None = None) -> float:
+    """Wall seconds of `fn` on the slowest rank; appends the CPU-seconds all ranks spent on it
+    to `cpu` when given (on an oversubscribed CPU the wall time measures the scheduler, the
+    CPU-seconds the work)."""
     dist.barrier()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), _cpu_seconds()
     fn()
-    return _slowest(time.perf_counter() - start, device)
+    wall = _slowest(time.perf_counter() - start, device)
+    if cpu is not None:
+        spent = torch.tensor([_cpu_seconds() - start_cpu], dtype=torch.float64, device=device)
+        dist.all_reduce(spent)
+        cpu.append(float(spent.item()))
+    return wall
 
 
 def _fit_samples(device, dtype, world: int) -> list[tuple[int, int, float]]:
@@ -98,10 +114,12 @@ def measured_worker(
             if weights is not None:
                 weights.release("free")
 
-        times = [_timed(once, device) for _ in range(warmup + repeats)][warmup:]
+        cpu: list[float] = []
+        times = [_timed(once, device, cpu) for _ in range(warmup + repeats)][warmup:]
         recv = torch.tensor([engine.last_stats.recv_bytes], dtype=torch.int64, device=device)
         dist.all_reduce(recv, op=dist.ReduceOp.MAX)
-        raw = [_timed(engine.raw_transfer, device) for _ in range(warmup + repeats)][warmup:]
+        raw_cpu: list[float] = []
+        raw = [_timed(engine.raw_transfer, device, raw_cpu) for _ in range(warmup + repeats)][warmup:]
         verified = False
         if verify:
             checker = Resharder(
@@ -115,6 +133,8 @@ def measured_worker(
             "planned_bytes_max": plan.strategies[strategy].comm_bytes_max,
             "verified": verified,
             "raw_seconds": statistics.median(raw),
+            "cpu_seconds": statistics.median(cpu[warmup:]),
+            "raw_cpu_seconds": statistics.median(raw_cpu[warmup:]),
             "all_seconds": times,
         }
     fit = _fit_samples(device, dtype, dist.get_world_size())

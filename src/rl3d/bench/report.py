@@ -138,6 +138,8 @@ def _write_measured(result: dict, out: Path) -> str:
                 "achieved_GBps": s["bytes_max"] / s["seconds"] / GB if s["seconds"] else 0.0,
                 "model_seconds": predicted,
                 "verified": s["verified"],
+                "cpu_seconds": s.get("cpu_seconds", float("nan")),
+                "raw_cpu_seconds": s.get("raw_cpu_seconds", float("nan")),
             }
         )
     _csv(out / "transition.csv", rows)
@@ -155,9 +157,16 @@ def _write_measured(result: dict, out: Path) -> str:
         lines.append("")
         for base, s in result["strategies"].items():
             if base != "hybridflow" and s["seconds"] > 0 and s["bytes_max"] > 0:
+                work = ""
+                if s.get("cpu_seconds") and s.get("raw_cpu_seconds"):
+                    work = (
+                        f", CPU-seconds ratio {hf['cpu_seconds'] / s['cpu_seconds']:.3f} "
+                        f"(raw collectives: {hf['raw_cpu_seconds'] / s['raw_cpu_seconds']:.3f})"
+                    )
                 lines.append(
-                    f"hybridflow vs {base}: time ratio {hf['seconds'] / s['seconds']:.3f}, "
-                    f"byte ratio {hf['bytes_max'] / s['bytes_max']:.3f}"
+                    f"hybridflow vs {base}: time ratio {hf['seconds'] / s['seconds']:.3f} "
+                    f"(raw collectives: {hf['raw_seconds'] / s['raw_seconds']:.3f}), "
+                    f"byte ratio {hf['bytes_max'] / s['bytes_max']:.3f}{work}"
                 )
     lines.append(
         f"alpha-beta fit on raw all-gathers: alpha {alpha * 1e6:.1f} us/step, "

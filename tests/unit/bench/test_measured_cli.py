@@ -33,6 +33,10 @@ def test_measured_contract_on_two_ranks(capsys, tmp_path):
         assert s["bytes_max"] == s["planned_bytes_max"] > 0
         assert s["verified"] is True and s["seconds"] > 0 and s["raw_seconds"] > 0
     assert (tmp_path / "transition.png").stat().st_size > 0
+    (result,) = tmp_path.rglob("result.json")  # the full record: also the CPU work per strategy
+    for s in json.loads(result.read_text())["strategies"].values():
+        assert s["cpu_seconds"] > 0 and s["raw_cpu_seconds"] > 0
+    assert "CPU-seconds ratio" in next(tmp_path.rglob("transition.md")).read_text()
 
 
 def test_measured_world_must_fit_the_layout(capsys):
