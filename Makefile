@@ -10,7 +10,7 @@ STAMP   := $(VENV)/.rl3d-installed
 PYTEST  := $(BIN)/python -m pytest
 RECIPE  ?= recipes/quickstart_cpu_grpo.yaml
 
-.PHONY: install test test-all test-gpu lint demo bench clean
+.PHONY: install test test-all test-gpu gpu-wheels lint demo bench clean
 
 install: $(STAMP)
 
@@ -32,6 +32,12 @@ test-all: $(STAMP)
 
 test-gpu: $(STAMP)
 	$(PYTEST) -q tests/gpu
+
+# Wheels the lent GPU machine lacks (its python3 is 3.12), for benchmarks/gpu_session.sh.
+gpu-wheels: $(STAMP)
+	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl megatron-core==0.16.1
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks setup.py

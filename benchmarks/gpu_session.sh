@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Everything rl3d checks on a GPU, as one call of the library's `device` tool (a lent H200:
+# python3 3.12 with CUDA torch and triton, nothing fetchable). Prepare here, then run there:
+#
+#   make gpu-wheels                                   # megatron-core for Python 3.12 into .whl/
+#   device run: command "bash benchmarks/gpu_session.sh", carry [".whl"], timeout_s 540
+#
+# Steps, each under its own time limit so one hang cannot eat the lease; logs and CSVs land
+# in $OUT (what the device tool brings back):
+#   1. install the wheels and rl3d itself (with kernels/ as rl3d._kernels) into /tmp/site;
+#   2. tests/gpu: kernels vs torch reference on CUDA, the CPU shim provably inactive, the
+#      rollout engine on CUDA (the SGLang test skips: sglang is not on that machine);
+#   3. benchmarks/kernels.py on one full-size llama2-70b layer: each form's bandwidth against
+#      a device copy of the same bytes (goal: 80%);
+#   4. the rollout benchmark on CUDA.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/rl3d-gpu-out}
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed: run 'make gpu-wheels' here and carry .whl"; exit 1; }
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --target /tmp/site . \
+    || { echo "rl3d install failed"; exit 1; }
+export PYTHONPATH=/tmp/site
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+
+status=0
+timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tee "$OUT/test_gpu.log" || status=1
+timeout 150 python3 benchmarks/kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels.log" || status=1
+timeout 90 python3 -m rl3d.cli bench rollout --out "$OUT" 2>&1 | tee "$OUT/rollout.log" || status=1
+exit $status
