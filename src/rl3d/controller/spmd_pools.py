@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import pickle
 import socket
 import time
@@ -39,6 +40,10 @@ def _free_port() -> int:
 
 
 def _address() -> str:
+    """Rank 0's address as the other ranks reach it: torchrun's MASTER_ADDR (rank 0's node),
+    else this host's resolved name."""
+    if os.environ.get("MASTER_ADDR"):
+        return os.environ["MASTER_ADDR"]
     try:
         return socket.gethostbyname(socket.gethostname())
     except OSError:  # pragma: no cover - a host without a resolvable name
