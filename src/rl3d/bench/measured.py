@@ -70,7 +70,7 @@ def measured_worker(
     """Runs on every rank (spawned, or under torchrun); returns rank 0's results."""
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.params import model_params, stages_of
-    from rl3d.hybrid_engine.weights import full_model, training_shards, zero_shards
+    from rl3d.hybrid_engine.weights import SeededFullModel, training_shards, zero_shards
     from rl3d.models.spec import get_model_spec
     from rl3d.parallel import GenerationLayout, ParallelLayout
     from rl3d.parallel.groups import build_hybrid_groups
@@ -89,7 +89,7 @@ def measured_worker(
         GenerationLayout.from_training(train, t_g, p_g), timeout_s=600, rollout_ranks=rollout
     )
     params = model_params(spec, train_tp=train.t)
-    full = full_model(params, seed=0, dtype=dtype)
+    full = SeededFullModel(params, seed=0, dtype=dtype)  # one full tensor at a time
     shards = {}
     if rank < n:
         c = train.coords(rank)

@@ -9,6 +9,7 @@ allocated. `materialize` turns pieces into the engine's layout through `rl3d.ops
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import torch
@@ -31,8 +32,29 @@ def full_model(params: list[ParamInfo], *, seed: int, dtype: torch.dtype) -> dic
     return {p.name: torch.randn(p.shape, generator=gen, dtype=torch.float32).to(dtype) for p in params}
 
 
+class SeededFullModel(Mapping):
+    """`full_model` made on demand, one tensor at a time: each parameter from its own seeded
+    generator, so a rank that only cuts its shards never holds the whole model (the measured
+    benchmark at large shapes). Values differ from `full_model`'s for the same seed."""
+
+    def __init__(self, params: list[ParamInfo], *, seed: int, dtype: torch.dtype):
+        self.params = {p.name: (i, p) for i, p in enumerate(params)}
+        self.seed, self.dtype = seed, dtype
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        index, p = self.params[name]
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        return torch.randn(p.shape, generator=gen, dtype=torch.float32).to(self.dtype)
+
+    def __iter__(self):
+        return iter(self.params)
+
+    def __len__(self) -> int:
+        return len(self.params)
+
+
 def training_shards(
-    full: dict[str, torch.Tensor],
+    full: Mapping[str, torch.Tensor],
     plan_params: list[ParamInfo],
     *,
     pp_rank: int,
@@ -51,14 +73,15 @@ def training_shards(
     }
 
 
-def zero_shards(full: dict[str, torch.Tensor], params: list[ParamInfo], *, rank: int, world: int):
+def zero_shards(full: Mapping[str, torch.Tensor], params: list[ParamInfo], *, rank: int, world: int):
     """ZeRO-3's partition of a full model (ds_chat's training weights): each parameter flattened,
     zero-padded to a multiple of `world`, and chunk `rank` of it."""
     out = {}
     for p in params:
         chunk = -(-p.numel // world)
-        flat = torch.zeros(chunk * world, dtype=full[p.name].dtype)
-        flat[: p.numel] = full[p.name].reshape(-1)
+        tensor = full[p.name]  # once: a SeededFullModel makes it on each access
+        flat = torch.zeros(chunk * world, dtype=tensor.dtype)
+        flat[: p.numel] = tensor.reshape(-1)
         out[p.name] = flat[rank * chunk : (rank + 1) * chunk].clone()
     return out
 
