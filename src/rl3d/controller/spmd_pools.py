@@ -85,8 +85,20 @@ class ControllerChannel:
         return any(self.all_gather_object(bool(flag)))
 
 
-def split_world(pools: list[Pool], *, backend: str, timeout_s: float) -> tuple[Pool, ControllerChannel]:
-    """On every torchrun rank: leave the torchrun world for this rank's pool world."""
+# How long a rank waits for another pool's answer. A pool waits through the others' whole
+# phase of a step (the actor's generation and update), so this is generous, like the Ray
+# backend's call timeout; a rank that dies ends the job at once anyway (torchrun stops the
+# others). `RL3D_CONTROLLER_TIMEOUT_S` overrides it.
+CHANNEL_TIMEOUT_S = float(os.environ.get("RL3D_CONTROLLER_TIMEOUT_S", 3600.0))
+
+
+def split_world(
+    pools: list[Pool], *, backend: str, timeout_s: float, channel_timeout_s: float | None = None
+) -> tuple[Pool, ControllerChannel]:
+    """On every torchrun rank: leave the torchrun world for this rank's pool world.
+
+    `timeout_s` bounds the pool worlds' collectives; `channel_timeout_s` (default
+    `CHANNEL_TIMEOUT_S`, at least `timeout_s`) the waits across pools."""
     rank, world = dist.get_rank(), dist.get_world_size()
     pool = pool_of(pools, rank)
     gathered: list = [None] * world
@@ -105,7 +117,8 @@ def split_world(pools: list[Pool], *, backend: str, timeout_s: float) -> tuple[P
         world_size=pool.size,
         timeout=timeout,
     )
-    channel = ControllerChannel(dist.PrefixStore("controller/", store), rank, world, timeout_s)
+    wait_s = max(timeout_s, CHANNEL_TIMEOUT_S) if channel_timeout_s is None else channel_timeout_s
+    channel = ControllerChannel(dist.PrefixStore("controller/", store), rank, world, wait_s)
     channel.barrier()
     logger.info(
         "pool %s: world rank %d is rank %d of %d (%s); %d pools joined in %.2f s",

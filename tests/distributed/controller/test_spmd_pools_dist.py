@@ -75,7 +75,7 @@ def test_pools_become_worlds_and_the_controller_spans_them():
 
 
 def silent_rank(rank, world):
-    pool, channel = split_world(POOLS, backend="gloo", timeout_s=3)
+    pool, channel = split_world(POOLS, backend="gloo", timeout_s=30, channel_timeout_s=3)
     if rank == 2:
         return None, 0.0  # dead or stuck: never answers the controller again
     started = time.monotonic()
