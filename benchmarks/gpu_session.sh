@@ -14,7 +14,7 @@
 #      a device copy of the same bytes (goal: 80%);
 #   4. the rollout benchmark on CUDA.
 set -uo pipefail
-export PYTHONUNBUFFERED=1
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0  # compiled Triton kernels on the GPU
 OUT=${OUT:-/tmp/rl3d-gpu-out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

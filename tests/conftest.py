@@ -1,10 +1,14 @@
 """Shared test setup.
 
 TRITON_INTERPRET must be set before anything imports triton, so that Triton kernels run on
-the CPU through Triton's interpreter.
+the CPU through Triton's interpreter. Where CUDA exists (tests/gpu on a GPU machine) it stays
+unset, so the GPU tests run the compiled kernels, not the interpreter.
 """
 
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
