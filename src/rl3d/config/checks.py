@@ -28,19 +28,16 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
 
     par = cfg.actor.parallel
     spec = get_model_spec(cfg.model.name)
-    own_pools = [("actor", par)]
-    if cfg.critic_enabled and not cfg.critic.colocate:
-        own_pools.append(("critic", cfg.critic.parallel))
-    if cfg.reference_enabled and not cfg.reference.colocate:
-        own_pools.append(("reference", cfg.reference.parallel))
-    for role, rp in own_pools:
-        if spec.num_query_groups % rp.tp:
+    pools = role_pools(cfg)
+    for pool in pools:  # each pool's layout is its role's `parallel` section
+        t, p = pool.layout.t, pool.layout.p
+        if spec.num_query_groups % t:
             raise fail(
-                f"{role}.parallel.tp",
-                f"tp={rp.tp} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
+                f"{pool.name}.parallel.tp",
+                f"tp={t} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
             )
-        if spec.num_layers % rp.pp:
-            raise fail(f"{role}.parallel.pp", f"pp={rp.pp} must divide the model's {spec.num_layers} layers")
+        if spec.num_layers % p:
+            raise fail(f"{pool.name}.parallel.pp", f"pp={p} must divide the model's {spec.num_layers} layers")
     try:
         GenerationLayout.from_training(
             ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g
@@ -49,7 +46,6 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
         key = "rollout.t_g" if "t_g" in str(err) else "rollout.p_g"
         raise fail(key, f"{err} (actor.parallel = tp {par.tp}, pp {par.pp}, dp {par.dp})") from None
     world = cfg.launch.world_size
-    pools = role_pools(cfg)
     needed = sum(p.size for p in pools)
     if world != needed:
         what = " + ".join(

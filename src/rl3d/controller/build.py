@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from rl3d.config import LoadedConfig, RL3DConfig
-from rl3d.config.pools import Pool, role_pools
+from rl3d.config.pools import Pool, hosting, role_pools
 from rl3d.controller.batch import DataBatch
 from rl3d.controller.dispatch import SPMDWorkerGroup
 from rl3d.controller.trainer import RLTrainer, Workers
@@ -140,7 +140,7 @@ def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankW
 
     spec = get_model_spec(cfg.model.name)
     pools = role_pools(cfg)
-    pool = next(p for p in pools if p.name == pool_name)
+    pool = hosting(pools, pool_name)  # a pool hosts the role it is named after
     groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
     tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
     return build_rank_workers(cfg, spec, groups, tokenizer, pools=pools, pool=pool, run_dir=Path(run_dir))
@@ -205,20 +205,12 @@ class RankFiles:
 
 def spmd_rank_files(rank: RankWorkers, channel: Any = None) -> RankFiles:
     """This torchrun rank's files; with own pools the barrier spans them through `channel`."""
-    if channel is None:
-        return RankFiles(
-            save=lambda tmp, step: save_rank_files(rank, tmp, step),
-            load=lambda path: load_rank_files(rank, path),
-            rank=rank.groups.rank,
-            world_size=dist.get_world_size(),
-            barrier=dist.barrier,
-        )
     return RankFiles(
         save=lambda tmp, step: save_rank_files(rank, tmp, step),
         load=lambda path: load_rank_files(rank, path),
-        rank=channel.rank,
-        world_size=channel.world_size,
-        barrier=channel.barrier,
+        rank=channel.rank if channel else rank.groups.rank,
+        world_size=channel.world_size if channel else dist.get_world_size(),
+        barrier=channel.barrier if channel else dist.barrier,
     )
 
 

@@ -60,9 +60,9 @@ def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int, pool: st
 
     faulthandler.register(signal.SIGUSR2, all_threads=True)
     warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
-    from rl3d.config.pools import role_pools
+    from rl3d.config.pools import hosting, role_pools
 
-    offset = next(p.offset for p in role_pools(cfg) if p.name == pool)
+    offset = hosting(role_pools(cfg), pool).offset
     rank = offset + int(os.environ["RANK"])  # the world rank the spmd backend would give it
     setup_logging(
         level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=Path(run_dir) / "logs"
