@@ -1,7 +1,7 @@
-"""The actor's parameter inventory, by shape only (no tensors): what the planner plans over.
+"""The planner's view of the actor's parameters: segments, the pieces any layout holds whole.
 
-Names are megatron-core GPTModel names with the global layer index. Each parameter is split
-into *segments*, the smallest pieces any layout holds whole:
+The parameter inventory itself (`ParamInfo`, `model_params`, `stages_of`) is
+`rl3d.models.params`'s, re-exported here. Each parameter is split into *segments*:
 - a TP-sharded parameter has t segments (training TP shard i is segment i; generation TP
   shard a of t_g is segments a*r .. a*r+r-1);
 - a replicated parameter (norms) is one segment;
@@ -11,35 +11,19 @@ into *segments*, the smallest pieces any layout holds whole:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from rl3d.models.params import FIRST, LAST, ParamInfo, model_params, stages_of
+from rl3d.parallel.sharding import ShardKind
 
-from rl3d.models.spec import ModelSpec
-from rl3d.parallel.sharding import ShardKind, padded_vocab_size
-
-FIRST, LAST = -1, -2  # pseudo layer indices: embedding stage, output stage
-
-
-@dataclass(frozen=True)
-class ParamInfo:
-    """One Megatron parameter at t=1 (vocab padded for the training t)."""
-
-    name: str
-    kind: ShardKind
-    shape: tuple[int, ...]
-    layer: int  # global layer index, or FIRST / LAST
-    tied_copy: bool = False  # output layer of a tied model: exists only when pipelined
-    heads: tuple[int, int, int] | None = None  # QKV only: (num_heads, num_query_groups, head_dim)
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
-
-    @property
-    def row_numel(self) -> int:
-        return self.numel // self.shape[0]
+__all__ = [
+    "FIRST",
+    "LAST",
+    "ParamInfo",
+    "SegmentTable",
+    "check_shardable",
+    "kv_groups_of",
+    "model_params",
+    "stages_of",
+]
 
 
 def kv_groups_of(tp_rank: int, tp_size: int, num_groups: int) -> range:
@@ -49,52 +33,6 @@ def kv_groups_of(tp_rank: int, tp_size: int, num_groups: int) -> range:
         return range(tp_rank * per, (tp_rank + 1) * per)
     g = tp_rank * num_groups // tp_size
     return range(g, g + 1)
-
-
-def model_params(spec: ModelSpec, *, train_tp: int) -> list[ParamInfo]:
-    """Every parameter of the GPT model (Llama/Qwen2 family) in megatron-core's naming."""
-    h, f, hd = spec.hidden_size, spec.ffn_hidden_size, spec.head_dim
-    nq, ng = spec.num_attention_heads, spec.num_query_groups
-    qkv_rows = (nq + 2 * ng) * hd
-    vocab = padded_vocab_size(spec.vocab_size, train_tp)
-    out = [ParamInfo("embedding.word_embeddings.weight", ShardKind.VOCAB, (vocab, h), FIRST)]
-    for i in range(spec.num_layers):
-        pre = f"decoder.layers.{i}."
-        out += [
-            ParamInfo(pre + "input_layernorm.weight", ShardKind.REPLICATED, (h,), i),
-            ParamInfo(
-                pre + "self_attention.linear_qkv.weight", ShardKind.QKV, (qkv_rows, h), i, heads=(nq, ng, hd)
-            ),
-        ]
-        if spec.qkv_bias:
-            out.append(
-                ParamInfo(
-                    pre + "self_attention.linear_qkv.bias", ShardKind.QKV, (qkv_rows,), i, heads=(nq, ng, hd)
-                )
-            )
-        out += [
-            ParamInfo(pre + "self_attention.linear_proj.weight", ShardKind.ROW, (h, nq * hd), i),
-            ParamInfo(pre + "pre_mlp_layernorm.weight", ShardKind.REPLICATED, (h,), i),
-            ParamInfo(pre + "mlp.linear_fc1.weight", ShardKind.SWIGLU_FC1, (2 * f, h), i),
-            ParamInfo(pre + "mlp.linear_fc2.weight", ShardKind.ROW, (h, f), i),
-        ]
-    out.append(ParamInfo("decoder.final_layernorm.weight", ShardKind.REPLICATED, (h,), LAST))
-    out.append(
-        ParamInfo("output_layer.weight", ShardKind.VOCAB, (vocab, h), LAST, tied_copy=spec.tied_embeddings)
-    )
-    return out
-
-
-def stages_of(param: ParamInfo, num_layers: int, pp: int) -> range:
-    """Pipeline stages that hold `param` at pipeline size pp (layers split evenly)."""
-    if param.layer == FIRST:
-        return range(0, 1)
-    if param.layer == LAST:
-        # A tied output layer is the embedding itself unless the model is pipelined, in which
-        # case megatron keeps a synced copy on the last stage.
-        return range(0) if param.tied_copy and pp == 1 else range(pp - 1, pp)
-    per = num_layers // pp
-    return range(param.layer // per, param.layer // per + 1)
 
 
 def check_shardable(param: ParamInfo, tp: int) -> None:

@@ -4,24 +4,8 @@
 Transformer Engine's when TE imports and CUDA is present, megatron's local spec otherwise (and
 always on CPU). The critic's output layer is a value head (hidden -> 1, replicated over TP).
 
-Parameter names are those of megatron-core's local-spec GPTModel (checked against 0.16.1). The
-*global* name of a parameter uses the PP-global layer index; on a rank, `decoder.layers.{i}`
-uses the stage-local index (see `global_layer_index` / `local_layer_index`):
-
-    embedding.word_embeddings.weight                           VOCAB      [V_pad, h]
-    decoder.layers.{i}.input_layernorm.weight                  REPLICATED [h]
-    decoder.layers.{i}.self_attention.linear_proj.weight       ROW        [h, nh hd]
-    decoder.layers.{i}.self_attention.linear_qkv.weight        QKV        [(nh + 2 ng) hd, h]
-    decoder.layers.{i}.self_attention.linear_qkv.bias          QKV        [(nh + 2 ng) hd]  (Qwen2)
-    decoder.layers.{i}.pre_mlp_layernorm.weight                REPLICATED [h]
-    decoder.layers.{i}.mlp.linear_fc1.weight                   SWIGLU_FC1 [2 f, h]
-    decoder.layers.{i}.mlp.linear_fc2.weight                   ROW        [h, f]
-    decoder.final_layernorm.weight                             REPLICATED [h]
-    output_layer.weight                                        VOCAB      [V_pad, h] (untied only;
-                                                               critic: REPLICATED [1, h])
-
-With tied embeddings and p > 1 the last stage also holds a copy of the embedding as
-`output_layer.weight` (megatron keeps the two in sync); it is not a separate global parameter.
+Parameter names, shapes and shard kinds are `rl3d.models.params`'s (re-exported here for the
+modules that import them from the builder).
 """
 
 from __future__ import annotations
@@ -33,81 +17,20 @@ import torch
 import torch.nn.functional as F
 
 from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.params import (  # noqa: F401  (re-exported)
+    TE_NAMES,
+    global_layer_index,
+    layers_per_stage,
+    local_layer_index,
+    megatron_param_kinds,
+    stage_param_names,
+)
 from rl3d.models.spec import ModelSpec
-from rl3d.ops.layouts import ShardKind, padded_vocab_size
+from rl3d.parallel.sharding import padded_vocab_size
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "critic", "reference")
-
-# In the order megatron-core's local-spec layer registers them.
-_LAYER_KINDS = {
-    "input_layernorm.weight": ShardKind.REPLICATED,
-    "self_attention.linear_proj.weight": ShardKind.ROW,
-    "self_attention.linear_qkv.weight": ShardKind.QKV,
-    "self_attention.linear_qkv.bias": ShardKind.QKV,
-    "pre_mlp_layernorm.weight": ShardKind.REPLICATED,
-    "mlp.linear_fc1.weight": ShardKind.SWIGLU_FC1,
-    "mlp.linear_fc2.weight": ShardKind.ROW,
-}
-# Transformer Engine fuses the norms into the following linear; same tensor, other name.
-TE_NAMES = {
-    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-}
-
-
-def layers_per_stage(spec: ModelSpec, p: int) -> int:
-    if spec.num_layers % p:
-        raise ValueError(f"model {spec.name}: {spec.num_layers} layers do not split into {p} stages")
-    return spec.num_layers // p
-
-
-def global_layer_index(spec: ModelSpec, p: int, pp_rank: int, local: int) -> int:
-    per_stage = layers_per_stage(spec, p)
-    assert 0 <= local < per_stage, (local, per_stage)
-    return pp_rank * per_stage + local
-
-
-def local_layer_index(spec: ModelSpec, p: int, global_index: int) -> tuple[int, int]:
-    """(pp_rank, local index) of a global layer index."""
-    return divmod(global_index, layers_per_stage(spec, p))
-
-
-def megatron_param_kinds(spec: ModelSpec, *, role: str = "actor") -> dict[str, ShardKind]:
-    """Global (t=1, p=1) Megatron parameter names of a model, in order, with their shard kind."""
-    kinds = {"embedding.word_embeddings.weight": ShardKind.VOCAB}
-    for i in range(spec.num_layers):
-        for suffix, kind in _LAYER_KINDS.items():
-            if suffix.endswith(".bias") and not spec.qkv_bias:
-                continue
-            kinds[f"decoder.layers.{i}.{suffix}"] = kind
-    kinds["decoder.final_layernorm.weight"] = ShardKind.REPLICATED
-    if role == "critic":
-        kinds["output_layer.weight"] = ShardKind.REPLICATED
-    elif not spec.tied_embeddings:
-        kinds["output_layer.weight"] = ShardKind.VOCAB
-    return kinds
-
-
-def stage_param_names(spec: ModelSpec, p: int, pp_rank: int, *, role: str = "actor") -> dict[str, str]:
-    """Global name -> stage-local name of the parameters PP stage `pp_rank` owns.
-
-    The tied output copy on the last stage (p > 1) is left out: it is not a global parameter.
-    """
-    per_stage = layers_per_stage(spec, p)
-    lo, hi = pp_rank * per_stage, (pp_rank + 1) * per_stage
-    names = {}
-    for name in megatron_param_kinds(spec, role=role):
-        if name.startswith("decoder.layers."):
-            index = int(name.split(".")[2])
-            if lo <= index < hi:
-                names[name] = name.replace(f"layers.{index}.", f"layers.{index - lo}.", 1)
-        elif name.startswith("embedding.") and pp_rank == 0:
-            names[name] = name
-        elif not name.startswith(("embedding.", "decoder.layers.")) and pp_rank == p - 1:
-            names[name] = name
-    return names
 
 
 def use_transformer_engine() -> bool:

@@ -25,23 +25,25 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from rl3d.models.params import (
+    EMBEDDING,
+    FC1_WEIGHT,
+    FC2_WEIGHT,
+    FINAL_NORM,
+    INPUT_NORM,
+    LAYER_PARAMS,
+    MLP_NORM,
+    OUTPUT_LAYER,
+    PROJ_WEIGHT,
+    QKV_BIAS,
+    QKV_WEIGHT,
+    layer_param_name,
+    megatron_params,
+)
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.kv_cache import KVCache
 
-EMBED, FINAL_NORM, OUTPUT = (
-    "embedding.word_embeddings.weight",
-    "decoder.final_layernorm.weight",
-    "output_layer.weight",
-)
 NEG_INF = float("-inf")
-LAYER_PARAMS = (
-    "input_layernorm.weight",
-    "self_attention.linear_qkv.weight",
-    "self_attention.linear_proj.weight",
-    "pre_mlp_layernorm.weight",
-    "mlp.linear_fc1.weight",
-    "mlp.linear_fc2.weight",
-)
 
 
 class TPComm:
@@ -147,12 +149,7 @@ class ShardedWeights:
 
     def checked(self) -> ShardedWeights:
         spec = self.spec
-        needed = [EMBED, FINAL_NORM] + ([] if spec.tied_embeddings else [OUTPUT])
-        for i in range(spec.num_layers):
-            pre = f"decoder.layers.{i}."
-            needed += [pre + s for s in LAYER_PARAMS]
-            if spec.qkv_bias:
-                needed.append(pre + "self_attention.linear_qkv.bias")
+        needed = [p.name for p in megatron_params(spec)]  # the actor's, tied output left out
         missing = [n for n in needed if n not in self.pieces]
         if missing:
             raise ValueError(
@@ -161,26 +158,25 @@ class ShardedWeights:
             )
         if spec.num_query_groups % self.tp_size or spec.ffn_hidden_size % self.tp_size:
             raise ValueError(f"torch rollout engine: {spec.name} cannot be split over t_g={self.tp_size}")
-        rows = sum(p.shape[0] for p in self.pieces[EMBED])
+        rows = sum(p.shape[0] for p in self.pieces[EMBEDDING])
         if rows * self.tp_size < spec.vocab_size:
             raise ValueError(
                 f"embedding shard has {rows} rows x t_g={self.tp_size} < vocab {spec.vocab_size}"
             )
-        first = self.pieces[EMBED][0]
+        first = self.pieces[EMBEDDING][0]
         self.device, self.dtype = first.device, first.dtype
         self.layers = []
         for i in range(spec.num_layers):
-            pre = f"decoder.layers.{i}."
-            qkv = self.pieces[pre + "self_attention.linear_qkv.weight"]
-            fc1, fc2 = self.pieces[pre + "mlp.linear_fc1.weight"], self.pieces[pre + "mlp.linear_fc2.weight"]
+            of = {p.suffix: self.pieces.get(layer_param_name(i, p.suffix)) for p in LAYER_PARAMS}
+            qkv, fc1, fc2 = of[QKV_WEIGHT], of[FC1_WEIGHT], of[FC2_WEIGHT]
             assert len(fc1) == len(fc2), "fc2 piece i consumes fc1 piece i's activations"
             self.layers.append(
                 LayerWeights(
-                    input_norm=self.pieces[pre + "input_layernorm.weight"][0],
+                    input_norm=of[INPUT_NORM][0],
                     qkv=qkv,
-                    qkv_bias=self.pieces.get(pre + "self_attention.linear_qkv.bias") or [None] * len(qkv),
-                    proj=self.pieces[pre + "self_attention.linear_proj.weight"],
-                    mlp_norm=self.pieces[pre + "pre_mlp_layernorm.weight"][0],
+                    qkv_bias=of[QKV_BIAS] or [None] * len(qkv),
+                    proj=of[PROJ_WEIGHT],
+                    mlp_norm=of[MLP_NORM][0],
                     fc1=fc1,
                     fc2=fc2,
                 )
@@ -195,10 +191,10 @@ class ShardedWeights:
     @property
     def vocab_rows(self) -> int:
         """Padded vocabulary rows per TP rank."""
-        return sum(p.shape[0] for p in self.pieces[EMBED])
+        return sum(p.shape[0] for p in self.pieces[EMBEDDING])
 
     def output_pieces(self) -> list[torch.Tensor]:
-        return self.pieces[EMBED if self.spec.tied_embeddings else OUTPUT]
+        return self.pieces[EMBEDDING if self.spec.tied_embeddings else OUTPUT_LAYER]
 
     def kv_heads(self) -> int:
         return self.spec.num_query_groups // self.tp_size
@@ -319,7 +315,7 @@ def forward(
     B, T = tokens_BT.shape
     end = start + T
     hd, hpg = spec.head_dim, spec.heads_per_group
-    x = tp.all_reduce(_vocab_embed(w.pieces[EMBED], tokens_BT, tp.rank * w.vocab_rows, spec.vocab_size))
+    x = tp.all_reduce(_vocab_embed(w.pieces[EMBEDDING], tokens_BT, tp.rank * w.vocab_rows, spec.vocab_size))
     cos, sin = rope
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw.input_norm, spec.norm_eps)
@@ -367,7 +363,7 @@ def decode_forward(
     spec = w.spec
     B = tokens_B.shape[0]
     hd, hpg = spec.head_dim, spec.heads_per_group
-    x = tp.all_reduce(_vocab_embed(w.pieces[EMBED], tokens_B, tp.rank * w.vocab_rows, spec.vocab_size))
+    x = tp.all_reduce(_vocab_embed(w.pieces[EMBEDDING], tokens_B, tp.rank * w.vocab_rows, spec.vocab_size))
     cos, sin = rope_B2RD[:, None, 0], rope_B2RD[:, None, 1]  # [B, 1, hpg+2, hd], broadcast over groups
     scale = hd**-0.5
     new_kv, keys_T, values = cache.step_views(B, slot)  # all layers' views, made once per step

@@ -1,0 +1,217 @@
+"""The GPT model's parameter inventory, by shape only (no tensors): the one list of its names.
+
+Names are megatron-core GPTModel's (local layer spec, checked against 0.16.1) for the Llama /
+Qwen2 family. The builder, the 3D-HybridEngine planner and the torch rollout engine all read
+the names, shapes and shard kinds from here. A *global* name uses the PP-global layer index;
+on a rank, `decoder.layers.{i}` uses the stage-local index (`stage_param_names`):
+
+    embedding.word_embeddings.weight                           VOCAB      [V_pad, h]
+    decoder.layers.{i}.input_layernorm.weight                  REPLICATED [h]
+    decoder.layers.{i}.self_attention.linear_proj.weight       ROW        [h, nh hd]
+    decoder.layers.{i}.self_attention.linear_qkv.weight        QKV        [(nh + 2 ng) hd, h]
+    decoder.layers.{i}.self_attention.linear_qkv.bias          QKV        [(nh + 2 ng) hd]  (Qwen2)
+    decoder.layers.{i}.pre_mlp_layernorm.weight                REPLICATED [h]
+    decoder.layers.{i}.mlp.linear_fc1.weight                   SWIGLU_FC1 [2 f, h]
+    decoder.layers.{i}.mlp.linear_fc2.weight                   ROW        [h, f]
+    decoder.final_layernorm.weight                             REPLICATED [h]
+    output_layer.weight                                        VOCAB      [V_pad, h] (untied only;
+                                                               critic: REPLICATED [1, h])
+
+With tied embeddings and p > 1 the last stage also holds a copy of the embedding as
+`output_layer.weight` (megatron keeps the two in sync); it is not a separate global parameter.
+
+Two orders of the same list: `model_params` lists a layer in forward order (the planner's
+segment ids, and seeded test weights, follow it); `megatron_params` in the order the built
+model's `named_parameters()` yields them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rl3d.models.spec import ModelSpec
+from rl3d.parallel.sharding import ShardKind, padded_vocab_size
+
+FIRST, LAST = -1, -2  # pseudo layer indices: embedding stage, output stage
+
+EMBEDDING = "embedding.word_embeddings.weight"
+FINAL_NORM = "decoder.final_layernorm.weight"
+OUTPUT_LAYER = "output_layer.weight"
+
+# Suffixes of a decoder layer's parameters, after "decoder.layers.{i}.".
+INPUT_NORM = "input_layernorm.weight"
+QKV_WEIGHT = "self_attention.linear_qkv.weight"
+QKV_BIAS = "self_attention.linear_qkv.bias"
+PROJ_WEIGHT = "self_attention.linear_proj.weight"
+MLP_NORM = "pre_mlp_layernorm.weight"
+FC1_WEIGHT = "mlp.linear_fc1.weight"
+FC2_WEIGHT = "mlp.linear_fc2.weight"
+
+
+@dataclass(frozen=True)
+class LayerParam:
+    """One parameter of every decoder layer."""
+
+    suffix: str
+    kind: ShardKind
+    registered: int  # its position in the layer's named_parameters() (megatron-core local spec)
+    te_suffix: str | None = None  # its name under Transformer Engine's layer spec, where different
+
+
+# Forward order. megatron registers linear_proj before linear_qkv (Attention builds the former,
+# SelfAttention adds the latter); Transformer Engine fuses each norm into the following linear.
+LAYER_PARAMS = (
+    LayerParam(INPUT_NORM, ShardKind.REPLICATED, 0, te_suffix="self_attention.linear_qkv.layer_norm_weight"),
+    LayerParam(QKV_WEIGHT, ShardKind.QKV, 2),
+    LayerParam(QKV_BIAS, ShardKind.QKV, 3),
+    LayerParam(PROJ_WEIGHT, ShardKind.ROW, 1),
+    LayerParam(MLP_NORM, ShardKind.REPLICATED, 4, te_suffix="mlp.linear_fc1.layer_norm_weight"),
+    LayerParam(FC1_WEIGHT, ShardKind.SWIGLU_FC1, 5),
+    LayerParam(FC2_WEIGHT, ShardKind.ROW, 6),
+)
+TE_NAMES = {p.suffix: p.te_suffix for p in LAYER_PARAMS if p.te_suffix}
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """One Megatron parameter at t=1 (vocab padded for the training t)."""
+
+    name: str
+    kind: ShardKind
+    shape: tuple[int, ...]
+    layer: int  # global layer index, or FIRST / LAST
+    tied_copy: bool = False  # output layer of a tied model: exists only when pipelined
+    heads: tuple[int, int, int] | None = None  # QKV only: (num_heads, num_query_groups, head_dim)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def row_numel(self) -> int:
+        return self.numel // self.shape[0]
+
+
+def layer_param_name(layer: int, suffix: str) -> str:
+    return f"decoder.layers.{layer}.{suffix}"
+
+
+def layer_suffixes(spec: ModelSpec, *, registered_order: bool = False) -> tuple[LayerParam, ...]:
+    """The parameters every decoder layer of `spec` has, in forward (or megatron's) order."""
+    params = [p for p in LAYER_PARAMS if p.suffix != QKV_BIAS or spec.qkv_bias]
+    if registered_order:
+        params.sort(key=lambda p: p.registered)
+    return tuple(params)
+
+
+def layer_params(spec: ModelSpec, layer: int, *, registered_order: bool = False) -> list[ParamInfo]:
+    """Decoder layer `layer`'s parameters, in forward (or megatron's) order."""
+    h, f, hd = spec.hidden_size, spec.ffn_hidden_size, spec.head_dim
+    nq, ng = spec.num_attention_heads, spec.num_query_groups
+    qkv_rows = (nq + 2 * ng) * hd
+    shapes = {
+        INPUT_NORM: (h,),
+        QKV_WEIGHT: (qkv_rows, h),
+        QKV_BIAS: (qkv_rows,),
+        PROJ_WEIGHT: (h, nq * hd),
+        MLP_NORM: (h,),
+        FC1_WEIGHT: (2 * f, h),
+        FC2_WEIGHT: (h, f),
+    }
+    return [
+        ParamInfo(
+            layer_param_name(layer, p.suffix),
+            p.kind,
+            shapes[p.suffix],
+            layer,
+            heads=(nq, ng, hd) if p.kind is ShardKind.QKV else None,
+        )
+        for p in layer_suffixes(spec, registered_order=registered_order)
+    ]
+
+
+def model_params(spec: ModelSpec, *, train_tp: int) -> list[ParamInfo]:
+    """Every parameter of the actor, layers in forward order; a tied output layer is listed as
+    `tied_copy` (held only when pipelined). What the 3D-HybridEngine plans over."""
+    h = spec.hidden_size
+    vocab = padded_vocab_size(spec.vocab_size, train_tp)
+    out = [ParamInfo(EMBEDDING, ShardKind.VOCAB, (vocab, h), FIRST)]
+    for i in range(spec.num_layers):
+        out += layer_params(spec, i)
+    out.append(ParamInfo(FINAL_NORM, ShardKind.REPLICATED, (h,), LAST))
+    out.append(ParamInfo(OUTPUT_LAYER, ShardKind.VOCAB, (vocab, h), LAST, tied_copy=spec.tied_embeddings))
+    return out
+
+
+def megatron_params(
+    spec: ModelSpec, *, role: str = "actor", padded_vocab: int | None = None
+) -> list[ParamInfo]:
+    """The global (t=1, p=1) parameters of a built model of `role`, in `named_parameters()` order.
+
+    No tied output copy; the critic's output layer is its value head (REPLICATED [1, h]).
+    `padded_vocab` defaults to the padding for t=1."""
+    h = spec.hidden_size
+    vocab = padded_vocab_size(spec.vocab_size, 1) if padded_vocab is None else padded_vocab
+    out = [ParamInfo(EMBEDDING, ShardKind.VOCAB, (vocab, h), FIRST)]
+    for i in range(spec.num_layers):
+        out += layer_params(spec, i, registered_order=True)
+    out.append(ParamInfo(FINAL_NORM, ShardKind.REPLICATED, (h,), LAST))
+    if role == "critic":
+        out.append(ParamInfo(OUTPUT_LAYER, ShardKind.REPLICATED, (1, h), LAST))
+    elif not spec.tied_embeddings:
+        out.append(ParamInfo(OUTPUT_LAYER, ShardKind.VOCAB, (vocab, h), LAST))
+    return out
+
+
+def megatron_param_kinds(spec: ModelSpec, *, role: str = "actor") -> dict[str, ShardKind]:
+    """Global (t=1, p=1) Megatron parameter names of a model, in order, with their shard kind."""
+    return {p.name: p.kind for p in megatron_params(spec, role=role)}
+
+
+def stages_of(param: ParamInfo, num_layers: int, pp: int) -> range:
+    """Pipeline stages that hold `param` at pipeline size pp (layers split evenly)."""
+    if param.layer == FIRST:
+        return range(0, 1)
+    if param.layer == LAST:
+        # A tied output layer is the embedding itself unless the model is pipelined, in which
+        # case megatron keeps a synced copy on the last stage.
+        return range(0) if param.tied_copy and pp == 1 else range(pp - 1, pp)
+    per = num_layers // pp
+    return range(param.layer // per, param.layer // per + 1)
+
+
+def layers_per_stage(spec: ModelSpec, p: int) -> int:
+    if spec.num_layers % p:
+        raise ValueError(f"model {spec.name}: {spec.num_layers} layers do not split into {p} stages")
+    return spec.num_layers // p
+
+
+def global_layer_index(spec: ModelSpec, p: int, pp_rank: int, local: int) -> int:
+    per_stage = layers_per_stage(spec, p)
+    assert 0 <= local < per_stage, (local, per_stage)
+    return pp_rank * per_stage + local
+
+
+def local_layer_index(spec: ModelSpec, p: int, global_index: int) -> tuple[int, int]:
+    """(pp_rank, local index) of a global layer index."""
+    return divmod(global_index, layers_per_stage(spec, p))
+
+
+def stage_param_names(spec: ModelSpec, p: int, pp_rank: int, *, role: str = "actor") -> dict[str, str]:
+    """Global name -> stage-local name of the parameters PP stage `pp_rank` owns.
+
+    The tied output copy on the last stage (p > 1) is left out: it is not a global parameter.
+    """
+    lo = pp_rank * layers_per_stage(spec, p)
+    names = {}
+    for param in megatron_params(spec, role=role):
+        if pp_rank not in stages_of(param, spec.num_layers, p):
+            continue
+        local = param.name
+        if param.layer >= 0:
+            local = local.replace(f"layers.{param.layer}.", f"layers.{param.layer - lo}.", 1)
+        names[param.name] = local
+    return names
