@@ -4,7 +4,7 @@ The actor's pool comes first (world ranks 0 .. p*t*d - 1) and hosts the actor, i
 engine and every colocated role, in the actor's layout. A critic or reference with
 `colocate: false` gets its own pool, in its own `parallel` layout, on the ranks after it
 (critic first, then reference). Both backends build from this one list: under torchrun each
-pool becomes its own torch.distributed world (`rl3d.controller.spmd_pools`), under Ray its
+pool becomes its own torch.distributed world (`rl3d.single_controller.spmd_pools`), under Ray its
 own placement group and world.
 
     actor tp=2 dp=1, critic own pool tp=1 dp=2  ->  actor: ranks 0-1, critic: ranks 2-3
@@ -12,26 +12,13 @@ own placement group and world.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from rl3d.config.schema import ParallelConfig, RL3DConfig
 from rl3d.parallel.layout import ParallelLayout
+from rl3d.single_controller.pools import Pool, hosting, pool_of
 
-
-@dataclass(frozen=True)
-class Pool:
-    name: str  # "actor", "critic" or "reference"
-    layout: ParallelLayout
-    offset: int  # world rank of the pool's rank 0
-    roles: tuple[str, ...]  # the worker groups it hosts ("cost_critic": Safe-RLHF, with the critic)
-
-    @property
-    def size(self) -> int:
-        return self.layout.world_size
-
-    @property
-    def ranks(self) -> range:
-        return range(self.offset, self.offset + self.size)
+__all__ = ["Pool", "hosting", "pool_of", "role_pools"]
 
 
 def _layout(par: ParallelConfig) -> ParallelLayout:
@@ -58,14 +45,3 @@ def role_pools(cfg: RL3DConfig) -> list[Pool]:
     if cfg.algorithm.family.needs_cost_critic:  # Safe-RLHF's cost critic lives with the critic
         pools = [replace(p, roles=(*p.roles, "cost_critic")) if "critic" in p.roles else p for p in pools]
     return pools
-
-
-def pool_of(pools: list[Pool], rank: int) -> Pool:
-    for pool in pools:
-        if rank in pool.ranks:
-            return pool
-    raise ValueError(f"rank {rank} is in none of the pools {[(p.name, p.ranks) for p in pools]}")
-
-
-def hosting(pools: list[Pool], role: str) -> Pool:
-    return next(p for p in pools if role in p.roles)

@@ -12,7 +12,7 @@ import torch
 
 from rl3d import algos
 from rl3d.config import AlgorithmConfig
-from rl3d.controller.batch import DataBatch
+from rl3d.single_controller.batch import DataBatch
 
 _HPARAMS = ("gamma", "lam", "whiten", "norm_by_std")
 

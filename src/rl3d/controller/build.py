@@ -27,9 +27,9 @@ import torch.distributed as dist
 
 from rl3d.config import LoadedConfig, RL3DConfig
 from rl3d.config.pools import Pool, hosting, role_pools
-from rl3d.controller.batch import DataBatch
-from rl3d.controller.dispatch import SPMDWorkerGroup
 from rl3d.controller.trainer import RLTrainer, Workers
+from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
+from rl3d.single_controller.spmd import SPMDWorkerGroup, agree
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,8 @@ class PromptBatches:
                 "answer": [i.answer for i in items],
                 "source": [i.source for i in items],
                 "index": [i.index for i in items],
-            }
+            },
+            info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
         )
 
 
@@ -291,11 +292,11 @@ def assemble_trainer(
     checkpoints: TrainerCheckpoints,
     *,
     writes: bool,
-    agree: Callable[[bool], bool] | None = None,
+    agree: Callable[[bool], bool],
 ) -> RLTrainer:
     """The controller around the worker groups. `writes`: this process logs metrics and
     progress (rank 0 under spmd, the driver under Ray). `agree(flag)`: True on every
-    controller once any has its flag set (default: an all-reduce over the world)."""
+    controller once any has its flag set (the backend's, e.g. `single_controller.agree`)."""
     from rl3d import algos
     from rl3d.controller.hooks import load_hooks
     from rl3d.logging import JsonlMetricsWriter, Progress, TensorBoardWriter
@@ -343,9 +344,9 @@ def assemble_trainer(
 
 def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
     """The spmd assembly: every torchrun rank builds its pool's workers and runs the controller.
-    With own pools, each pool first becomes its own world (`rl3d.controller.spmd_pools`)."""
-    from rl3d.controller.spmd_pools import split_world
+    With own pools, each pool first becomes its own world (`rl3d.single_controller.spmd_pools`)."""
     from rl3d.models.bootstrap import init_megatron
+    from rl3d.single_controller.spmd_pools import split_world
     from rl3d.workers.roles import RewardWorker
 
     cfg = loaded.config
@@ -388,5 +389,5 @@ def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
         data.sampler,
         checkpoints,
         writes=is_first,
-        agree=channel.any if channel else None,
+        agree=lambda flag: agree(flag, channel),
     )

@@ -19,7 +19,7 @@ import torch
 from rl3d import algos
 from rl3d.config import RL3DConfig
 from rl3d.controller.advantage import compute_advantage, response_stats
-from rl3d.controller.batch import DataBatch
+from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class RLTrainer:
         progress,
         checkpoints,
         start_step: int = 0,
-        agree=None,
+        agree,
         lagrange=None,
     ):
         self.cfg, self.w = cfg, workers
@@ -65,26 +65,12 @@ class RLTrainer:
         self.progress, self.checkpoints, self.start_step = progress, checkpoints, start_step
         self.history: list[dict[str, float]] = []
         self.stop_requested = False
-        self.agree = agree  # flag -> any controller's flag (own pools); None: all-reduce
+        self.agree = agree  # the backend's: True everywhere once any controller's flag is set
         self.lagrange = lagrange  # Safe-RLHF's multiplier (rl3d.algos.LagrangeMultiplier)
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
         self.stop_requested = True
-
-    def _stop_everywhere(self) -> bool:
-        """A stop signal reaches ranks at different moments: agree at the step boundary (spmd),
-        so every rank checkpoints the same step and none waits in a collective alone."""
-        import torch.distributed as dist
-
-        if self.agree is not None:
-            return self.agree(self.stop_requested)
-        if not (dist.is_available() and dist.is_initialized()):
-            return self.stop_requested  # the Ray driver: one process decides
-        device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-        flag = torch.tensor([int(self.stop_requested)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
 
     def fit(self) -> list[dict[str, float]]:
         previous = signal.signal(signal.SIGUSR1, self._on_signal)
@@ -96,7 +82,7 @@ class RLTrainer:
                 for sink in self.sinks:
                     sink.log(step, metrics)
                 self.progress.update(1, {"reward": metrics["reward/score_mean"]})
-                stop = self._stop_everywhere()
+                stop = self.agree(self.stop_requested)  # every controller checkpoints the same step
                 if self.checkpoints.due(step) or stop:
                     path = self.checkpoints.save(step, self)
                     self.hooks.call("on_checkpoint", step=step, batch=None, metrics={"path": str(path)})

@@ -21,6 +21,9 @@ raises `DataError`. A dataset with no usable row is always an error.
 
 `PromptItem.index` is the item's position in the dataset (``dataset[i].index == i``); the
 sampler and the rewards refer to prompts by it. `source` is where it came from (``file:row``).
+
+`cfg` is the recipe's `rl3d.config.DataConfig` (not imported: the config layer sits above data
+and rewards, which it validates).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
-from rl3d.config.schema import DataConfig
 from rl3d.data.synthetic import get_synthetic_task
 
 logger = logging.getLogger(__name__)
@@ -80,7 +82,7 @@ class PromptDataset(Sequence[PromptItem]):
 
 
 def load_prompt_dataset(
-    cfg: DataConfig, tokenizer: Any, *, answer_check: Callable[[Any], Any] | None = None
+    cfg: Any, tokenizer: Any, *, answer_check: Callable[[Any], Any] | None = None
 ) -> PromptDataset:
     """The prompts of `cfg.train_files`, or of `cfg.synthetic` when there are no files.
 
@@ -129,7 +131,7 @@ def template_columns(template: str) -> list[str]:
 
 
 class _ParquetLoader:
-    def __init__(self, cfg: DataConfig, tokenizer: Any, answer_check: Callable[[Any], Any] | None):
+    def __init__(self, cfg: Any, tokenizer: Any, answer_check: Callable[[Any], Any] | None):
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.answer_check = answer_check
@@ -228,7 +230,7 @@ class _BadRow(Exception):
     pass
 
 
-def _synthetic_dataset(cfg: DataConfig, tokenizer: Any) -> PromptDataset:
+def _synthetic_dataset(cfg: Any, tokenizer: Any) -> PromptDataset:
     syn = cfg.synthetic
     assert syn is not None
     try:

@@ -123,8 +123,8 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
         load_rank_files,
         save_rank_files,
     )
-    from rl3d.controller.ray_backend import FanOutGroup, LocalWorkerGroup, RankActors, ResourcePool
     from rl3d.controller.trainer import Workers
+    from rl3d.single_controller.ray import FanOutGroup, LocalWorkerGroup, RankActors, ResourcePool
 
     device = _device_kind(cfg)
     threads = threads_per_rank(cfg)
@@ -166,7 +166,15 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
         world_size=cfg.launch.world_size,
     )
     checkpoints = TrainerCheckpoints(cfg, run_dir, files)
-    return assemble_trainer(cfg, run_dir, workers, data.sampler, checkpoints, writes=True)
+    return assemble_trainer(
+        cfg,
+        run_dir,
+        workers,
+        data.sampler,
+        checkpoints,
+        writes=True,
+        agree=lambda flag: flag,  # one driver
+    )
 
 
 def run_driver(loaded: LoadedConfig) -> int:
@@ -179,9 +187,9 @@ def run_driver(loaded: LoadedConfig) -> int:
     import torch
 
     from rl3d.config import run_dir_of, write_resolved_config
-    from rl3d.controller.ray_backend import WorkerCallError, WorkerDiedError
     from rl3d.controller.summary import write_summary
     from rl3d.logging import setup_logging
+    from rl3d.single_controller.ray import WorkerCallError, WorkerDiedError
 
     cfg = loaded.config
     run_dir = Path(run_dir_of(cfg))

@@ -8,6 +8,10 @@
 
 `reward.cost_fn` (Safe-RLHF's cost, higher = worse) is named the same way; the built-in cost
 is ``high_token_ids`` (`resolve_cost_fn`).
+
+The config sections arrive as `rl3d.config.RewardConfig` / `DataConfig`. They are not imported
+here: the config checks built-in names through this module before any rank starts, so config
+imports rewards and never the reverse.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rl3d.config.schema import DataConfig, RewardConfig
 from rl3d.data.synthetic import SYNTHETIC_TASKS, SyntheticTask, get_synthetic_task
 from rl3d.rewards.base import RewardFn, RewardInput
 from rl3d.rewards.rule_based import (
@@ -69,7 +72,7 @@ for _task in SYNTHETIC_TASKS.values():
     register_reward(_task.name, synthetic_reward(_task))
 
 
-def _resolve_name(reward_cfg: RewardConfig, data_cfg: DataConfig) -> str:
+def _resolve_name(reward_cfg: Any, data_cfg: Any) -> str:
     if reward_cfg.fn != "synthetic":
         return reward_cfg.fn
     if data_cfg.synthetic is None:
@@ -85,7 +88,7 @@ def _builtin(name: str) -> BuiltinReward | None:
     return BUILTIN_REWARDS.get(name)
 
 
-def resolve_reward_fn(reward_cfg: RewardConfig, data_cfg: DataConfig) -> RewardFn:
+def resolve_reward_fn(reward_cfg: Any, data_cfg: Any) -> RewardFn:
     """The function `reward.fn` names (ValueError naming the key and the problem otherwise)."""
     name = _resolve_name(reward_cfg, data_cfg)
     if is_import_path(name):
@@ -103,7 +106,7 @@ def resolve_reward_fn(reward_cfg: RewardConfig, data_cfg: DataConfig) -> RewardF
     return builtin.fn
 
 
-def answer_check_for(reward_cfg: RewardConfig, data_cfg: DataConfig) -> Callable[[Any], Any] | None:
+def answer_check_for(reward_cfg: Any, data_cfg: Any) -> Callable[[Any], Any] | None:
     """The dataset-answer check of the built-in `reward.fn` names (None for user functions)."""
     name = _resolve_name(reward_cfg, data_cfg)
     builtin = None if is_import_path(name) else _builtin(name)
@@ -128,7 +131,7 @@ high_token_ids_cost.reward_name = "high_token_ids"  # type: ignore[attr-defined]
 BUILTIN_COSTS: dict[str, RewardFn] = {"high_token_ids": high_token_ids_cost}
 
 
-def resolve_cost_fn(reward_cfg: RewardConfig) -> RewardFn | None:
+def resolve_cost_fn(reward_cfg: Any) -> RewardFn | None:
     """The function `reward.cost_fn` names, or None when unset."""
     name = reward_cfg.cost_fn
     if name is None:

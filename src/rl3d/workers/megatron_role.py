@@ -18,9 +18,9 @@ import torch
 import torch.distributed as dist
 
 from rl3d.config import OptimConfig as OptimSection
-from rl3d.controller.batch import DataBatch
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.spec import ModelSpec
+from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
 

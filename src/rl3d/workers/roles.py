@@ -9,26 +9,36 @@ import dataclasses
 import logging
 
 import torch
-import torch.distributed as dist
 
 from rl3d import algos
 from rl3d.config import RL3DConfig
-from rl3d.controller.batch import DataBatch
-from rl3d.controller.dispatch import Dispatch, DispatchInfo, register
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
+from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
+from rl3d.single_controller.dispatch import INPUT_ROW, Dispatch, DispatchInfo, register
 from rl3d.workers.megatron_role import MegatronRole
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _megatron_info(groups: MegatronGroups) -> DispatchInfo:
-    return DispatchInfo(
+def _megatron_info(groups: MegatronGroups, gen=None) -> DispatchInfo:
+    """Where this rank sits in its megatron grid, and (`gen`: the actor's GenerationLayout) in
+    the generation layout."""
+    info = DispatchInfo(
         dp_rank=groups.dp_rank,
         dp_size=groups.layout.d,
         is_collector=groups.tp_rank == 0 and groups.is_last_stage,
+    )
+    if gen is None:
+        return info
+    coords = gen.coords(groups.rank)
+    return dataclasses.replace(
+        info,
+        gen_dp_rank=coords.dp_g,
+        gen_dp_size=gen.d_g * groups.layout.d,
+        is_gen_collector=coords.tp_g == 0,
     )
 
 
@@ -134,7 +144,7 @@ class ActorRolloutWorker(_LogProbMixin):
         self.weights = None
 
     def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(self.groups)
+        return _megatron_info(self.groups, self.gen)
 
     @register(Dispatch.ONE_TO_ALL)
     def reshard(self) -> dict[str, float]:
@@ -143,17 +153,16 @@ class ActorRolloutWorker(_LogProbMixin):
         self.engine.load_weights(self.weights)
         return self.resharder.last_stats.metrics()
 
-    @register(Dispatch.ONE_TO_ALL)
-    def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:
-        """Every generation-DP rank samples its share of the prompts; all ranks get all samples.
+    @register(Dispatch.GENERATION_COMPUTE)
+    def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
+        """Sample this generation-DP rank's share of the prompts (the backend deals them out and
+        collects the rows from generation-TP rank 0).
 
         `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
         from rl3d.rollout import SamplingParams
 
         ro = self.cfg.rollout
         coords = self.gen.coords(self.groups.rank)
-        num_dp = self.gen.d_g * self.groups.layout.d
-        mine = list(range(coords.dp_g, len(prompts), num_dp))
         params = SamplingParams(
             temperature=ro.temperature,
             top_p=ro.top_p,
@@ -165,17 +174,14 @@ class ActorRolloutWorker(_LogProbMixin):
         )
         if greedy:
             params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
-        prompt_ids = [prompts["prompt_ids"][i] for i in mine]
-        out = self.engine.generate(prompt_ids, params) if prompt_ids else None
-        local = None
-        if out is not None and coords.tp_g == 0:
-            # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
-            logps = out.token_logprobs(raw=out.raw_logprobs is not None)
-            responses, index = out.responses(), out.prompt_index.tolist()
-            local = [(mine[index[j]], responses[j], logps[j], out.finish_reasons[j]) for j in range(len(out))]
-        gathered: list = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, local)
-        rows = sorted((r for part in gathered if part for r in part), key=lambda r: r[0])
+        if not len(prompts):
+            return None
+        out = self.engine.generate(list(prompts["prompt_ids"]), params)
+        # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
+        logps = out.token_logprobs(raw=out.raw_logprobs is not None)
+        responses, index = out.responses(), out.prompt_index.tolist()
+        rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in range(len(out))]
+        rows.sort(key=lambda r: r[0])  # stable: a prompt's responses keep the engine's order
         return self._to_batch(prompts, rows)
 
     @register(Dispatch.ONE_TO_ALL)
@@ -186,7 +192,9 @@ class ActorRolloutWorker(_LogProbMixin):
         self.engine.release_memory()
 
     def _to_batch(self, prompts: DataBatch, rows: list) -> DataBatch:
-        P = max(len(prompts["prompt_ids"][p]) for p, *_ in rows)
+        # one prompt width on every generation-DP rank (its share's rows then concatenate);
+        # responses are right-padded, so their widths may differ per rank
+        P = prompts.info.get(PROMPT_WIDTH) or max(len(prompts["prompt_ids"][p]) for p, *_ in rows)
         R = max(max(len(r) for _, r, _, _ in rows), 1)
         B = len(rows)
         prompt = torch.full((B, P), self.pad_token_id, dtype=torch.long)
@@ -212,8 +220,10 @@ class ActorRolloutWorker(_LogProbMixin):
                 "response_mask": resp_mask,
                 "rollout_logp": rollout_logp,
                 "uid": torch.tensor([prompts["uid"][p] for p, *_ in rows]),
+                INPUT_ROW: torch.tensor([p for p, *_ in rows]),
             },
             meta,
+            {PAD_VALUES: {"input_ids": self.pad_token_id, "responses": self.pad_token_id}},
         )
 
     @register(Dispatch.MEGATRON_COMPUTE)
@@ -366,7 +376,7 @@ class RewardWorker:
     def dispatch_info(self) -> DispatchInfo:
         return DispatchInfo(dp_rank=0, dp_size=1, is_collector=True)
 
-    @register(Dispatch.ONE_TO_ALL)
+    @register(Dispatch.ONE_TO_ALL, metrics="sum")  # error counts add up over fan-out slices
     def compute_reward(self, batch: DataBatch) -> tuple[DataBatch, dict[str, float]]:
         from rl3d.rewards import RewardInput, score_batch
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from rl3d.config.pools import Pool, pool_of
+from rl3d.single_controller.pools import Pool, pool_of
 
 logger = logging.getLogger(__name__)
 

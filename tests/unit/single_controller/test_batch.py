@@ -5,8 +5,8 @@ import pickle
 import pytest
 import torch
 
-from rl3d.controller.batch import DataBatch
-from rl3d.controller.dispatch import merge_outputs
+from rl3d.single_controller.batch import PAD_VALUES, DataBatch
+from rl3d.single_controller.dispatch import INPUT_ROW, MODES, Dispatch, DispatchInfo, merge_outputs
 
 
 def make(n=6):
@@ -62,3 +62,50 @@ def test_merge_outputs_averages_metrics_and_concats_batches():
     assert merge_outputs([{"loss": 1.0, "x": 2.0}, {"loss": 3.0}]) == {"loss": 2.0, "x": 2.0}
     merged = merge_outputs([make(2), None, make(2)])
     assert len(merged) == 4
+
+
+def test_merge_outputs_sums_counts_when_declared_and_merges_tuples():
+    parts = [(make(2), {"errors": 1}), (make(3), {"errors": 2, "other": 1})]
+    batch, counts = merge_outputs(parts, metrics="sum")
+    assert len(batch) == 5 and counts == {"errors": 3.0, "other": 1.0}
+
+
+def test_concat_pads_each_field_with_its_own_value():
+    pad = {PAD_VALUES: {"ids": -1}}
+    a = DataBatch({"ids": torch.zeros(1, 2, dtype=torch.long), "m": torch.ones(1, 2)}, info=pad)
+    b = DataBatch({"ids": torch.zeros(1, 3, dtype=torch.long), "m": torch.ones(1, 3)}, info=pad)
+    out = DataBatch.concat([a, b])
+    assert out["ids"].tolist() == [[0, 0, -1], [0, 0, 0]]
+    assert out["m"].tolist() == [[1, 1, 0], [1, 1, 1]]
+
+
+def test_generation_mode_deals_round_robin_and_restores_input_order():
+    """Prompt i goes to generation-DP rank i mod size; rows come back in prompt order, a
+    prompt's several rows in the order its rank produced them; TP > 0 ranks are not read."""
+    mode = MODES[Dispatch.GENERATION_COMPUTE]
+    prompts = DataBatch({"p": torch.arange(5)})
+    infos = [
+        DispatchInfo(
+            dp_rank=0, dp_size=1, is_collector=True, gen_dp_rank=g, gen_dp_size=2, is_gen_collector=c
+        )
+        for g in (0, 1)
+        for c in (True, False)
+    ]
+    parts = []
+    for info in infos:
+        slot = mode.slot(info)
+        share = mode.split(prompts, slot)
+        assert share["p"].tolist() == list(range(slot.index, 5, 2))
+        rows = DataBatch(
+            {
+                "p": share["p"].repeat_interleave(2),
+                "k": torch.arange(2).repeat(len(share)),
+                INPUT_ROW: torch.arange(len(share)).repeat_interleave(2),
+            }
+        )
+        if slot.collects:
+            parts.append((slot, rows))
+    out = mode.collect(parts, "mean")
+    assert out["p"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert out["k"].tolist() == [0, 1] * 5
+    assert INPUT_ROW not in out

@@ -1,8 +1,10 @@
 """`DataBatch`: what moves between the controller and the worker groups.
 
 A dict of tensors that share their leading (sample) dimension, per-sample non-tensor fields
-(lists of the same length), and batch-level info. It splits, concatenates, selects and moves
-between devices; it pickles, so the Ray backend can carry it through the object store.
+(lists of the same length), and batch-level info. It splits, concatenates (tensors of
+different widths right-padded, with `info[PAD_VALUES]` where a field names its pad value),
+selects and moves between devices; it pickles, so the Ray backend can carry it through the
+object store.
 """
 
 from __future__ import annotations
@@ -12,6 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+# batch-level info: {field: value} a field is right-padded with when batches of different widths
+# concatenate (default 0), e.g. token ids padded with the tokenizer's pad id
+PAD_VALUES = "pad_values"
+# batch-level info of a prompt batch: its longest prompt, so every share of it left-pads alike
+PROMPT_WIDTH = "prompt_width"
 
 
 @dataclass
@@ -90,8 +98,9 @@ class DataBatch:
         for b in batches[1:]:
             if set(b.tensors) != keys_t or set(b.meta) != keys_m:
                 raise ValueError("cannot concatenate DataBatches with different fields")
+        pad = batches[0].info.get(PAD_VALUES, {})
         return DataBatch(
-            {k: _cat_padded([b.tensors[k] for b in batches]) for k in batches[0].tensors},
+            {k: _cat_padded([b.tensors[k] for b in batches], pad.get(k, 0)) for k in batches[0].tensors},
             {k: [x for b in batches for x in b.meta[k]] for k in batches[0].meta},
             dict(batches[0].info),
         )
@@ -110,8 +119,8 @@ class DataBatch:
         )
 
 
-def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
-    """Concatenate along dim 0, right-padding later dims with zeros when they differ."""
+def _cat_padded(tensors: list[torch.Tensor], value: float = 0) -> torch.Tensor:
+    """Concatenate along dim 0, right-padding later dims with `value` when they differ."""
     if len({t.shape[1:] for t in tensors}) == 1:
         return torch.cat(tensors)
     shape = [max(t.shape[d] for t in tensors) for d in range(1, tensors[0].dim())]
@@ -120,5 +129,5 @@ def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:
         pad = []
         for d in reversed(range(1, t.dim())):
             pad += [0, shape[d - 1] - t.shape[d]]
-        out.append(torch.nn.functional.pad(t, pad))
+        out.append(torch.nn.functional.pad(t, pad, value=value))
     return torch.cat(out)

@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from rl3d.controller.batch import DataBatch
-from rl3d.controller.dispatch import Dispatch, DispatchInfo, register
+from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.distributed  # two Ray actors in a gloo world
@@ -52,6 +52,7 @@ class ToyScorer:
     def dispatch_info(self) -> DispatchInfo:
         return DispatchInfo(dp_rank=0, dp_size=1, is_collector=True)
 
+    @register(Dispatch.ONE_TO_ALL, metrics="sum")
     def score(self, batch: DataBatch) -> tuple[DataBatch, dict]:
         return DataBatch({"score": batch["x"].float() / 10, "pid": torch.full((len(batch),), os.getpid())}), {
             "count": len(batch)
@@ -71,7 +72,7 @@ def build_toys() -> dict:
 def ranks():
     from ray import cloudpickle
 
-    from rl3d.controller.ray_backend import RankActors, ResourcePool
+    from rl3d.single_controller.ray import RankActors, ResourcePool
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors cannot import tests/
     ray.init(
@@ -114,7 +115,7 @@ def test_one_to_all_runs_everywhere_in_one_world_and_returns_rank0(ranks):
 
 
 def test_unknown_method_and_failed_call_name_role_and_rank(ranks):
-    from rl3d.controller.ray_backend import WorkerCallError
+    from rl3d.single_controller.ray import WorkerCallError
 
     with pytest.raises(AttributeError, match="tp worker has no method 'nope'"):
         ranks.group("tp").call("nope")
@@ -125,7 +126,7 @@ def test_unknown_method_and_failed_call_name_role_and_rank(ranks):
 
 
 def test_fan_out_pool_keeps_order_and_adds_counts(ranks):
-    from rl3d.controller.ray_backend import FanOutGroup, ResourcePool
+    from rl3d.single_controller.ray import FanOutGroup, ResourcePool
 
     pool = FanOutGroup(ResourcePool("scorers", num_bundles=2, bundle={"CPU": 1}), ToyScorer, role="reward")
     try:
@@ -140,7 +141,7 @@ def test_fan_out_pool_keeps_order_and_adds_counts(ranks):
 
 
 def test_dead_actor_is_reported_with_role_and_rank(ranks):
-    from rl3d.controller.ray_backend import WorkerDiedError
+    from rl3d.single_controller.ray import WorkerDiedError
 
     group = ranks.group("dp", timeout_s=30)
     ray.kill(ray.get_actor("toy/rank1"), no_restart=True)

@@ -7,10 +7,11 @@ import torch
 import torch.distributed as dist
 
 from rl3d.config.pools import Pool
-from rl3d.controller.batch import DataBatch
-from rl3d.controller.dispatch import Dispatch, DispatchInfo, SPMDWorkerGroup, register
-from rl3d.controller.spmd_pools import split_world
 from rl3d.parallel import ParallelLayout
+from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
+from rl3d.single_controller.spmd import SPMDWorkerGroup
+from rl3d.single_controller.spmd_pools import split_world
 from rl3d.testing.spawn import run_distributed
 
 POOLS = [

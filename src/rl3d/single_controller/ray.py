@@ -8,9 +8,9 @@
 
 A resource pool is a placement group with one bundle per rank; the roles that share a pool
 share its actors (actor, rollout, reference and critic live in the same rank actor, like the
-spmd backend's ranks). Dispatch follows `rl3d.controller.dispatch`: ONE_TO_ALL sends the same
-arguments to every rank and returns rank 0's result; DP_COMPUTE / MEGATRON_COMPUTE put one
-chunk per DP rank in the object store and merge the collectors' outputs in DP order.
+spmd backend's ranks). Dispatch runs the modes of `rl3d.single_controller.dispatch`: ONE_TO_ALL sends the same
+arguments to every rank and returns rank 0's result; the other modes put one share per slot
+(DP rank, or generation-DP rank) in the object store and collect as the mode says.
 
 Every wait has a deadline (`CALL_TIMEOUT_S` or the caller's `timeout_s`; placement:
 `PLACEMENT_TIMEOUT_S`). A rank actor that dies surfaces as `WorkerDiedError` naming the role
@@ -28,8 +28,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rl3d.controller.batch import DataBatch
-from rl3d.controller.dispatch import Dispatch, DispatchInfo, dispatch_mode, merge_outputs, split_for
+from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.dispatch import (
+    MODES,
+    Dispatch,
+    DispatchInfo,
+    dispatch_mode,
+    merge_outputs,
+    metrics_reduction,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +110,7 @@ class RankHost:
         described = {}
         for role, worker in self.workers.items():
             modes = {
-                name: dispatch_mode(getattr(worker, name))
+                name: (dispatch_mode(getattr(worker, name)), metrics_reduction(getattr(worker, name)))
                 for name in dir(type(worker))
                 if not name.startswith("_") and callable(getattr(worker, name))
             }
@@ -304,7 +311,7 @@ class RayWorkerGroup:
         *,
         role: str,
         infos: list[DispatchInfo],
-        modes: dict[str, Dispatch],
+        modes: dict[str, tuple[Dispatch, str]],  # method -> (mode, metric reduction)
         timeout_s: float = CALL_TIMEOUT_S,
     ):
         assert len(handles) == len(infos)
@@ -319,32 +326,28 @@ class RayWorkerGroup:
     def call(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         import ray
 
-        mode = self.modes.get(method_name)
-        if mode is None:
+        if method_name not in self.modes:
             raise AttributeError(f"{self.role} worker has no method {method_name!r}")
-        ranks = list(range(len(self.handles)))
-        if mode is Dispatch.ONE_TO_ALL:
+        name, reduce = self.modes[method_name]
+        mode = MODES[name]
+        if not mode.gathers:
             payload = ray.put((args, kwargs))
             refs = [
                 h.execute.remote(self.role, method_name, payload, r == 0) for r, h in enumerate(self.handles)
             ]
             return self._gather(refs, method_name)[0]
         batch, rest = args[0], args[1:]
-        chunks: dict[int, Any] = {}  # dp rank -> object ref of its chunk (shared by its tp/pp ranks)
-        for info in self.infos:
-            if info.dp_rank not in chunks:
-                chunks[info.dp_rank] = ray.put(((split_for(mode, info, batch), *rest), kwargs))
-        collect = [mode is Dispatch.DP_COMPUTE or info.is_collector for info in self.infos]
+        slots = [mode.slot(info) for info in self.infos]
+        shares: dict[int, Any] = {}  # slot index -> object ref of its share (shared by its tp/pp ranks)
+        for slot in slots:
+            if slot.index not in shares:
+                shares[slot.index] = ray.put(((mode.split(batch, slot), *rest), kwargs))
         refs = [
-            h.execute.remote(self.role, method_name, chunks[info.dp_rank], c)
-            for h, info, c in zip(self.handles, self.infos, collect)
+            h.execute.remote(self.role, method_name, shares[slot.index], slot.collects)
+            for h, slot in zip(self.handles, slots)
         ]
         out = self._gather(refs, method_name)
-        ordered = sorted(
-            ((self.infos[r].dp_rank, out[r]) for r in ranks if collect[r] and out[r] is not None),
-            key=lambda x: x[0],
-        )
-        return merge_outputs([o for _, o in ordered])
+        return mode.collect([(slot, out[r]) for r, slot in enumerate(slots) if slot.collects], reduce)
 
     def _gather(self, refs: list, method_name: str) -> dict[int, Any]:
         return gather(
@@ -375,11 +378,16 @@ class PoolHost:
         args, kwargs = payload
         return getattr(self.worker, method)(*args, **kwargs)
 
+    def reductions(self) -> dict[str, str]:
+        """How each method's metric dicts add up across slices (`register(..., metrics=)`)."""
+        kind = type(self.worker)
+        return {n: metrics_reduction(getattr(kind, n)) for n in dir(kind) if callable(getattr(kind, n))}
+
 
 class FanOutGroup:
     """Scores a batch on a pool of stateless CPU actors: consecutive slices, one per actor,
-    outputs joined back in order. A method returns a DataBatch, a dict of counts (they add
-    up) or a tuple of those, like `RewardWorker.compute_reward`."""
+    outputs merged back in order (`merge_outputs`, metric dicts reduced as the method
+    declares: `RewardWorker.compute_reward` reports error counts, which add up)."""
 
     def __init__(
         self,
@@ -400,6 +408,9 @@ class FanOutGroup:
             )
             for i in range(pool.num_bundles)
         ]
+        self.reductions = gather(
+            [self.handles[0].reductions.remote()], [0], role=role, what="describe", timeout_s=timeout_s
+        )[0]
 
     def call(self, method_name: str, batch: DataBatch, *rest: Any, **kwargs: Any) -> Any:
         n = len(batch)
@@ -412,7 +423,7 @@ class FanOutGroup:
             for i in range(num)
         ]
         out = gather(refs, list(range(num)), role=self.role, what=method_name, timeout_s=self.timeout_s)
-        return _join([out[i] for i in range(num)])
+        return merge_outputs([out[i] for i in range(num)], metrics=self.reductions.get(method_name, "mean"))
 
     def shutdown(self) -> None:
         import ray
@@ -420,14 +431,3 @@ class FanOutGroup:
         for handle in self.handles:
             ray.kill(handle, no_restart=True)
         self.pool.remove()
-
-
-def _join(parts: list[Any]) -> Any:
-    first = parts[0]
-    if isinstance(first, tuple):
-        return tuple(_join([p[i] for p in parts]) for i in range(len(first)))
-    if isinstance(first, DataBatch):
-        return DataBatch.concat(parts)
-    if isinstance(first, dict):
-        return {k: sum(p.get(k, 0) for p in parts) for k in first}
-    return [x for p in parts for x in p] if isinstance(first, list) else parts
