@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rl3d.config.errors import ConfigError
+from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
 from rl3d.config.schema import RL3DConfig
 
 
@@ -31,13 +32,14 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
     pools = role_pools(cfg)
     for pool in pools:  # each pool's layout is its role's `parallel` section
         t, p = pool.layout.t, pool.layout.p
+        section = ACTOR if pool.name == ACTOR else role_spec(cfg, pool.name).key
         if spec.num_query_groups % t:
             raise fail(
-                f"{pool.name}.parallel.tp",
+                f"{section}.parallel.tp",
                 f"tp={t} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
             )
         if spec.num_layers % p:
-            raise fail(f"{pool.name}.parallel.pp", f"pp={p} must divide the model's {spec.num_layers} layers")
+            raise fail(f"{section}.parallel.pp", f"pp={p} must divide the model's {spec.num_layers} layers")
     try:
         GenerationLayout.from_training(
             ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g
@@ -115,6 +117,9 @@ def _check_roles(cfg: RL3DConfig, fail) -> None:
             "(built-in 'high_token_ids' for the synthetic tasks, or 'package.module:function')",
         )
     _check_reward_names(cfg, fail)
+    for name in cfg.roles:
+        if name in BUILT_IN_NAMES:
+            raise fail(f"roles.{name}", f"{name!r} is a built-in role; name the recipe's own role otherwise")
     if cfg.algorithm.needs_critic and cfg.critic.enabled is False:
         raise fail("critic.enabled", f"advantage estimator {cfg.algorithm.adv_estimator!r} needs a critic")
     if cfg.algorithm.kl.coef > 0 and cfg.reference.enabled is False:

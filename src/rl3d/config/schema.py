@@ -118,6 +118,24 @@ class ReferenceConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class ExtraRoleConfig:
+    """A role a recipe adds (`roles.<name>`): a worker class by import path, placed like the
+    built-in roles and called at its stages of every step (`rl3d.config.roles`)."""
+
+    worker: str  # "package.module:Class", built with (rl3d.workers.RoleContext, **options)
+    compute: str | None = None  # method called on each step's batch; its output joins the batch
+    update: str | None = None  # method called once advantages are in; its metrics are logged
+    colocate: bool = True  # False: its own pool of parallel.tp * pp * dp ranks
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)  # used when colocate is False
+    options: dict[str, Any] = field(default_factory=dict)  # keyword arguments for the worker
+
+    def __post_init__(self) -> None:
+        module, _, name = self.worker.partition(":")
+        if not (module and name):
+            raise FieldError("worker", f"{self.worker!r} is not an import path 'package.module:Class'")
+
+
+@dataclass(frozen=True, kw_only=True)
 class SGLangConfig:
     mem_fraction_static: float = 0.6
     enable_memory_saver: bool = True
@@ -382,6 +400,7 @@ class RL3DConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     launch: LaunchConfig = field(default_factory=LaunchConfig)
+    roles: dict[str, ExtraRoleConfig] = field(default_factory=dict)  # a recipe's own roles
     description: str = ""
 
     @property

@@ -12,7 +12,6 @@ import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -22,15 +21,6 @@ from rl3d.controller.advantage import compute_advantage, response_stats
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class Workers:
-    actor: Any  # worker groups: .call("method", ...)
-    reward: Any
-    critic: Any = None
-    reference: Any = None
-    cost_critic: Any = None  # Safe-RLHF
 
 
 @dataclass
@@ -48,7 +38,7 @@ class RLTrainer:
     def __init__(
         self,
         cfg: RL3DConfig,
-        workers: Workers,
+        roles,
         *,
         sampler,
         kl_ctl,
@@ -60,7 +50,7 @@ class RLTrainer:
         agree,
         lagrange=None,
     ):
-        self.cfg, self.w = cfg, workers
+        self.cfg, self.roles = cfg, roles  # rl3d.controller.assemble.RoleGroups
         self.sampler, self.kl_ctl, self.sinks, self.hooks = sampler, kl_ctl, sinks, hooks
         self.progress, self.checkpoints, self.start_step = progress, checkpoints, start_step
         self.history: list[dict[str, float]] = []
@@ -75,7 +65,7 @@ class RLTrainer:
     def fit(self) -> list[dict[str, float]]:
         previous = signal.signal(signal.SIGUSR1, self._on_signal)
         try:
-            self.w.actor.call("reshard")  # the first generation needs generation shards
+            self.roles.actor.call("reshard")  # the first generation needs generation shards
             for step in range(self.start_step + 1, self.cfg.trainer.total_steps + 1):
                 metrics = self.run_step(step)
                 self.history.append(metrics)
@@ -100,14 +90,10 @@ class RLTrainer:
             batch = self.generate(step, metrics)
         self.hooks.call("on_rollout_end", step=step, batch=batch, metrics=metrics)
         with t("old_logp"):
-            batch = batch.union(self.w.actor.call("compute_log_prob", batch))
-        if self.w.reference is not None:
-            with t("ref_logp"):
-                batch = batch.union(self.w.reference.call("compute_ref_log_prob", batch))
-        critics = [c for c in (self.w.critic, self.w.cost_critic) if c is not None]
-        for critic in critics:
-            with t("values"):
-                batch = batch.union(critic.call("compute_values", batch))
+            batch = batch.union(self.roles.actor.call("compute_log_prob", batch))
+        for stage, method, group in self.roles.stages("compute"):  # reference, critics, ...
+            with t(stage):
+                batch = batch.union(group.call(method, batch))
         with t("advantage"):
             batch, adv_metrics = compute_advantage(
                 batch,
@@ -117,13 +103,13 @@ class RLTrainer:
                 lagrange_multiplier=self.lagrange.value if self.lagrange else None,
             )
         metrics |= adv_metrics | response_stats(batch)
-        for critic in critics:
-            with t("update_critic"):
-                metrics |= critic.call("update_critic", batch) or {}
+        for stage, method, group in self.roles.stages("update"):
+            with t(stage):
+                metrics |= group.call(method, batch) or {}
         with t("update_actor"):
-            metrics |= self.w.actor.call("update_actor", batch) or {}
+            metrics |= self.roles.actor.call("update_actor", batch) or {}
         with t("reshard"):
-            metrics |= self.w.actor.call("reshard")
+            metrics |= self.roles.actor.call("reshard")
         self.kl_ctl.update(current_kl=metrics.get("kl/actor_ref_k1", 0.0), num_steps=len(batch))
         metrics["kl/coef"] = float(self.kl_ctl.value)
         if self.lagrange is not None:  # lambda rises while the mean cost exceeds the threshold
@@ -151,11 +137,11 @@ class RLTrainer:
             # a unique id per prompt of this step: GRPO-style groups and DAPO's filter key on it
             prompts.set("uid", [step * 1_000_000 + tries * 10_000 + i for i in range(len(prompts))])
             batch = self.score(
-                self.w.actor.call("generate_sequences", prompts, step=step * 16 + tries), metrics
+                self.roles.actor.call("generate_sequences", prompts, step=step * 16 + tries), metrics
             )
             if family.needs_greedy_baseline:
                 greedy = self.score(
-                    self.w.actor.call("generate_sequences", prompts, step=step, greedy=True), {}
+                    self.roles.actor.call("generate_sequences", prompts, step=step, greedy=True), {}
                 )
                 by_uid = dict(zip(greedy["uid"].tolist(), greedy["score"].tolist()))
                 batch.set("greedy_score", torch.tensor([by_uid[u] for u in batch["uid"].tolist()]))
@@ -175,13 +161,13 @@ class RLTrainer:
                     tries,
                 )
                 kept, num_kept = [batch], wanted
-        self.w.actor.call("release_generation")
+        self.roles.actor.call("release_generation")
         metrics["generate/rounds"] = tries
         merged = DataBatch.concat(kept)
         uids = set(list(dict.fromkeys(merged["uid"].tolist()))[:wanted])
         return merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in uids])
 
     def score(self, batch: DataBatch, metrics: dict[str, float]) -> DataBatch:
-        scores, reward_metrics = self.w.reward.call("compute_reward", batch)
+        scores, reward_metrics = self.roles.reward.call("compute_reward", batch)
         metrics |= reward_metrics
         return batch.union(scores)

@@ -55,7 +55,7 @@ def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int, pool: st
 
     import torch
 
-    from rl3d.controller.build import build_rank
+    from rl3d.controller.rank import build_rank
     from rl3d.logging import setup_logging
 
     faulthandler.register(signal.SIGUSR2, all_threads=True)
@@ -73,7 +73,7 @@ def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int, pool: st
 
 def make_reward_worker(cfg: RL3DConfig):
     """Runs inside each reward actor (and in the driver when scoring is not fanned out)."""
-    from rl3d.controller.build import tokenizer_path
+    from rl3d.controller.rank import tokenizer_path
     from rl3d.data import load_tokenizer
     from rl3d.models.spec import get_model_spec
     from rl3d.workers.roles import RewardWorker
@@ -110,21 +110,56 @@ class RayRun:
                     logger.debug("shutting down %s: %s", part, err)
 
 
+class RayBackend:
+    """The driver's side of every role: the role's group on its pool's rank actors."""
+
+    writes = True  # the driver is the only process that logs and writes trainer state
+
+    def __init__(self, cfg: RL3DConfig, run: RayRun, pools: list):
+        self.cfg, self.run, self.pools = cfg, run, pools
+
+    def group(self, role: str):
+        from rl3d.config.pools import hosting
+
+        return self.run.pools[hosting(self.pools, role).name].group(role)
+
+    def reward_group(self):
+        from rl3d.single_controller.ray import FanOutGroup, LocalWorkerGroup, ResourcePool
+
+        cfg = self.cfg
+        if not cfg.reward.num_workers:
+            return LocalWorkerGroup(make_reward_worker(cfg), role="reward")
+        reward_pool = ResourcePool(
+            "reward", num_bundles=cfg.reward.num_workers, bundle={"CPU": 1}, strategy="PACK"
+        )
+        self.run.reward_pool = FanOutGroup(reward_pool, make_reward_worker, cfg, role="reward")
+        return self.run.reward_pool
+
+    def rank_files(self):
+        from rl3d.controller.assemble import RankFiles
+        from rl3d.controller.rank import load_rank_files, save_rank_files
+
+        def on_every_pool(fn, *args, what: str) -> None:
+            for ranks in self.run.pools.values():  # each pool's checkpoint is collective in its own world
+                ranks.run(fn, *args, what=what)
+
+        return RankFiles(
+            save=lambda tmp, step: on_every_pool(save_rank_files, tmp, step, what="checkpoint save"),
+            load=lambda path: on_every_pool(load_rank_files, path, what="checkpoint load"),
+            world_size=self.cfg.launch.world_size,
+        )
+
+    def agree(self, flag: bool) -> bool:
+        return flag  # one driver decides
+
+
 def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
     """One placement group and torch.distributed world per resource pool (`rl3d.config.pools`);
     the actor's pool is set up first, so a role in its own pool can load the actor's initial
-    weights."""
-    from rl3d.config.pools import hosting, role_pools
-    from rl3d.controller.build import (
-        RankFiles,
-        TrainerCheckpoints,
-        assemble_trainer,
-        build_data,
-        load_rank_files,
-        save_rank_files,
-    )
-    from rl3d.controller.trainer import Workers
-    from rl3d.single_controller.ray import FanOutGroup, LocalWorkerGroup, RankActors, ResourcePool
+    weights. The rest is the assembly both backends share (`rl3d.controller.assemble`)."""
+    from rl3d.config.pools import role_pools
+    from rl3d.controller.assemble import assemble_trainer, build_data
+    from rl3d.single_controller.ray import RankActors, ResourcePool
 
     device = _device_kind(cfg)
     threads = threads_per_rank(cfg)
@@ -136,45 +171,7 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
         run.pools[pool.name] = ranks = RankActors(res)
         ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.hybrid_engine.timeout_s)
         ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
-    if cfg.reward.num_workers:
-        reward_pool = ResourcePool(
-            "reward", num_bundles=cfg.reward.num_workers, bundle={"CPU": 1}, strategy="PACK"
-        )
-        run.reward_pool = reward = FanOutGroup(reward_pool, make_reward_worker, cfg, role="reward")
-    else:
-        reward = LocalWorkerGroup(make_reward_worker(cfg), role="reward")
-
-    def group(role: str):
-        return run.pools[hosting(pools, role).name].group(role)
-
-    workers = Workers(
-        actor=group("actor"),
-        reward=reward,
-        critic=group("critic") if cfg.critic_enabled else None,
-        reference=group("reference") if cfg.reference_enabled else None,
-        cost_critic=group("cost_critic") if cfg.algorithm.family.needs_cost_critic else None,
-    )
-    data = build_data(cfg)
-
-    def on_every_pool(fn, *args, what: str) -> None:
-        for ranks in run.pools.values():  # each pool's checkpoint is collective in its own world
-            ranks.run(fn, *args, what=what)
-
-    files = RankFiles(
-        save=lambda tmp, step: on_every_pool(save_rank_files, tmp, step, what="checkpoint save"),
-        load=lambda path: on_every_pool(load_rank_files, path, what="checkpoint load"),
-        world_size=cfg.launch.world_size,
-    )
-    checkpoints = TrainerCheckpoints(cfg, run_dir, files)
-    return assemble_trainer(
-        cfg,
-        run_dir,
-        workers,
-        data.sampler,
-        checkpoints,
-        writes=True,
-        agree=lambda flag: flag,  # one driver
-    )
+    return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, pools), build_data(cfg))
 
 
 def run_driver(loaded: LoadedConfig) -> int:

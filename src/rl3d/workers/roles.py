@@ -17,6 +17,7 @@ from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
 from rl3d.single_controller.dispatch import INPUT_ROW, Dispatch, DispatchInfo, register
+from rl3d.workers.context import RoleContext
 from rl3d.workers.megatron_role import MegatronRole
 
 logger = logging.getLogger(__name__)
@@ -103,12 +104,13 @@ class ActorRolloutWorker(_LogProbMixin):
     """The megatron actor colocated with the rollout engine; the 3D-HybridEngine moves its
     weights from the training layout to the generation layout (`reshard`) before rollout."""
 
-    def __init__(self, cfg: RL3DConfig, spec: ModelSpec, groups: MegatronGroups, *, pad_token_id: int):
+    def __init__(self, ctx: RoleContext):
         from rl3d.hybrid_engine.executor import Resharder
         from rl3d.parallel import GenerationLayout
         from rl3d.parallel.groups import build_hybrid_groups
         from rl3d.rollout import make_rollout_engine
 
+        cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
         self.cfg, self.spec, self.groups = cfg, spec, groups
         self.dtype = DTYPES[cfg.model.dtype]
         self.role = MegatronRole(
@@ -264,17 +266,9 @@ class CriticWorker:
     `kind="cost"` is Safe-RLHF's cost critic: the same model and losses on the cost values and
     returns (batch keys `cost_values`, `cost_returns`; metrics under `cost_critic/`)."""
 
-    def __init__(
-        self,
-        cfg: RL3DConfig,
-        spec: ModelSpec,
-        groups: MegatronGroups,
-        *,
-        init_from: MegatronRole | None = None,
-        init_path: str | None = None,
-        kind: str = "reward",
-    ):
+    def __init__(self, ctx: RoleContext, *, kind: str = "reward"):
         assert kind in ("reward", "cost"), kind
+        cfg, spec, groups = ctx.cfg, ctx.spec, ctx.groups
         self.cfg, self.groups = cfg, groups
         prefix = "" if kind == "reward" else "cost_"
         self.values_key, self.returns_key, self.name = (
@@ -290,8 +284,8 @@ class CriticWorker:
             optim=cfg.critic.optim,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
-            hf_path=init_path,
-            init_from=init_from,
+            hf_path=ctx.init_path,
+            init_from=ctx.init_from,
         )
 
     def dispatch_info(self) -> DispatchInfo:
@@ -332,17 +326,10 @@ class ReferenceWorker(_LogProbMixin):
     """The frozen initial policy: `model.hf_path`, else a copy of `init_from` (the colocated
     actor) or the weights at `init_path` (own pool)."""
 
-    def __init__(
-        self,
-        cfg: RL3DConfig,
-        spec: ModelSpec,
-        groups: MegatronGroups,
-        *,
-        init_from: MegatronRole | None = None,
-        init_path: str | None = None,
-    ):
+    def __init__(self, ctx: RoleContext):
+        cfg, spec, groups = ctx.cfg, ctx.spec, ctx.groups
         self.cfg, self.spec, self.groups = cfg, spec, groups
-        path = cfg.model.hf_path or init_path
+        path = cfg.model.hf_path or ctx.init_path
         self.role = MegatronRole(
             spec,
             groups,
@@ -352,7 +339,7 @@ class ReferenceWorker(_LogProbMixin):
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,
             hf_path=path,
-            init_from=None if path else init_from,
+            init_from=None if path else ctx.init_from,
         )
 
     def dispatch_info(self) -> DispatchInfo:

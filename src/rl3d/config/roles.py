@@ -1,0 +1,119 @@
+"""The role table: which roles a recipe runs, which worker class each is, where it lives and
+where it plugs into the RL step.
+
+Both worker-group backends build a run from this one table (`rl3d.controller.assemble`), and
+the controller's step walks it, so adding a role is a worker class plus one entry: in
+`BUILT_IN_ROLES` for rl3d's own, or under a recipe's `roles:` key for a user's
+(`rl3d.config.schema.ExtraRoleConfig`).
+
+A role's stages in a step (`RLTrainer.run_step`):
+- `compute`: called on the batch after the actor's old log-probs (reference log-probs, values);
+  its output joins the batch;
+- `update`: called with the batch once advantages are in (critic updates); its metrics are
+  logged.
+The actor (generate, old log-probs, update, reshard) and the reward are the loop itself.
+
+Worker classes are named by import path and resolved where a rank builds them, so the config
+layer never imports a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from rl3d.config.schema import ParallelConfig, RL3DConfig
+
+ACTOR = "actor"
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    name: str
+    worker: str  # "package.module:Class"; built with (RoleContext, **options)
+    key: str  # the config section that places it ("critic", "roles.toy"): errors name it
+    enabled: Callable[[RL3DConfig], bool] = lambda cfg: True
+    # None: on the actor's ranks, in its layout; else its own pool in this layout
+    own_layout: Callable[[RL3DConfig], ParallelConfig | None] = lambda cfg: None
+    pool_with: str | None = None  # lives wherever this other role lives
+    compute: str | None = None  # method called on the step's batch; output joins it
+    compute_stage: str = ""  # timer name (metrics `time/<stage>`)
+    update: str | None = None  # method called after the advantages; its metrics are logged
+    update_stage: str = ""
+    options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+
+def _own(section: str) -> Callable[[RL3DConfig], ParallelConfig | None]:
+    def layout(cfg: RL3DConfig) -> ParallelConfig | None:
+        part = getattr(cfg, section)
+        return None if part.colocate else part.parallel
+
+    return layout
+
+
+# Table order is pool order (own pools take ranks after the actor's in this order) and the
+# order of the compute and update stages.
+BUILT_IN_ROLES: tuple[RoleSpec, ...] = (
+    RoleSpec(ACTOR, "rl3d.workers.roles:ActorRolloutWorker", ACTOR),
+    RoleSpec(
+        "critic",
+        "rl3d.workers.roles:CriticWorker",
+        "critic",
+        enabled=lambda cfg: cfg.critic_enabled,
+        own_layout=_own("critic"),
+        compute="compute_values",
+        compute_stage="values",
+        update="update_critic",
+        update_stage="update_critic",
+        options=MappingProxyType({"kind": "reward"}),
+    ),
+    RoleSpec(  # Safe-RLHF: a second value model, for the cost; it lives with the critic
+        "cost_critic",
+        "rl3d.workers.roles:CriticWorker",
+        "critic",
+        enabled=lambda cfg: cfg.algorithm.family.needs_cost_critic,
+        pool_with="critic",
+        compute="compute_values",
+        compute_stage="values",
+        update="update_critic",
+        update_stage="update_critic",
+        options=MappingProxyType({"kind": "cost"}),
+    ),
+    RoleSpec(
+        "reference",
+        "rl3d.workers.roles:ReferenceWorker",
+        "reference",
+        enabled=lambda cfg: cfg.reference_enabled,
+        own_layout=_own("reference"),
+        compute="compute_ref_log_prob",
+        compute_stage="ref_logp",
+    ),
+)
+BUILT_IN_NAMES = frozenset(r.name for r in BUILT_IN_ROLES) | {"reward"}
+
+
+def _extra(name: str, cfg: RL3DConfig) -> RoleSpec:
+    extra = cfg.roles[name]
+    return RoleSpec(
+        name,
+        extra.worker,
+        f"roles.{name}",
+        own_layout=lambda c: None if c.roles[name].colocate else c.roles[name].parallel,
+        compute=extra.compute,
+        compute_stage=name,
+        update=extra.update,
+        update_stage=f"update_{name}",
+        options=MappingProxyType(dict(extra.options)),
+    )
+
+
+def role_table(cfg: RL3DConfig) -> list[RoleSpec]:
+    """The roles this recipe runs, in table order: the built-in ones it enables, then its own."""
+    table = [r for r in BUILT_IN_ROLES if r.enabled(cfg)]
+    return table + [_extra(name, cfg) for name in cfg.roles]
+
+
+def role_spec(cfg: RL3DConfig, name: str) -> RoleSpec:
+    return next(r for r in role_table(cfg) if r.name == name)

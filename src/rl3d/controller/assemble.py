@@ -1,0 +1,218 @@
+"""Assemble a run from its resolved config, the same way on both worker-group backends.
+
+A backend (`SPMDBackend` in `rl3d.controller.build`, `RayBackend` in `rl3d.launch.ray_launch`)
+says how a role's worker group is reached, how ranks write checkpoint files, how controllers
+agree on a stop, and whether this process writes logs. Everything else (the role groups from
+the role table, data, the KL controller, checkpoints, logging, the trainer) is built here once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from rl3d.config import RL3DConfig
+from rl3d.config.roles import ACTOR, RoleSpec, role_table
+from rl3d.controller.rank import tokenizer_path
+from rl3d.controller.trainer import RLTrainer
+from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
+
+logger = logging.getLogger(__name__)
+
+
+class PromptBatches:
+    """The sampler's prompts as DataBatches (identical on every rank: same seed)."""
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def next_batch(self) -> DataBatch:
+        items = self.sampler.next_batch()
+        return DataBatch(
+            meta={
+                "prompt_ids": [list(i.prompt_ids) for i in items],
+                "prompt_text": [i.prompt_text for i in items],
+                "answer": [i.answer for i in items],
+                "source": [i.source for i in items],
+                "index": [i.index for i in items],
+            },
+            info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
+        )
+
+
+@dataclass
+class RankFiles:
+    """How the controller has every rank write (or read) its checkpoint files.
+
+    spmd: this process is one rank; `save`/`load` do its own part, `barrier` syncs the world.
+    Ray: the driver is the only writer of the directory (`rank` 0, no barrier); `save`/`load`
+    ask every rank's actor at once (megatron's save is collective)."""
+
+    save: Callable[[Path, int], None]
+    load: Callable[[Path], None]
+    rank: int = 0
+    world_size: int = 1
+    barrier: Callable[[], Any] = lambda: None
+
+
+class Backend(Protocol):
+    """What the assembly needs from a worker-group backend."""
+
+    writes: bool  # this process logs metrics and progress (spmd rank 0, the Ray driver)
+
+    def group(self, role: str) -> Any: ...  # the role's worker group: .call("method", ...)
+
+    def reward_group(self) -> Any: ...
+
+    def rank_files(self) -> RankFiles: ...
+
+    def agree(self, flag: bool) -> bool: ...  # True on every controller once any flag is set
+
+
+@dataclass
+class RoleGroups:
+    """The worker group of every role in the table (table order), and the reward's."""
+
+    table: list[RoleSpec]
+    groups: dict[str, Any]
+    reward: Any
+
+    @property
+    def actor(self) -> Any:
+        return self.groups[ACTOR]
+
+    def stages(self, kind: str) -> list[tuple[str, str, Any]]:
+        """(timer stage, method, group) of every role with a `kind` ("compute"/"update") stage."""
+        out = []
+        for role in self.table:
+            method = getattr(role, kind)
+            if method is not None:
+                out.append((getattr(role, f"{kind}_stage"), method, self.groups[role.name]))
+        return out
+
+
+class TrainerCheckpoints:
+    """Model + optimizer + scheduler (megatron dist checkpoints), data position, KL controller
+    and every rank's RNG, written atomically by `CheckpointManager` (tmp dir, then rename)."""
+
+    def __init__(self, cfg: RL3DConfig, run_dir: Path, ranks: RankFiles):
+        from rl3d.checkpoint import CheckpointManager
+
+        self.cfg, self.ranks = cfg, ranks
+        self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.checkpoint.save_every
+        return every > 0 and (step % every == 0 or step == self.cfg.trainer.total_steps)
+
+    def save(self, step: int, trainer: RLTrainer) -> Path:
+        def write(tmp: Path) -> None:
+            self.ranks.save(tmp, step)
+            if self.ranks.rank == 0:
+                state = {
+                    "step": step,
+                    "sampler": trainer.sampler.sampler.state_dict(),
+                    "kl_ctl": trainer.kl_ctl.state_dict(),
+                    "lagrange": trainer.lagrange.state_dict() if trainer.lagrange else None,
+                    "history": trainer.history,
+                }
+                (tmp / "trainer_state.json").write_text(json.dumps(state))
+
+        r = self.ranks
+        return self.manager.save(step, write, rank=r.rank, world_size=r.world_size, barrier=r.barrier)
+
+    def resume(self, sampler, kl_ctl, lagrange=None) -> tuple[int, list]:
+        """Restore the newest complete checkpoint; (step, metric history), or (0, []) if none."""
+        if self.cfg.checkpoint.resume == "never" or (latest := self.manager.latest()) is None:
+            return 0, []
+        step, path = latest
+        self.ranks.load(path)
+        state = json.loads((path / "trainer_state.json").read_text())
+        sampler.load_state_dict(state["sampler"])
+        kl_ctl.load_state_dict(state["kl_ctl"])
+        if lagrange is not None:
+            lagrange.load_state_dict(state["lagrange"])
+        logger.info("resumed from %s (step %d)", path, step)
+        return step, state["history"]
+
+
+@dataclass
+class RunData:
+    spec: Any  # rl3d.models.spec.ModelSpec
+    tokenizer: Any
+    sampler: Any  # rl3d.data.PromptSampler
+
+
+def build_data(cfg: RL3DConfig) -> RunData:
+    """Model spec, tokenizer, prompt dataset and sampler (no process group needed)."""
+    from rl3d.data import PromptSampler, load_prompt_dataset, load_tokenizer
+    from rl3d.models.spec import get_model_spec
+    from rl3d.rewards import answer_check_for
+
+    spec = get_model_spec(cfg.model.name)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+    dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
+    if dataset.num_bad_rows:
+        logger.warning("data: skipped %d bad rows (see the log above for file and row)", dataset.num_bad_rows)
+    sampler = PromptSampler(
+        dataset, prompts_per_step=cfg.data.prompts_per_step, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle
+    )
+    return RunData(spec, tokenizer, sampler)
+
+
+def role_groups(cfg: RL3DConfig, backend: Backend) -> RoleGroups:
+    table = role_table(cfg)
+    return RoleGroups(table, {r.name: backend.group(r.name) for r in table}, backend.reward_group())
+
+
+def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: RunData) -> RLTrainer:
+    """The controller around the role groups: KL controller, resume, metric sinks, hooks."""
+    from rl3d import algos
+    from rl3d.controller.hooks import load_hooks
+    from rl3d.logging import JsonlMetricsWriter, Progress, TensorBoardWriter
+
+    kl = cfg.algorithm.kl
+    kl_args = {"kl_coef": kl.coef} | (
+        {"target_kl": kl.target, "horizon": kl.horizon} if kl.controller == "adaptive" else {}
+    )
+    kl_ctl = algos.make_kl_controller(kl.controller, **kl_args)
+    lagrange = None
+    if cfg.algorithm.family.needs_cost_critic:
+        safe = cfg.algorithm.safe_rlhf
+        lagrange = algos.LagrangeMultiplier(
+            init_value=safe.lagrange_init,
+            cost_threshold=safe.cost_threshold,
+            lr=safe.lagrange_lr,
+            max_value=safe.lagrange_max,
+        )
+    checkpoints = TrainerCheckpoints(cfg, run_dir, backend.rank_files())
+    start_step, history = checkpoints.resume(data.sampler, kl_ctl, lagrange)
+    writes = backend.writes
+    sinks: list[Any] = []
+    if writes:
+        if cfg.logging.jsonl:
+            sinks.append(JsonlMetricsWriter(run_dir / "metrics.jsonl", rank=0))
+        if cfg.logging.tensorboard:
+            sinks.append(TensorBoardWriter(run_dir / "tensorboard"))
+    progress = Progress(
+        cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
+    )
+    trainer = RLTrainer(
+        cfg,
+        role_groups(cfg, backend),
+        sampler=PromptBatches(data.sampler),
+        kl_ctl=kl_ctl,
+        sinks=sinks,
+        hooks=load_hooks(cfg.trainer.hooks),
+        progress=progress,
+        checkpoints=checkpoints,
+        start_step=start_step,
+        agree=backend.agree,
+        lagrange=lagrange,
+    )
+    trainer.history = history
+    return trainer

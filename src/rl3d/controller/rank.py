@@ -1,0 +1,155 @@
+"""One rank's part of a run: the role workers its pool hosts, and its checkpoint files.
+
+Under torchrun (spmd) every rank runs this; under Ray every rank actor does. The roles come
+from the role table (`rl3d.config.roles`): each is built as `Worker(RoleContext, **options)`,
+so a new role needs no change here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rl3d.config import RL3DConfig
+from rl3d.config.pools import Pool, hosting, role_pools
+from rl3d.config.roles import ACTOR, RoleSpec, role_table
+
+logger = logging.getLogger(__name__)
+
+INIT_WEIGHTS = "init_weights"  # run_dir subfolder: the actor's initial weights, for other pools
+
+
+def tokenizer_path(cfg: RL3DConfig) -> str | None:
+    """data.tokenizer, else the model's (text data only): synthetic tasks speak token ids."""
+    return cfg.data.tokenizer or (cfg.model.hf_path if cfg.data.train_files else None)
+
+
+@dataclass
+class RankWorkers:
+    """What one rank hosts: its pool, megatron groups, role workers by role name, and the
+    checkpointed megatron roles (the trained ones: a worker whose `.role` has an optimizer)."""
+
+    groups: Any  # rl3d.models.bootstrap.MegatronGroups
+    pool: Pool
+    workers: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def roles(self) -> dict[str, Any]:
+        trained = {n: getattr(w, "role", None) for n, w in self.workers.items()}
+        return {n: r for n, r in trained.items() if getattr(r, "optimizer", None) is not None}
+
+
+def build_worker(role: RoleSpec, ctx: Any) -> Any:
+    """`role.worker(ctx, **role.options)`; a bad class path names the role's config key."""
+    from rl3d.utils.imports import import_object
+
+    return import_object(role.worker, what=f"{role.key}.worker")(ctx, **role.options)
+
+
+def build_rank_workers(
+    cfg: RL3DConfig,
+    spec,
+    groups,
+    tokenizer,
+    *,
+    pools: list[Pool],
+    pool: Pool,
+    run_dir: Path,
+    sync: Callable[[], Any] = lambda: None,
+) -> RankWorkers:
+    """The role workers of this rank's pool (actor+rollout and the colocated roles, or the
+    roles of an own pool), in role-table order.
+
+    Every role starts from the actor's initial network. A colocated one copies it in memory; one
+    in its own pool (another world, maybe another layout) loads `model.hf_path`, else the
+    actor's initial weights, which the actor's pool writes to `run_dir/init_weights` before
+    `sync()` (a barrier across pools under spmd; under Ray the driver sets the actor's pool up
+    first)."""
+    from rl3d.workers.context import RoleContext
+
+    rank = RankWorkers(groups, pool)
+    ctx = RoleContext(cfg, spec, groups, tokenizer)
+    table = role_table(cfg)
+    init_dir = run_dir / INIT_WEIGHTS
+    if pool.name == ACTOR:
+        actor = rank.workers[ACTOR] = build_worker(table[0], ctx)
+        if len(pools) > 1 and not cfg.model.hf_path:
+            export_initial_weights(actor.role, init_dir)
+        sync()
+        ctx = replace(ctx, init_from=actor.role)
+    else:
+        sync()
+        ctx = replace(ctx, init_path=cfg.model.hf_path or str(init_dir))
+    for role in table[1:]:
+        if role.name in pool.roles:
+            rank.workers[role.name] = build_worker(role, ctx)
+    return rank
+
+
+def export_initial_weights(role, dst: Path) -> None:
+    """The actor's weights as a Megatron weight directory any layout loads (collective over the
+    actor's world)."""
+    from rl3d.models.hf_mapping import hf_config_from_spec
+    from rl3d.models.weights import save_weights
+
+    save_weights(role.model, role.spec, role.groups, dst, hf_config=hf_config_from_spec(role.spec).to_dict())
+    logger.info("wrote the actor's initial weights to %s for the other pools", dst)
+
+
+def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankWorkers:
+    """One rank of pool `pool_name` on its pool's initialised torch.distributed world (a Ray
+    rank actor)."""
+    from rl3d.data import load_tokenizer
+    from rl3d.models.bootstrap import init_megatron
+    from rl3d.models.spec import get_model_spec
+
+    spec = get_model_spec(cfg.model.name)
+    pools = role_pools(cfg)
+    pool = hosting(pools, pool_name)  # a pool hosts the role it is named after
+    groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
+    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+    return build_rank_workers(cfg, spec, groups, tokenizer, pools=pools, pool=pool, run_dir=Path(run_dir))
+
+
+def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
+    """This rank's part of a checkpoint: megatron dist checkpoints (collective) and its RNG."""
+    from rl3d.checkpoint import capture_rng_state
+    from rl3d.models.dist_checkpoint import save_checkpoint
+
+    for name, role in rank.roles.items():
+        save_checkpoint(
+            tmp / name,
+            ddp=role.ddp,
+            optimizer=role.optimizer,
+            scheduler=role.scheduler,
+            groups=rank.groups,
+            iteration=step,
+        )
+    torch.save(capture_rng_state(), tmp / _rng_file(rank))
+
+
+def load_rank_files(rank: RankWorkers, path: Path) -> None:
+    from rl3d.checkpoint import restore_rng_state
+    from rl3d.models.dist_checkpoint import load_checkpoint
+
+    for name, role in rank.roles.items():
+        load_checkpoint(
+            path / name,
+            ddp=role.ddp,
+            optimizer=role.optimizer,
+            scheduler=role.scheduler,
+            groups=rank.groups,
+        )
+    rng = path / _rng_file(rank)
+    if not rng.exists() and rank.pool.offset == 0:  # written before pools had names
+        rng = path / f"rng_rank{rank.groups.rank}.pt"
+    restore_rng_state(torch.load(rng, weights_only=False))
+
+
+def _rng_file(rank: RankWorkers) -> str:
+    return f"rng_{rank.pool.name}_rank{rank.groups.rank}.pt"
