@@ -9,6 +9,7 @@ remembers which file set it last, so an error can name the file.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,26 @@ from rl3d.config.typed import from_dict, to_dict
 
 COMMAND_LINE = "command line"
 RESOLVED_NAME = "resolved_config.yaml"
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader plus YAML 1.2 floats: `1e-3` is a number, not the string '1e-3'.
+
+    YAML 1.1 (PyYAML's default) needs a dot in a float's mantissa; recipes and overrides are
+    written by people who type `lr=1e-3`.
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse recipe YAML (safe, with YAML 1.2 exponent floats)."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
 
 
 @dataclass
@@ -91,7 +112,7 @@ def _read_yaml(path: Path, included_from: str | None) -> dict[str, Any]:
         where = f" (listed in defaults of {included_from})" if included_from else ""
         raise ConfigError(f"file not found{where}", source=_display(path))
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -137,7 +158,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key or any(not part for part in key.split(".")):
         raise ConfigError(f"override {text!r} is not of the form key.sub=value", source=COMMAND_LINE)
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
     return key, value

@@ -209,6 +209,20 @@ def test_override_values_are_yaml_typed():
     assert parse_override("x.y=hello") == ("x.y", "hello")
 
 
+@pytest.mark.parametrize("text, value", [("1e-3", 1e-3), ("-2.5E-4", -2.5e-4), ("+1e3", 1e3), (".5e1", 5.0)])
+def test_exponent_floats_are_numbers(text, value):
+    # YAML 1.1 needs a dot in the mantissa; recipes accept YAML 1.2 floats such as 1e-3.
+    assert parse_override(f"actor.optim.lr={text}") == ("actor.optim.lr", value)
+    assert parse_override("a=1e") == ("a", "1e") and parse_override("a=3") == ("a", 3)
+
+
+def test_exponent_floats_in_recipe_and_overrides(tmp_path):
+    recipe = write_tree(tmp_path, BASE_RECIPE + "algorithm: {clip_low: 2e-1}\n")
+    cfg = load_config(recipe, ["actor.optim.lr=1e-3", "actor.optim.weight_decay=1E-2"]).config
+    assert cfg.actor.optim.lr == 1e-3 and cfg.actor.optim.weight_decay == 1e-2
+    assert cfg.algorithm.clip_low == 0.2
+
+
 def test_resolved_config_round_trips(tmp_path):
     recipe = write_tree(tmp_path)
     loaded = load_config(recipe, ["trainer.total_steps=7"])
