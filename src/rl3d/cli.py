@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(func=_cmd_train)
 
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
+    import rl3d.bench  # noqa: F401  registers the baseline strategies the plan table compares against
     from rl3d.hybrid_engine.report import add_plan_arguments
 
     add_plan_arguments(plan)

@@ -93,8 +93,9 @@ def strategy_seconds(plan: TransitionPlan, strategy: str, cluster: Cluster) -> f
             cluster.nic_gbps * cluster.nics_per_node * 1e9
         )
         return gather + broadcast
-    groups = [c.groups for c in s.collectives]
-    return max(concurrent_ring_seconds(g, recv, cluster) for g in groups)
+    # Every byte is charged to the main ring (the first collective); the norms' own small
+    # collective (when PP folds into micro-DP, or hybridflow_v's pipeline) rides along.
+    return concurrent_ring_seconds(s.collectives[0].groups, recv, cluster)
 
 
 def fit_alpha_beta(samples: list[tuple[int, int, float]]) -> tuple[float, float, float]:

@@ -16,7 +16,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from rl3d.hybrid_engine.plan import STRATEGIES, plan_transition
+from rl3d.hybrid_engine.plan import plan_transition
+from rl3d.hybrid_engine.strategy import STRATEGIES, get_strategy
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -84,7 +85,7 @@ def measured_worker(
     spec = get_model_spec(model)
     train = ParallelLayout(*layout)
     n = train.world_size
-    rollout = n if "openrlhf" in strategies else 0
+    rollout = n if any(get_strategy(s).uses_rollout_ranks for s in strategies) else 0
     groups = build_hybrid_groups(
         GenerationLayout.from_training(train, t_g, p_g), timeout_s=600, rollout_ranks=rollout
     )
@@ -107,7 +108,7 @@ def measured_worker(
     results = {}
     for strategy in strategies:
         engine = Resharder(spec, groups, strategy=strategy, bucket_mb=bucket_mb, dtype=dtype, device=device)
-        kwargs = {"zero_shards": zero} if strategy == "ds_chat" else {}
+        kwargs = {"zero_shards": zero} if get_strategy(strategy).needs_zero_shards else {}
 
         def once(engine=engine, kwargs=kwargs):
             weights = engine.to_generation(shards, **kwargs)
@@ -147,7 +148,7 @@ def run_measured(
     t_g,
     p_g,
     *,
-    strategies=STRATEGIES,
+    strategies=None,
     world=None,
     repeats=5,
     warmup=2,
@@ -156,12 +157,15 @@ def run_measured(
     dtype="float32",
 ) -> dict:
     """Under torchrun: run in this process group. Otherwise spawn the ranks on this machine."""
+    strategies = tuple(STRATEGIES) if strategies is None else tuple(strategies)
     n = layout[0] * layout[1] * layout[2]
-    needed = 2 * n if "openrlhf" in strategies else n
+    separate = [s for s in strategies if get_strategy(s).uses_rollout_ranks]
+    rollout = bool(separate)
+    needed = 2 * n if rollout else n
     if world is not None and world != needed:
         raise ValueError(
             f"--world {world} does not fit: training {layout} needs {n} ranks"
-            + (f" plus {n} rollout ranks for openrlhf" if "openrlhf" in strategies else "")
+            + (f" plus {n} rollout ranks for {', '.join(separate)}" if rollout else "")
         )
     args = (layout, t_g, p_g, tuple(strategies), repeats, warmup, verify, bucket_mb, dtype)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:

@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rl3d.bench.cost_model import Cluster, strategy_seconds
-from rl3d.hybrid_engine.plan import STRATEGIES, plan_transition
+from rl3d.hybrid_engine.plan import plan_transition
+from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 

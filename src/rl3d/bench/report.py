@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from rl3d.bench.cost_model import Cluster, fit_alpha_beta
-from rl3d.hybrid_engine.plan import STRATEGIES
+from rl3d.hybrid_engine.strategy import STRATEGIES
 
 GB = 1e9
 

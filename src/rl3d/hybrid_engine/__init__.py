@@ -1,0 +1,38 @@
+"""The 3D-HybridEngine: reshard the actor's weights from the training layout to the
+generation layout (see DESIGN.md section 2).
+
+`plan_transition` and the strategy registry are pure Python, so planning never imports torch;
+the torch-side names (`Resharder`, `GenerationWeights`, ...) load on first use for the same
+reason. Importing the package registers `hybridflow`; the benchmark's baselines register
+when `rl3d.bench` is imported.
+"""
+
+from rl3d.hybrid_engine import hybridflow as _hybridflow  # noqa: F401  registers "hybridflow"
+from rl3d.hybrid_engine.plan import StrategyPlan, TransitionPlan, plan_transition
+from rl3d.hybrid_engine.strategy import STRATEGIES, Strategy, get_strategy, register_strategy
+
+_LAZY = {
+    "Resharder": "rl3d.hybrid_engine.executor",
+    "TransitionStats": "rl3d.hybrid_engine.executor",
+    "GenerationWeights": "rl3d.hybrid_engine.weights",
+    "ReshardError": "rl3d.hybrid_engine.comm",
+}
+
+__all__ = [
+    "STRATEGIES",
+    "Strategy",
+    "StrategyPlan",
+    "TransitionPlan",
+    "get_strategy",
+    "plan_transition",
+    "register_strategy",
+    *_LAZY,
+]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,41 +1,38 @@
 """The 3D-HybridEngine planner: exact per-rank transition costs, from shapes alone.
 
 Pure Python (no torch.distributed, no tensors), so a 70B model on 128 GPUs plans on a laptop.
-For each strategy and rank it reports the bytes received and sent, the peak parameter memory
-and the redundant bytes, with per-tensor accounting (see `params.SegmentTable`).
-
-Strategies (HybridFlow, EuroSys'25, Table 2, plus the separate-GPU baseline):
-- `hybridflow`: regrouped generation layout; one all-gather inside each micro-DP group of d_g
-  ranks builds every rank's generation shard; the rank's own training shard is part of it.
-- `hybridflow_v`: all-gather of the whole replica across its t*p ranks into a separate buffer,
-  then each rank slices its generation shard (vanilla grouping).
-- `ds_chat`: training weights ZeRO-3-partitioned over all t*p*d ranks (each param flattened,
-  padded to a multiple of N); an all-gather over all N ranks builds the full model.
-- `openrlhf`: rollout on a separate set of GPUs (as many as the trainer has, same generation
-  layout); the trainer's rank 0 gathers every full tensor and broadcasts it to every rollout GPU.
+A strategy (see `rl3d.hybrid_engine.strategy`) plans a transition as a list of `Collective`s
+that name, for every group, the pieces each member sends. The bytes a rank receives and sends
+are derived from those collectives alone, and the executor moves exactly those pieces, so
+the bytes it counts equal the planned bytes by construction, not by keeping two models in step.
 
 Definitions (the fields of the JSON contract):
 - comm bytes: bytes a rank receives during the transition.
 - peak_param_bytes: the generation weights a rank holds once the transition is done (for
-  hybridflow this includes the training shard, reused in place; for hybridflow_v and ds_chat
-  the gathered full model; for openrlhf a rollout GPU's shard plus one full tensor in flight).
-  The max over ranks is reported; the executor measures the same quantity from storages.
+  hybridflow this includes the training shard, reused in place). The max over ranks is
+  reported; the executor measures the same quantity from storages.
 - redundant_bytes: training-weight bytes a rank keeps in storage that is not its generation
-  weights: 0 for hybridflow (in place), the whole training shard for hybridflow_v and ds_chat
-  (gathered into a separate buffer) and for openrlhf's trainer GPUs (the model lives twice).
+  weights (0 for hybridflow, whose generation shard reuses the training shard in place).
+
+Peak and redundant bytes use per-tensor segment accounting (see `params.SegmentTable`), so
+that replicated KV groups (more TP ranks than KV heads) are counted once.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from statistics import mean
 
 from rl3d.hybrid_engine.params import ParamInfo, SegmentTable, model_params, stages_of
+from rl3d.hybrid_engine.strategy import STRATEGIES, get_strategy
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import GenerationLayout, ParallelLayout
+from rl3d.parallel.sharding import ShardKind
 
-STRATEGIES = ("hybridflow", "hybridflow_v", "ds_chat", "openrlhf")
 DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
+UNITS = ("shard", "zero_chunk", "full")
 
 
 @dataclass(frozen=True)
@@ -49,9 +46,38 @@ class RankCost:
 
 @dataclass(frozen=True)
 class Collective:
+    """One collective, run at once over disjoint groups of ranks.
+
+    `contributions[k][m]` are the indices (into the plan's parameter list) of the pieces member
+    m of `groups[k]` sends, in the order it packs them. A piece is the member's training TP
+    shard (`unit="shard"`), its ZeRO-3 chunk (`"zero_chunk"`) or the whole tensor (`"full"`).
+    `op` says who receives: every member (all_gather), or only the group's first rank
+    (gather), or every member but the first, which sends (broadcast). `group_kind` names the
+    `HybridGroups` field whose process group the executor runs it on."""
+
     op: str  # all_gather | gather | broadcast
+    group_kind: str
+    unit: str
     groups: list[list[int]]
-    bytes_per_group: int  # size of the buffer the collective builds on each receiving rank
+    contributions: list[dict[int, tuple[int, ...]]]
+    _member_of: dict[int, int] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        assert self.op in ("all_gather", "gather", "broadcast") and self.unit in UNITS, self
+        assert len(self.groups) == len(self.contributions), "one contribution map per group"
+        for k, group in enumerate(self.groups):
+            for m in group:
+                self._member_of[m] = k
+
+    def group_of(self, rank: int) -> tuple[list[int], dict[int, tuple[int, ...]]] | None:
+        """(ranks, member -> piece indices) of the group `rank` is in, or None."""
+        k = self._member_of.get(rank)
+        return None if k is None else (self.groups[k], self.contributions[k])
+
+    def receivers(self, group: list[int]) -> list[int]:
+        if self.op == "all_gather":
+            return group
+        return group[:1] if self.op == "gather" else group[1:]
 
 
 @dataclass(frozen=True)
@@ -91,7 +117,9 @@ class StrategyPlan:
 
 
 @dataclass
-class _Ctx:
+class PlanContext:
+    """What every strategy plans over: the layouts, the parameter list and its segments."""
+
     spec: ModelSpec
     gen: GenerationLayout
     dtype_bytes: int
@@ -108,11 +136,29 @@ class _Ctx:
         key = (pp_rank, pp_size, tp_rank, tp_size)
         if key not in self._cache:
             segs: set[int] = set()
-            for i, p in enumerate(self.params):
-                if pp_rank in stages_of(p, self.spec.num_layers, pp_size):
-                    segs.update(self.table.shard(i, tp_rank, tp_size))
+            for i in self.stage_params(pp_rank, pp_size):
+                segs.update(self.table.shard(i, tp_rank, tp_size))
             self._cache[key] = frozenset(segs)
         return self._cache[key]
+
+    def stage_params(self, pp_rank: int, pp_size: int) -> tuple[int, ...]:
+        """Indices of the parameters pipeline stage `pp_rank` of `pp_size` holds."""
+        key = ("stage", pp_rank, pp_size)
+        if key not in self._cache:
+            layers = self.spec.num_layers
+            self._cache[key] = tuple(
+                i for i, p in enumerate(self.params) if pp_rank in stages_of(p, layers, pp_size)
+            )
+        return self._cache[key]
+
+    def train_params(self, rank: int) -> tuple[int, ...]:
+        return self.stage_params(self.train.coords(rank).pp, self.train.p)
+
+    def gen_params(self, rank: int) -> tuple[int, ...]:
+        return self.stage_params(self.gen.coords(rank).pp_g, self.gen.p_g)
+
+    def replicated(self, index: int) -> bool:
+        return self.params[index].kind is ShardKind.REPLICATED
 
     def train_segs(self, rank: int) -> frozenset[int]:
         c = self.train.coords(rank)
@@ -125,94 +171,41 @@ class _Ctx:
     def nbytes(self, segs) -> int:
         return self.table.nbytes(segs, self.dtype_bytes)
 
+    def piece_bytes(self, unit: str, index: int, member: int) -> int:
+        if unit == "shard":
+            key = ("shard", index, self.train.coords(member).tp)
+            if key not in self._cache:
+                self._cache[key] = self.nbytes(self.table.shard(index, key[2], self.train.t))
+            return self._cache[key]
+        numel = self.params[index].numel
+        if unit == "zero_chunk":
+            numel = -(-numel // self.train.world_size)
+        return numel * self.dtype_bytes
 
-def _gather_costs(ctx: _Ctx, groups: list[list[int]], need_of, in_place: bool) -> list[RankCost]:
-    """Each rank of each group receives `need_of(rank) - own` from the group's members.
+    def traffic(self, collectives: list[Collective]) -> tuple[dict[int, int], dict[int, int]]:
+        """(received, sent) bytes per rank when `collectives` run: the executor's own count."""
+        recv: dict[int, int] = defaultdict(int)
+        send: dict[int, int] = defaultdict(int)
+        for c in collectives:
+            for group, contrib in zip(c.groups, c.contributions):
+                out = {m: sum(self.piece_bytes(c.unit, i, m) for i in contrib.get(m, ())) for m in group}
+                receivers = c.receivers(group)
+                for m in group:
+                    if m in receivers:
+                        recv[m] += sum(out[x] for x in group if x != m)
+                    send[m] += out[m] * sum(1 for x in receivers if x != m)
+        return recv, send
 
-    A missing segment comes from the holder with the same training TP rank when there is one
-    (replicated norms travel along PP only), else from the lowest holding rank.
-    """
-    recv, send, peak, redundant = {}, {}, {}, {}
+
+def shard_contributions(
+    ctx: PlanContext, groups: list[list[int]], wanted_of: Callable[[list[int]], Container[int]]
+) -> list[dict[int, tuple[int, ...]]]:
+    """Per group, each member's training shards among the indices `wanted_of(group)`."""
+    out = []
     for group in groups:
-        owns = {m: ctx.train_segs(m) for m in group}
-        tp_of = {m: ctx.train.coords(m).tp for m in group}
-        for m in group:
-            send.setdefault(m, 0)
-        for m in group:
-            need = need_of(m)
-            missing = need - owns[m]
-            for seg in missing:
-                holders = [x for x in group if seg in owns[x]]
-                assert holders, f"segment {seg} needed by rank {m} is held by no rank of {group}"
-                same_tp = [x for x in holders if tp_of[x] == tp_of[m]]
-                source = (same_tp or holders)[0]
-                send[source] += ctx.table.sizes[seg] * ctx.dtype_bytes
-            recv[m] = ctx.nbytes(missing)
-            peak[m] = ctx.nbytes(need)
-            redundant[m] = ctx.nbytes(owns[m] - need) if in_place else ctx.nbytes(owns[m])
-    return [RankCost(r, recv[r], send[r], peak[r], redundant[r]) for r in sorted(recv)]
-
-
-def _plan_hybridflow(ctx: _Ctx) -> StrategyPlan:
-    groups = ctx.gen.micro_dp_groups()
-    ranks = _gather_costs(ctx, groups, ctx.gen_segs, in_place=True)
-    gen_bytes = max(ctx.nbytes(ctx.gen_segs(g[0])) for g in groups)
-    return StrategyPlan("hybridflow", ctx.gen.d_g, ranks, [Collective("all_gather", groups, gen_bytes)])
-
-
-def _plan_hybridflow_v(ctx: _Ctx) -> StrategyPlan:
-    groups = ctx.train.model_parallel_groups()
-    held = [i for i, p in enumerate(ctx.params) if stages_of(p, ctx.spec.num_layers, ctx.train.p)]
-    full = frozenset(s for i in held for s in ctx.table.full(i))
-    ranks = _gather_costs(ctx, groups, lambda _rank: full, in_place=False)
-    return StrategyPlan(
-        "hybridflow_v", ctx.gen.d_g, ranks, [Collective("all_gather", groups, ctx.nbytes(full))]
-    )
-
-
-def _plan_ds_chat(ctx: _Ctx) -> StrategyPlan:
-    n = ctx.train.world_size
-    # ZeRO-3 has no pipeline copy of a tied output layer: plan over the unpipelined inventory.
-    params = [p for p in ctx.params if stages_of(p, ctx.spec.num_layers, 1)]
-    chunk = sum(-(-p.numel // n) for p in params) * ctx.dtype_bytes
-    cost = RankCost(0, (n - 1) * chunk, (n - 1) * chunk, n * chunk, chunk)
-    ranks = [RankCost(r, cost.recv_bytes, cost.send_bytes, cost.peak_param_bytes, chunk) for r in range(n)]
-    return StrategyPlan(
-        "ds_chat", ctx.gen.d_g, ranks, [Collective("all_gather", [list(range(n))], n * chunk)]
-    )
-
-
-def _plan_openrlhf(ctx: _Ctx) -> StrategyPlan:
-    n = ctx.train.world_size
-    unpiped = [i for i, p in enumerate(ctx.params) if stages_of(p, ctx.spec.num_layers, 1)]
-    full = frozenset(s for i in unpiped for s in ctx.table.full(i))
-    model_bytes = ctx.nbytes(full)
-    largest = max(ctx.table.nbytes(ctx.table.full(i), ctx.dtype_bytes) for i in unpiped)
-    replica0 = ctx.train.model_parallel_groups()[0]
-    trainer = _gather_costs(ctx, [replica0], lambda r: full if r == 0 else frozenset(), in_place=True)
-    by_rank = {c.rank: c for c in trainer}
-    ranks = []
-    for r in range(n):
-        own = ctx.nbytes(ctx.train_segs(r))
-        c = by_rank.get(r)
-        send = (c.send_bytes if c else 0) + (n * model_bytes if r == 0 else 0)
-        peak = own + largest if r == 0 else own
-        ranks.append(RankCost(r, c.recv_bytes if c else 0, send, peak, own))
-    for r in range(n):  # the rollout GPUs: full tensors in, their generation shard kept
-        ranks.append(RankCost(n + r, model_bytes, 0, ctx.nbytes(ctx.gen_segs(r)) + largest, 0))
-    collectives = [
-        Collective("gather", [replica0], model_bytes),
-        Collective("broadcast", [[0, *range(n, 2 * n)]], model_bytes),
-    ]
-    return StrategyPlan("openrlhf", ctx.gen.d_g, ranks, collectives)
-
-
-_PLANNERS = {
-    "hybridflow": _plan_hybridflow,
-    "hybridflow_v": _plan_hybridflow_v,
-    "ds_chat": _plan_ds_chat,
-    "openrlhf": _plan_openrlhf,
-}
+        wanted = wanted_of(group)
+        out.append({m: tuple(i for i in ctx.train_params(m) if i in wanted) for m in group})
+    return out
 
 
 @dataclass
@@ -222,7 +215,7 @@ class TransitionPlan:
     dtype_bytes: int
     params: list[ParamInfo]
     strategies: dict[str, StrategyPlan]
-    _ctx: _Ctx
+    _ctx: PlanContext
 
     @property
     def train(self) -> ParallelLayout:
@@ -237,20 +230,12 @@ class TransitionPlan:
     def train_shards(self, rank: int) -> list[tuple[str, int, int]]:
         """(param name, tp rank, tp size) of every training shard `rank` holds."""
         c = self.train.coords(rank)
-        return [
-            (p.name, c.tp, self.train.t)
-            for p in self.params
-            if c.pp in stages_of(p, self.spec.num_layers, self.train.p)
-        ]
+        return [(self.params[i].name, c.tp, self.train.t) for i in self._ctx.train_params(rank)]
 
     def gen_shards(self, rank: int) -> list[tuple[str, int, int]]:
         """(param name, generation tp rank, t_g) of every generation shard `rank` needs."""
         c = self.gen.coords(rank)
-        return [
-            (p.name, c.tp_g, self.gen.t_g)
-            for p in self.params
-            if c.pp_g in stages_of(p, self.spec.num_layers, self.gen.p_g)
-        ]
+        return [(self.params[i].name, c.tp_g, self.gen.t_g) for i in self._ctx.gen_params(rank)]
 
     def rank_bytes(self, rank: int) -> tuple[int, int]:
         """(training shard bytes, generation shard bytes) of a rank."""
@@ -276,19 +261,19 @@ def plan_transition(
     p_g: int = 1,
     *,
     dtype: str = "bfloat16",
-    strategies: tuple[str, ...] = STRATEGIES,
+    strategies: tuple[str, ...] | None = None,
     params: list[ParamInfo] | None = None,
 ) -> TransitionPlan:
-    """Plan the train -> generate transition. Raises ValueError on an impossible layout."""
+    """Plan the train -> generate transition with the given strategies (default: every one
+    registered). Raises ValueError on an impossible layout or an unknown strategy."""
     gen = GenerationLayout.from_training(train, t_g, p_g)
     if spec.num_layers % train.p:
         raise ValueError(f"pipeline size p={train.p} must divide the {spec.num_layers} layers of {spec.name}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-    unknown = [s for s in strategies if s not in _PLANNERS]
-    if unknown:
-        raise ValueError(f"unknown strategy {unknown[0]!r}; known: {', '.join(STRATEGIES)}")
+    names = tuple(STRATEGIES) if strategies is None else strategies
+    classes = {name: get_strategy(name) for name in names}
     params = params if params is not None else model_params(spec, train_tp=train.t)
-    ctx = _Ctx(spec, gen, DTYPE_BYTES[dtype], params, SegmentTable(params, train.t))
-    plans = {name: _PLANNERS[name](ctx) for name in strategies}
+    ctx = PlanContext(spec, gen, DTYPE_BYTES[dtype], params, SegmentTable(params, train.t))
+    plans = {name: cls().plan(ctx) for name, cls in classes.items()}
     return TransitionPlan(spec, gen, ctx.dtype_bytes, params, plans, ctx)

@@ -6,7 +6,8 @@ import argparse
 import json
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
-from rl3d.hybrid_engine.plan import DTYPE_BYTES, STRATEGIES, TransitionPlan, plan_transition
+from rl3d.hybrid_engine.plan import DTYPE_BYTES, TransitionPlan, plan_transition
+from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 
@@ -29,7 +30,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="model name, e.g. llama2-70b (instead of a recipe)")
     parser.add_argument("--train", help="training layout P,T,D")
     parser.add_argument("--gen", help="generation layout TG,PG")
-    parser.add_argument("--strategy", choices=STRATEGIES, action="append", help="only these strategies")
+    parser.add_argument("--strategy", choices=list(STRATEGIES), action="append", help="only these strategies")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES), help="default bfloat16")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--auto", action="store_true", help="search every valid (t_g, p_g)")
@@ -157,6 +158,6 @@ def run_plan(args: argparse.Namespace) -> str:
             out = {"layouts": [vars(r) | {"total_s": r.total_s, "best": r is best} for r in rows]}
             return json.dumps(out)
         return format_auto(rows, best, hw)
-    strategies = tuple(args.strategy) if args.strategy else STRATEGIES
+    strategies = tuple(args.strategy) if args.strategy else None
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
     return json.dumps(plan.to_json()) if args.json else format_plan(plan)

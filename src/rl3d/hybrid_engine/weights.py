@@ -9,6 +9,7 @@ allocated. `materialize` turns pieces into the engine's layout through `rl3d.ops
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -17,6 +18,9 @@ import torch
 from rl3d.hybrid_engine.params import ParamInfo
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
+
+logger = logging.getLogger(__name__)
+_OFFLOAD_WARNED: list[bool] = []  # once per process, not once per rollout
 
 
 def shard_shape(param: ParamInfo, tp: int) -> tuple[int, ...]:
@@ -159,18 +163,18 @@ class GenerationWeights:
         return pieces[0] if len(pieces) == 1 else merge_tp_shards(pieces, kind)
 
     def release(self, mode: str = "free") -> None:
-        """After rollout: free the generation buffers, or move them to CPU memory. They are never
-        copied back: the training weights stay the source of truth."""
-        if mode == "offload_cpu":
-            moved = {}
-            for buf in self.buffers:
-                cpu = torch.empty(buf.shape, dtype=buf.dtype, device="cpu", pin_memory=buf.is_cuda)
-                cpu.copy_(buf)
-                moved[buf.untyped_storage().data_ptr()] = cpu
-            self.buffers = list(moved.values())
-        elif mode != "free":
-            raise ValueError(f"unknown release mode {mode!r}; known: free, offload_cpu")
-        else:
-            self.buffers = []
+        """After rollout: drop the generation buffers. They are never copied back (the training
+        weights stay the source of truth) and never kept: the next training step changes the
+        weights, so a kept copy would be stale, and on the GPU the caching allocator already
+        hands the freed blocks to the next reshard without a new device allocation.
+
+        `offload_cpu` (copy the buffers to host memory first) is accepted and treated as
+        `free` until the config key goes: nothing ever read those copies."""
+        if mode not in ("free", "offload_cpu"):
+            raise ValueError(f"unknown release mode {mode!r}; known: free")
+        if mode == "offload_cpu" and not _OFFLOAD_WARNED:
+            _OFFLOAD_WARNED.append(True)
+            logger.warning("hybrid_engine.release: offload_cpu kept copies nothing read; freeing instead")
+        self.buffers = []
         self.pieces, self.full = {}, {}
         self.released = True

@@ -4,6 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import rl3d.bench  # noqa: F401  registers the baselines the Table 2 comparison plans
 from rl3d.hybrid_engine.params import ParamInfo, model_params
 from rl3d.hybrid_engine.plan import plan_transition
 from rl3d.models.spec import ModelSpec, get_model_spec
@@ -103,16 +104,18 @@ def test_fewer_kv_heads_than_tp_replicates_them():
     """ng=2 KV heads, t=4: each training rank holds 2 query heads plus one replicated KV group."""
     params = qkv_only(nq=8, ng=2)
     q_block, kv_group = 2 * 8 * 16, 2 * 8 * 16  # 2 q heads; k+v of one group
-    # t_g = 2 (as many gen ranks as KV heads): each rank only lacks its partner's 2 query heads.
+    shard = q_block + kv_group  # what a training rank holds and sends: its KV group travels along
+    # t_g = 2 (as many gen ranks as KV heads): each rank needs its partner's 2 query heads; the
+    # generation shard holds the shared KV group once.
     plan = plan_transition(SPEC_8Q, ParallelLayout(1, 4, 1), 2, 1, dtype="fp32", params=params)
     hf = plan.strategies["hybridflow"]
-    assert [r.recv_bytes for r in hf.ranks] == [q_block * 4] * 4
+    assert [r.recv_bytes for r in hf.ranks] == [shard * 4] * 4
     assert hf.peak_param_bytes == (2 * q_block + kv_group) * 4
-    # t_g = 1: every rank needs all 4 query blocks and both groups; it lacks 3 blocks + 1 group.
+    # t_g = 1: every rank needs all 4 query blocks and both groups; it receives 3 whole shards.
     plan = plan_transition(SPEC_8Q, ParallelLayout(1, 4, 1), 1, 1, dtype="fp32", params=params)
     hf = plan.strategies["hybridflow"]
-    assert [r.recv_bytes for r in hf.ranks] == [(3 * q_block + kv_group) * 4] * 4
-    # the replicated group is sent once per receiver, by one holder
+    assert [r.recv_bytes for r in hf.ranks] == [3 * shard * 4] * 4
+    assert hf.peak_param_bytes == (4 * q_block + 2 * kv_group) * 4
     assert sum(r.send_bytes for r in hf.ranks) == sum(r.recv_bytes for r in hf.ranks)
 
 

@@ -1,0 +1,57 @@
+"""Resharding strategies: each one plans a transition and then executes that same plan.
+
+A strategy is a class with `plan(ctx) -> StrategyPlan` (pure Python over shapes, so `rl3d
+plan` never imports torch) and `execute(plan, engine, train, zero_shards)`, which runs the
+plan's collectives through the engine (`Resharder`) and assembles the generation weights.
+Because execution walks the plan, the executor cannot move bytes the planner did not count.
+
+The registry maps names to classes. This package registers only `hybridflow`, the strategy
+training runs use; the benchmark's baselines register themselves when `rl3d.bench` is
+imported, so production code never carries them and never imports the benchmark.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:
+    from rl3d.hybrid_engine.executor import Resharder
+    from rl3d.hybrid_engine.plan import PlanContext, StrategyPlan
+    from rl3d.hybrid_engine.weights import GenerationWeights
+
+
+class Strategy:
+    name: ClassVar[str]
+    # Ranks beyond the training world (separate rollout GPUs) take part in the transition.
+    uses_rollout_ranks: ClassVar[bool] = False
+    # Starts from the ZeRO-3 partition of the weights instead of the Megatron TP shards.
+    needs_zero_shards: ClassVar[bool] = False
+
+    def plan(self, ctx: PlanContext) -> StrategyPlan:
+        raise NotImplementedError
+
+    def execute(
+        self, plan: StrategyPlan, engine: Resharder, train: dict, zero_shards: dict | None
+    ) -> GenerationWeights | None:
+        """This rank's generation weights, or None where the strategy leaves it without any."""
+        raise NotImplementedError
+
+
+STRATEGIES: dict[str, type[Strategy]] = {}
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    known = STRATEGIES.get(cls.name)
+    if known is not None and known.__qualname__ != cls.__qualname__:
+        raise ValueError(f"strategy {cls.name!r} is already registered by {known.__module__}")
+    STRATEGIES[cls.name] = cls
+    return cls
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    if name not in STRATEGIES:
+        raise ValueError(
+            f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}"
+            " (the benchmark baselines register on `import rl3d.bench`)"
+        )
+    return STRATEGIES[name]
