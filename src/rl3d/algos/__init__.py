@@ -11,6 +11,10 @@ Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
     loss_agg_mode:  token-mean, seq-mean-token-sum, seq-mean-token-mean
     kl_estimator:   k1, k2, k3
     kl_controller:  fixed, adaptive
+    hooks:          greedy_baseline (ReMax), dynamic_sampling (DAPO), lagrangian (Safe-RLHF)
+
+`Algorithm(cfg)` puts one recipe's pieces together: the object the controller drives
+(`rl3d.algos.algorithm`).
 """
 
 from rl3d.algos.advantages import (
@@ -23,6 +27,7 @@ from rl3d.algos.advantages import (
     remax_advantages,
     rloo_advantages,
 )
+from rl3d.algos.algorithm import HOOKS, Algorithm, AlgorithmHook, policy_loss_of
 from rl3d.algos.core import (
     aggregate_loss,
     discounted_returns,
@@ -66,10 +71,17 @@ from rl3d.algos.safe_rlhf import (
     lagrange_step,
     safe_rlhf_advantages,
 )
+from rl3d.algos.stage import compute_advantage, response_stats
 from rl3d.algos.value_loss import clipped_value_loss, explained_variance
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "HOOKS",
+    "Algorithm",
+    "AlgorithmHook",
+    "compute_advantage",
+    "policy_loss_of",
+    "response_stats",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
     "LOSS_AGG_MODES",

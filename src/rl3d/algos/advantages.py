@@ -155,7 +155,9 @@ def reinforce_plus_plus_advantages(
     return Advantages(adv_BT=adv_BT, returns_BT=returns_BT)
 
 
-@register_advantage_estimator("remax", needs_critic=False, needs_greedy_baseline=True)
+@register_advantage_estimator(
+    "remax", needs_critic=False, needs_greedy_baseline=True, hooks=("greedy_baseline",)
+)
 def remax_advantages(*, rewards_BT: Tensor, mask_BT: Tensor, greedy_scores_B: Tensor) -> Advantages:
     """ReMax (Li et al. 2024): reward-to-go minus the score of the greedy response to the prompt.
 

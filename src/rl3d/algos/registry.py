@@ -62,6 +62,7 @@ class AlgorithmFamily:
     `needs_group_samples` requires `n > 1` responses per prompt and `group_ids_B`;
     `needs_greedy_baseline` asks the rollout for one extra greedy response per prompt (ReMax);
     `supports_process_group` means the estimator whitens and accepts a DP `group` for it;
+    `hooks` names the algorithm hooks the step needs for it (`rl3d.algos.algorithm`);
     `default_kl_placement` is where the reference-KL penalty usually goes for this family:
     `"reward"` (token-level penalty folded into rewards, PPO) or `"loss"` (GRPO).
     """
@@ -74,6 +75,7 @@ class AlgorithmFamily:
     needs_cost_critic: bool = False
     supports_process_group: bool = False
     default_kl_placement: str = "reward"
+    hooks: tuple[str, ...] = ()  # `rl3d.algos.algorithm.HOOKS` this estimator needs
 
     def __post_init__(self) -> None:
         assert self.default_kl_placement in ("reward", "loss"), self.default_kl_placement

@@ -40,7 +40,7 @@ def combine_advantages(reward_adv_BT: Tensor, cost_adv_BT: Tensor, *, lagrange_m
 
 
 @register_advantage_estimator(
-    "safe_rlhf", needs_critic=True, needs_cost_critic=True, supports_process_group=True
+    "safe_rlhf", needs_critic=True, needs_cost_critic=True, supports_process_group=True, hooks=("lagrangian",)
 )
 def safe_rlhf_advantages(
     *,

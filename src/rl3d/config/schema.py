@@ -172,9 +172,6 @@ class RolloutConfig:
 class HybridEngineConfig:
     strategy: Literal["hybridflow", "hybridflow_v", "ds_chat", "openrlhf"] = "hybridflow"
     bucket_mb: float = 256.0
-    # After rollout the generation buffer is freed (training weights are the source of truth)
-    # or kept in pinned CPU memory to skip re-allocation. Never copied back either way.
-    release: Literal["free", "offload_cpu"] = "free"
     verify: bool = False  # checksum every generation shard against a direct slice
     timeout_s: float = 300.0
     # Resharding kernel form: auto = CUDA extension, else Triton on GPU; torch reference on CPU.

@@ -117,7 +117,7 @@ class TrainerCheckpoints:
                     "step": step,
                     "sampler": trainer.sampler.sampler.state_dict(),
                     "kl_ctl": trainer.kl_ctl.state_dict(),
-                    "lagrange": trainer.lagrange.state_dict() if trainer.lagrange else None,
+                    "algorithm": trainer.algorithm.state_dict(),
                     "history": trainer.history,
                 }
                 (tmp / "trainer_state.json").write_text(json.dumps(state))
@@ -125,7 +125,7 @@ class TrainerCheckpoints:
         r = self.ranks
         return self.manager.save(step, write, rank=r.rank, world_size=r.world_size, barrier=r.barrier)
 
-    def resume(self, sampler, kl_ctl, lagrange=None) -> tuple[int, list]:
+    def resume(self, sampler, kl_ctl, algorithm) -> tuple[int, list]:
         """Restore the newest complete checkpoint; (step, metric history), or (0, []) if none."""
         if self.cfg.checkpoint.resume == "never" or (latest := self.manager.latest()) is None:
             return 0, []
@@ -134,8 +134,8 @@ class TrainerCheckpoints:
         state = json.loads((path / "trainer_state.json").read_text())
         sampler.load_state_dict(state["sampler"])
         kl_ctl.load_state_dict(state["kl_ctl"])
-        if lagrange is not None:
-            lagrange.load_state_dict(state["lagrange"])
+        # checkpoints before algorithm objects kept Safe-RLHF's multiplier at the top level
+        algorithm.load_state_dict(state.get("algorithm") or {"lagrange": state.get("lagrange")})
         logger.info("resumed from %s (step %d)", path, step)
         return step, state["history"]
 
@@ -180,17 +180,9 @@ def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: Run
         {"target_kl": kl.target, "horizon": kl.horizon} if kl.controller == "adaptive" else {}
     )
     kl_ctl = algos.make_kl_controller(kl.controller, **kl_args)
-    lagrange = None
-    if cfg.algorithm.family.needs_cost_critic:
-        safe = cfg.algorithm.safe_rlhf
-        lagrange = algos.LagrangeMultiplier(
-            init_value=safe.lagrange_init,
-            cost_threshold=safe.cost_threshold,
-            lr=safe.lagrange_lr,
-            max_value=safe.lagrange_max,
-        )
+    algorithm = algos.Algorithm(cfg.algorithm)
     checkpoints = TrainerCheckpoints(cfg, run_dir, backend.rank_files())
-    start_step, history = checkpoints.resume(data.sampler, kl_ctl, lagrange)
+    start_step, history = checkpoints.resume(data.sampler, kl_ctl, algorithm)
     writes = backend.writes
     sinks: list[Any] = []
     if writes:
@@ -212,7 +204,7 @@ def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: Run
         checkpoints=checkpoints,
         start_step=start_step,
         agree=backend.agree,
-        lagrange=lagrange,
+        algorithm=algorithm,
     )
     trainer.history = history
     return trainer

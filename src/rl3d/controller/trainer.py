@@ -2,7 +2,8 @@
 
 A step reads like the algorithm (PPO family with a critic, GRPO family without):
 generate -> score -> old/ref log-probs and values -> advantages -> update critic -> update
-actor -> reshard. What differs between algorithms comes from the `rl3d.algos` registry.
+actor -> reshard. The roles come from the role table (`rl3d.config.roles`) and what differs
+between algorithms from the algorithm object (`rl3d.algos.Algorithm`): the loop names neither.
 """
 
 from __future__ import annotations
@@ -13,11 +14,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-import torch
-
-from rl3d import algos
+from rl3d.algos import response_stats
 from rl3d.config import RL3DConfig
-from rl3d.controller.advantage import compute_advantage, response_stats
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
@@ -48,7 +46,7 @@ class RLTrainer:
         checkpoints,
         start_step: int = 0,
         agree,
-        lagrange=None,
+        algorithm,
     ):
         self.cfg, self.roles = cfg, roles  # rl3d.controller.assemble.RoleGroups
         self.sampler, self.kl_ctl, self.sinks, self.hooks = sampler, kl_ctl, sinks, hooks
@@ -56,7 +54,7 @@ class RLTrainer:
         self.history: list[dict[str, float]] = []
         self.stop_requested = False
         self.agree = agree  # the backend's: True everywhere once any controller's flag is set
-        self.lagrange = lagrange  # Safe-RLHF's multiplier (rl3d.algos.LagrangeMultiplier)
+        self.algorithm = algorithm  # rl3d.algos.Algorithm: estimator, policy loss, hooks
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
@@ -95,12 +93,8 @@ class RLTrainer:
             with t(stage):
                 batch = batch.union(group.call(method, batch))
         with t("advantage"):
-            batch, adv_metrics = compute_advantage(
-                batch,
-                cfg.algorithm,
-                kl_coef=self.kl_ctl.value,
-                max_response_length=cfg.rollout.max_new_tokens,
-                lagrange_multiplier=self.lagrange.value if self.lagrange else None,
+            batch, adv_metrics = self.algorithm.advantages(
+                batch, kl_coef=self.kl_ctl.value, max_response_length=cfg.rollout.max_new_tokens
             )
         metrics |= adv_metrics | response_stats(batch)
         for stage, method, group in self.roles.stages("update"):
@@ -112,9 +106,7 @@ class RLTrainer:
             metrics |= self.roles.actor.call("reshard")
         self.kl_ctl.update(current_kl=metrics.get("kl/actor_ref_k1", 0.0), num_steps=len(batch))
         metrics["kl/coef"] = float(self.kl_ctl.value)
-        if self.lagrange is not None:  # lambda rises while the mean cost exceeds the threshold
-            metrics["safe/lambda"] = self.lagrange.value  # the value this step's advantages used
-            metrics["safe/lambda_next"] = self.lagrange.update(batch["cost"])
+        metrics |= self.algorithm.after_update(batch)  # e.g. Safe-RLHF's multiplier steps
         tokens = float(batch["attention_mask"].sum())
         step_s = sum(t.seconds.values())
         metrics |= {f"time/{k}": v for k, v in t.seconds.items()} | {"time/step": step_s}
@@ -126,43 +118,43 @@ class RLTrainer:
         return metrics
 
     def generate(self, step: int, metrics: dict[str, float]) -> DataBatch:
-        """Sample prompts, roll out, score. DAPO's dynamic sampling drops groups whose rewards are
-        all equal and refills from new prompts (a bounded number of times); ReMax also scores one
-        greedy response per prompt as its baseline. Then the generation weights are released."""
-        wanted, family = self.cfg.data.prompts_per_step, self.cfg.algorithm.family
+        """Sample prompts, roll out, score, in rounds until the step has its prompts: the
+        algorithm's hooks may add to a round (ReMax's greedy baseline) and keep only part of it
+        (DAPO's dynamic sampling). Then the generation weights are released."""
+        wanted, algo, actor = self.cfg.data.prompts_per_step, self.algorithm, self.roles.actor
         kept: list[DataBatch] = []
-        num_kept = tries = 0
+        num_kept = rounds = 0
+
+        def rollout(prompts: DataBatch, **sampling) -> DataBatch:  # a hook's extra generation
+            return self.score(actor.call("generate_sequences", prompts, step=step, **sampling), {})
+
         while num_kept < wanted:
             prompts = self.sampler.next_batch()
             # a unique id per prompt of this step: GRPO-style groups and DAPO's filter key on it
-            prompts.set("uid", [step * 1_000_000 + tries * 10_000 + i for i in range(len(prompts))])
-            batch = self.score(
-                self.roles.actor.call("generate_sequences", prompts, step=step * 16 + tries), metrics
+            prompts.set("uid", [step * 1_000_000 + rounds * 10_000 + i for i in range(len(prompts))])
+            batch = self.score(actor.call("generate_sequences", prompts, step=step * 16 + rounds), metrics)
+            batch = algo.on_rollout(
+                batch,
+                prompts,
+                lambda p, **sampling: self.score(
+                    actor.call("generate_sequences", p, step=step, **sampling), {}
+                ),
             )
-            if family.needs_greedy_baseline:
-                greedy = self.score(
-                    self.roles.actor.call("generate_sequences", prompts, step=step, greedy=True), {}
-                )
-                by_uid = dict(zip(greedy["uid"].tolist(), greedy["score"].tolist()))
-                batch.set("greedy_score", torch.tensor([by_uid[u] for u in batch["uid"].tolist()]))
-            tries += 1
-            if not self.cfg.algorithm.dynamic_sampling:
-                kept, num_kept = [batch], wanted
-                break
-            keep = algos.dynamic_sampling_mask(batch["score"], batch["uid"])
-            if keep.any():
-                kept.append(batch.select(keep.nonzero().squeeze(-1)))
-                num_kept += len(set(kept[-1]["uid"].tolist()))
-            if tries >= 8 and num_kept < wanted:
+            rounds += 1
+            part = algo.keep(batch)
+            if len(part):
+                kept.append(part)
+                num_kept += len(set(part["uid"].tolist()))
+            if num_kept < wanted and rounds >= algo.max_rounds:
                 logger.warning(
-                    "dynamic sampling: %d/%d groups informative after %d rounds; keeping all",
+                    "%d/%d prompt groups kept after %d rollout rounds; training on the last round whole",
                     num_kept,
                     wanted,
-                    tries,
+                    rounds,
                 )
                 kept, num_kept = [batch], wanted
-        self.roles.actor.call("release_generation")
-        metrics["generate/rounds"] = tries
+        actor.call("release_generation")
+        metrics["generate/rounds"] = rounds
         merged = DataBatch.concat(kept)
         uids = set(list(dict.fromkeys(merged["uid"].tolist()))[:wanted])
         return merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in uids])

@@ -9,7 +9,6 @@ allocated. `materialize` turns pieces into the engine's layout through `rl3d.ops
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -18,9 +17,6 @@ import torch
 from rl3d.hybrid_engine.params import ParamInfo
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
-
-logger = logging.getLogger(__name__)
-_OFFLOAD_WARNED: list[bool] = []  # once per process, not once per rollout
 
 
 def shard_shape(param: ParamInfo, tp: int) -> tuple[int, ...]:
@@ -162,19 +158,12 @@ class GenerationWeights:
         pieces = self.pieces[name]
         return pieces[0] if len(pieces) == 1 else merge_tp_shards(pieces, kind)
 
-    def release(self, mode: str = "free") -> None:
+    def release(self) -> None:
         """After rollout: drop the generation buffers. They are never copied back (the training
         weights stay the source of truth) and never kept: the next training step changes the
         weights, so a kept copy would be stale, and on the GPU the caching allocator already
-        hands the freed blocks to the next reshard without a new device allocation.
-
-        `offload_cpu` (copy the buffers to host memory first) is accepted and treated as
-        `free` until the config key goes: nothing ever read those copies."""
-        if mode not in ("free", "offload_cpu"):
-            raise ValueError(f"unknown release mode {mode!r}; known: free")
-        if mode == "offload_cpu" and not _OFFLOAD_WARNED:
-            _OFFLOAD_WARNED.append(True)
-            logger.warning("hybrid_engine.release: offload_cpu kept copies nothing read; freeing instead")
+        hands the freed blocks to the next reshard without a new device allocation. (An
+        `offload_cpu` mode once copied them to host memory; nothing read those copies.)"""
         self.buffers = []
         self.pieces, self.full = {}, {}
         self.released = True

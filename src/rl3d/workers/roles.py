@@ -144,6 +144,7 @@ class ActorRolloutWorker(_LogProbMixin):
         )
         self.pad_token_id = pad_token_id
         self.weights = None
+        self.policy_loss = algos.policy_loss_of(cfg.algorithm)
 
     def dispatch_info(self) -> DispatchInfo:
         return _megatron_info(self.groups, self.gen)
@@ -188,9 +189,9 @@ class ActorRolloutWorker(_LogProbMixin):
 
     @register(Dispatch.ONE_TO_ALL)
     def release_generation(self) -> None:
-        """After rollout: drop the generation buffer (or offload it) and the KV cache. Nothing is
-        copied back: the training weights are the source of truth."""
-        self.weights.release(self.cfg.hybrid_engine.release)
+        """After rollout: drop the generation buffer and the KV cache. Nothing is copied back: the
+        training weights are the source of truth."""
+        self.weights.release()
         self.engine.release_memory()
 
     def _to_batch(self, prompts: DataBatch, rows: list) -> DataBatch:
@@ -234,22 +235,19 @@ class ActorRolloutWorker(_LogProbMixin):
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def update_actor(self, batch: DataBatch) -> dict[str, float] | None:
+        """PPO epochs with the recipe's policy loss (`algorithm.policy_loss`, with its clips bound)
+        and, when the KL goes in the loss (GRPO), the reference KL term."""
         al, kl = self.cfg.algorithm, self.cfg.algorithm.kl
         kl_in_loss = kl.coef > 0 and al.kl_placement == "loss"
 
         def loss_of(output, micro):
             logp, entropy = self._logp_entropy(output, micro, self.role)
-            loss, metrics = algos.ppo_policy_loss(
+            loss, metrics = self.policy_loss(
                 logp_BT=logp,
                 old_logp_BT=micro["old_logp"],
                 adv_BT=micro["advantages"],
                 mask_BT=micro["response_mask"].bool(),
-                clip_low=al.clip_low,
-                clip_high=al.clip_high,
-                dual_clip_c=al.dual_clip_c,
-                loss_agg_mode=al.loss_agg_mode,
                 entropy_BT=entropy,
-                entropy_coef=al.entropy_coef,
                 ref_logp_BT=micro["ref_logp"] if kl_in_loss else None,
                 kl_loss_coef=kl.coef if kl_in_loss else 0.0,
                 kl_estimator=al.kl_estimator,

@@ -1,23 +1,26 @@
-"""The controller's pure stage between scoring and updates: rewards -> advantages.
+"""The step's pure stage between scoring and updates, over a whole batch: rewards -> advantages.
 
 Scores land on each response's last token; DAPO's overlong penalty and the reference KL
 (PPO: in the reward) shape them; the registered estimator turns them into advantages.
+`cfg` is the recipe's `rl3d.config.AlgorithmConfig` (not imported: config validates names
+against these registries, so it imports algos and never the reverse).
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Any
 
-import torch
-
-from rl3d import algos
-from rl3d.config import AlgorithmConfig
+from rl3d.algos.advantages import compute_advantages
+from rl3d.algos.core import scores_to_token_rewards
+from rl3d.algos.kl import kl_k1, kl_penalty_rewards
+from rl3d.algos.reward_shaping import overlong_penalty
 from rl3d.single_controller.batch import DataBatch
 
 _HPARAMS = ("gamma", "lam", "whiten", "norm_by_std")
 
 
-def estimator_hparams(cfg: AlgorithmConfig) -> dict:
+def estimator_hparams(cfg: Any) -> dict:
     """The configured hyper-parameters the estimator's function actually takes."""
     candidates = {
         "gamma": cfg.gamma,
@@ -31,7 +34,7 @@ def estimator_hparams(cfg: AlgorithmConfig) -> dict:
 
 def compute_advantage(
     batch: DataBatch,
-    cfg: AlgorithmConfig,
+    cfg: Any,
     *,
     kl_coef: float,
     max_response_length: int,
@@ -46,7 +49,7 @@ def compute_advantage(
         "reward/score_std": scores.std().item(),
     }
     if cfg.overlong_buffer_length > 0:
-        penalty = algos.overlong_penalty(
+        penalty = overlong_penalty(
             mask.sum(-1),
             max_response_length=max_response_length,
             overlong_buffer_length=cfg.overlong_buffer_length,
@@ -54,9 +57,9 @@ def compute_advantage(
         )
         scores = scores + penalty
         metrics["reward/overlong_penalty"] = penalty.mean().item()
-    rewards = algos.scores_to_token_rewards(scores, mask)
+    rewards = scores_to_token_rewards(scores, mask)
     if kl_coef > 0 and cfg.kl_placement == "reward":
-        rewards, kl_metrics = algos.kl_penalty_rewards(
+        rewards, kl_metrics = kl_penalty_rewards(
             rewards_BT=rewards,
             logp_BT=batch["old_logp"],
             ref_logp_BT=batch["ref_logp"],
@@ -69,11 +72,11 @@ def compute_advantage(
     if "cost" in batch:
         costs = batch["cost"].float()
         metrics |= {"cost/mean": costs.mean().item(), "cost/std": costs.std().item()}
-        cost_rewards = algos.scores_to_token_rewards(costs, mask)
+        cost_rewards = scores_to_token_rewards(costs, mask)
     hparams = estimator_hparams(cfg)
     if lagrange_multiplier is not None:
         hparams["lagrange_multiplier"] = lagrange_multiplier
-    adv = algos.compute_advantages(
+    adv = compute_advantages(
         cfg.adv_estimator,
         rewards_BT=rewards,
         mask_BT=mask,
@@ -91,7 +94,7 @@ def compute_advantage(
     metrics["adv/mean"] = valid.mean().item() if valid.numel() else 0.0
     metrics["adv/std"] = valid.std().item() if valid.numel() > 1 else 0.0
     if "ref_logp" in batch:
-        kl = algos.kl_k1(batch["old_logp"], batch["ref_logp"])[mask]
+        kl = kl_k1(batch["old_logp"], batch["ref_logp"])[mask]
         metrics["kl/actor_ref_k1"] = kl.mean().item() if kl.numel() else 0.0
     return batch, metrics
 
@@ -108,10 +111,3 @@ def response_stats(batch: DataBatch) -> dict[str, float]:
         "rollout/logp_diff_max": (rollout - trainer).abs().max().item() if rollout.numel() else 0.0,
         "rollout/logp_diff_mean": (rollout - trainer).abs().mean().item() if rollout.numel() else 0.0,
     }
-
-
-def torch_seed_everything(seed: int) -> None:
-    import random
-
-    random.seed(seed)
-    torch.manual_seed(seed)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from rl3d import algos
+from rl3d.algos.stage import compute_advantage
 from rl3d.config.schema import AlgorithmConfig, RewardConfig
-from rl3d.controller.advantage import compute_advantage
 from rl3d.rewards import RewardInput, resolve_cost_fn
 from rl3d.single_controller.batch import DataBatch
 

@@ -1,0 +1,175 @@
+"""An RL algorithm as one object the controller drives: its estimator, its policy loss and hooks.
+
+The controller's step calls the same points for every algorithm; what differs between them is
+here, selected by name from the recipe's `algorithm:` block:
+- the advantage estimator (`adv_estimator`, `rl3d.algos.registry.ADVANTAGE_ESTIMATORS`);
+- the policy loss (`policy_loss`, `POLICY_LOSSES`): a registered preset's settings, with the
+  recipe's own `clip_high` / `dual_clip_c` winning where it sets them;
+- hooks (`HOOKS`) at fixed points of the step: after each rollout round, which samples of a
+  round to keep (and how many rounds to try), what the estimator needs from the algorithm's
+  state, and after the update. An estimator names the hooks it needs
+  (`AlgorithmFamily.hooks`); `dynamic_sampling: true` adds DAPO's.
+
+    ReMax       greedy_baseline    one greedy response per prompt, scored, as the baseline
+    DAPO        dynamic_sampling   drop groups whose rewards are all equal, refill from new prompts
+    Safe-RLHF   lagrangian         the cost multiplier: used by the advantages, stepped after
+
+`cfg` is the recipe's `rl3d.config.AlgorithmConfig` (not imported here: config checks names
+against these registries, so it imports algos and never the reverse).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rl3d.algos.advantages import dynamic_sampling_mask
+from rl3d.algos.registry import POLICY_LOSSES, Registry
+from rl3d.algos.safe_rlhf import LagrangeMultiplier
+from rl3d.algos.stage import compute_advantage
+from rl3d.single_controller.batch import DataBatch
+
+logger = logging.getLogger(__name__)
+
+# rollout(prompts, **sampling overrides) -> the scored batch of one more generation
+Rollout = Callable[..., DataBatch]
+
+
+class AlgorithmHook:
+    """One algorithm-specific behaviour; every point defaults to doing nothing."""
+
+    max_rounds = 1  # rollout rounds a step may take to fill its prompts
+
+    def on_rollout(self, batch: DataBatch, prompts: DataBatch, rollout: Rollout) -> DataBatch:
+        return batch
+
+    def keep(self, batch: DataBatch) -> DataBatch:
+        """The samples of one rollout round this step trains on."""
+        return batch
+
+    def advantage_args(self) -> dict[str, Any]:
+        return {}
+
+    def after_update(self, batch: DataBatch) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+HOOKS: Registry[Callable[[Any], AlgorithmHook]] = Registry("algorithm hook")
+
+
+@HOOKS.register("greedy_baseline")
+class GreedyBaseline(AlgorithmHook):
+    """ReMax (Li et al. 2024): the score of one greedy response per prompt is the baseline."""
+
+    def __init__(self, cfg: Any):
+        pass
+
+    def on_rollout(self, batch: DataBatch, prompts: DataBatch, rollout: Rollout) -> DataBatch:
+        greedy = rollout(prompts, greedy=True)
+        by_uid = dict(zip(greedy["uid"].tolist(), greedy["score"].tolist()))
+        return batch.set("greedy_score", torch.tensor([by_uid[u] for u in batch["uid"].tolist()]))
+
+
+@HOOKS.register("dynamic_sampling")
+class DynamicSampling(AlgorithmHook):
+    """DAPO (Yu et al. 2025): a group whose rewards are all equal has no gradient; drop it and
+    refill from new prompts, for at most `max_rounds` rounds."""
+
+    max_rounds = 8
+
+    def __init__(self, cfg: Any):
+        pass
+
+    def keep(self, batch: DataBatch) -> DataBatch:
+        informative = dynamic_sampling_mask(batch["score"], batch["uid"])
+        return batch.select(informative.nonzero().squeeze(-1))
+
+
+@HOOKS.register("lagrangian")
+class Lagrangian(AlgorithmHook):
+    """Safe-RLHF's multiplier: this step's advantages use its value, then it rises while the
+    mean cost exceeds the threshold (`rl3d.algos.safe_rlhf`)."""
+
+    def __init__(self, cfg: Any):
+        safe = cfg.safe_rlhf
+        self.multiplier = LagrangeMultiplier(
+            init_value=safe.lagrange_init,
+            cost_threshold=safe.cost_threshold,
+            lr=safe.lagrange_lr,
+            max_value=safe.lagrange_max,
+        )
+
+    def advantage_args(self) -> dict[str, Any]:
+        return {"lagrange_multiplier": self.multiplier.value}
+
+    def after_update(self, batch: DataBatch) -> dict[str, float]:
+        used = self.multiplier.value
+        return {"safe/lambda": used, "safe/lambda_next": self.multiplier.update(batch["cost"])}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lagrange": self.multiplier.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.multiplier.load_state_dict(state["lagrange"])
+
+
+def policy_loss_of(cfg: Any) -> Callable[..., Any]:
+    """The registered policy loss `cfg.policy_loss` with the recipe's clip settings bound. A
+    preset (`dual_clip`, `clip_higher`) supplies its own values for what the recipe leaves unset."""
+    loss = POLICY_LOSSES.get(cfg.policy_loss)
+    preset = loss.keywords if isinstance(loss, functools.partial) else {}
+    settings = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip_c": cfg.dual_clip_c}
+    chosen = {k: v for k, v in settings.items() if v is not None or k not in preset}
+    return functools.partial(loss, loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef, **chosen)
+
+
+class Algorithm:
+    """The estimator, the policy loss and the hooks of `cfg` (an AlgorithmConfig)."""
+
+    def __init__(self, cfg: Any):
+        self.cfg, self.family = cfg, cfg.family
+        names = [*self.family.hooks, *(["dynamic_sampling"] if cfg.dynamic_sampling else [])]
+        self.hooks = [HOOKS.get(name)(cfg) for name in names]
+        self.policy_loss = policy_loss_of(cfg)
+
+    @property
+    def max_rounds(self) -> int:
+        return max([h.max_rounds for h in self.hooks], default=1)
+
+    def on_rollout(self, batch: DataBatch, prompts: DataBatch, rollout: Rollout) -> DataBatch:
+        for hook in self.hooks:
+            batch = hook.on_rollout(batch, prompts, rollout)
+        return batch
+
+    def keep(self, batch: DataBatch) -> DataBatch:
+        for hook in self.hooks:
+            batch = hook.keep(batch)
+        return batch
+
+    def advantages(
+        self, batch: DataBatch, *, kl_coef: float, max_response_length: int
+    ) -> tuple[DataBatch, dict[str, float]]:
+        extra = {k: v for h in self.hooks for k, v in h.advantage_args().items()}
+        return compute_advantage(
+            batch, self.cfg, kl_coef=kl_coef, max_response_length=max_response_length, **extra
+        )
+
+    def after_update(self, batch: DataBatch) -> dict[str, float]:
+        return {k: v for h in self.hooks for k, v in h.after_update(batch).items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v for h in self.hooks for k, v in h.state_dict().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for hook in self.hooks:
+            hook.load_state_dict(state)
