@@ -53,33 +53,29 @@ def _own(section: str) -> Callable[[RL3DConfig], ParallelConfig | None]:
     return layout
 
 
+def _critic(name: str, kind: str, **placement: Any) -> RoleSpec:
+    """A value model (`kind`: of the reward or of the cost), computed and updated every step."""
+    return RoleSpec(
+        name,
+        "rl3d.workers.roles:CriticWorker",
+        "critic",
+        compute="compute_values",
+        compute_stage="values",
+        update="update_critic",
+        update_stage="update_critic",
+        options=MappingProxyType({"kind": kind}),
+        **placement,
+    )
+
+
 # Table order is pool order (own pools take ranks after the actor's in this order) and the
 # order of the compute and update stages.
 BUILT_IN_ROLES: tuple[RoleSpec, ...] = (
     RoleSpec(ACTOR, "rl3d.workers.roles:ActorRolloutWorker", ACTOR),
-    RoleSpec(
-        "critic",
-        "rl3d.workers.roles:CriticWorker",
-        "critic",
-        enabled=lambda cfg: cfg.critic_enabled,
-        own_layout=_own("critic"),
-        compute="compute_values",
-        compute_stage="values",
-        update="update_critic",
-        update_stage="update_critic",
-        options=MappingProxyType({"kind": "reward"}),
-    ),
-    RoleSpec(  # Safe-RLHF: a second value model, for the cost; it lives with the critic
-        "cost_critic",
-        "rl3d.workers.roles:CriticWorker",
-        "critic",
-        enabled=lambda cfg: cfg.algorithm.family.needs_cost_critic,
-        pool_with="critic",
-        compute="compute_values",
-        compute_stage="values",
-        update="update_critic",
-        update_stage="update_critic",
-        options=MappingProxyType({"kind": "cost"}),
+    _critic("critic", "reward", enabled=lambda cfg: cfg.critic_enabled, own_layout=_own("critic")),
+    # Safe-RLHF: a second value model, for the cost; it lives with the critic
+    _critic(
+        "cost_critic", "cost", enabled=lambda cfg: cfg.algorithm.family.needs_cost_critic, pool_with="critic"
     ),
     RoleSpec(
         "reference",

@@ -10,6 +10,7 @@ when `rl3d.bench` is imported.
 from rl3d.hybrid_engine import hybridflow as _hybridflow  # noqa: F401  registers "hybridflow"
 from rl3d.hybrid_engine.plan import StrategyPlan, TransitionPlan, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES, Strategy, get_strategy, register_strategy
+from rl3d.utils.imports import lazy_attributes
 
 _LAZY = {
     "Resharder": "rl3d.hybrid_engine.executor",
@@ -29,10 +30,4 @@ __all__ = [
     *_LAZY,
 ]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

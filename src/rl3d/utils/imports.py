@@ -69,3 +69,15 @@ def describe_callable(fn: Any) -> str:
     if module and qualname:
         return f"{module}:{qualname}"
     return repr(fn)
+
+
+def lazy_attributes(package: str, where: dict[str, str]):
+    """A package's `__getattr__` that imports `name` from module `where[name]` on first use, so
+    importing the package stays light (no torch, no megatron) until the name is needed."""
+
+    def __getattr__(name: str) -> Any:
+        if name in where:
+            return getattr(importlib.import_module(where[name]), name)
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+
+    return __getattr__
