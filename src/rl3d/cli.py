@@ -17,8 +17,10 @@ EXIT_BAD_INPUT = 2
 def _cmd_validate(args: argparse.Namespace) -> int:
     from rl3d.config import config_to_yaml, load_config
     from rl3d.config.pools import role_pools
+    from rl3d.launch.preflight import preflight
 
     loaded = load_config(args.recipe, args.overrides)
+    preflight(loaded, check_paths=args.preflight)  # ranges always; files and imports on request
     print(f"# {args.recipe}: valid; files applied: {', '.join(loaded.files)}")
     for pool in role_pools(loaded.config):
         ranks = f"{pool.ranks.start}-{pool.ranks.stop - 1}" if pool.size > 1 else str(pool.offset)
@@ -67,7 +69,11 @@ def build_parser() -> argparse.ArgumentParser:
         cmd.add_argument("overrides", nargs="*", help="key.sub=value overrides, applied last")
         return cmd
 
-    recipe_cmd("validate", "load, check and print the resolved config").set_defaults(func=_cmd_validate)
+    validate = recipe_cmd("validate", "load, check and print the resolved config")
+    validate.add_argument(
+        "--preflight", action="store_true", help="also check data files, model dir and user code here"
+    )
+    validate.set_defaults(func=_cmd_validate)
     train = recipe_cmd("train", "run a recipe (spawns torchrun for its world size)")
     train.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     train.set_defaults(func=_cmd_train)

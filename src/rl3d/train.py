@@ -28,6 +28,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         loaded = load_config(argv[0], argv[1:])
+        from rl3d.launch.train import PREFLIGHT_DONE_ENV
+
+        if not os.environ.get(PREFLIGHT_DONE_ENV):  # started by torchrun directly, not `rl3d train`
+            from rl3d.launch.preflight import preflight
+
+            preflight(loaded)
     except ConfigError as err:
         print(f"rl3d: config error: {err}", file=sys.stderr)  # noqa: T201
         return 2

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl3d.config import load_config, run_dir_of, write_resolved_config
+from rl3d.launch.preflight import preflight
 from rl3d.launch.slurm_job import missing_inputs
 from rl3d.launch.slurm_script import (
     BATCH_NAME,
@@ -255,6 +256,7 @@ def write_job(recipe: str, overrides: list[str], args: argparse.Namespace, *, en
         spec = dataclasses.replace(spec, entry=tuple(entry))
     for line in missing_inputs(loaded.config):
         _echo(f"rl3d slurm: warning: {line} does not exist here; the job checks again on its nodes", err=True)
+    preflight(loaded, absent_ok=True)  # what exists here is checked now, the rest on the nodes
     if not args.dry_run:
         _check_cluster(spec)
     spec.log_dir.mkdir(parents=True, exist_ok=True)

@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Callable
 
 from rl3d.config import load_config
+from rl3d.launch.preflight import preflight
 
 logger = logging.getLogger(__name__)
+
+# Set for the ranks `rl3d train` starts: the launcher ran the preflight, the ranks need not.
+PREFLIGHT_DONE_ENV = "RL3D_PREFLIGHT_DONE"
 
 
 def torchrun_command(recipe: str, overrides: list[str], nproc_per_node: int) -> list[str]:
@@ -40,9 +45,10 @@ def describe(loaded) -> str:
 def launch_train(
     recipe: str, overrides: list[str], *, emit: Callable[[str], None], dry_run: bool = False
 ) -> int:
-    """Validate first (a bad recipe fails before any process starts), then launch; `emit`
-    shows the user what will run."""
+    """Validate and preflight first (bad input fails before any process starts), then launch;
+    `emit` shows the user what will run."""
     loaded = load_config(recipe, overrides)
+    preflight(loaded)
     emit(describe(loaded))
     if loaded.config.launch.backend == "ray":
         from rl3d.launch.ray_launch import describe_driver, run_driver
@@ -55,4 +61,4 @@ def launch_train(
         return 0
     import subprocess
 
-    return subprocess.call(command)
+    return subprocess.call(command, env={**os.environ, PREFLIGHT_DONE_ENV: "1"})

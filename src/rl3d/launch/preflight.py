@@ -1,0 +1,195 @@
+"""Preflight: what a valid recipe can still get wrong at run time, checked before any rank starts.
+
+`rl3d train`, `rl3d slurm` and `rl3d validate --preflight` run it in the launching process (and
+`python -m rl3d.train` on every rank when started without the launcher). The config layer has
+already checked the recipe as data; this module looks at the machine and the user's code:
+
+- seeds and sizes in range: seeds in [0, 2**32), `data.max_prompt_length +
+  rollout.max_new_tokens` within the model's positions, stop tokens inside the vocabulary;
+- `model.hf_path` holds an HF directory (config.json + safetensors) or an rl3d Megatron weight
+  directory whose shapes are those of `model.name`;
+- every `data.train_files` entry is a readable parquet file with the prompt column, the
+  template's columns and (when the reward needs answers) the answer column;
+- user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
+- the run directory (`check_run_dir`): see `rl3d.launch.run_dir`.
+
+Each problem is a `PreflightError`: a `ConfigError` (exit 2) whose one line names the file
+that set the key, the key, and the file or value at fault.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from rl3d.config import ConfigError, LoadedConfig
+
+SEED_LIMIT = 2**32  # numpy's legacy seeding (and most data tools) take 32-bit seeds
+_SHAPE_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "vocab_size",
+    "tied_embeddings",
+    "qkv_bias",
+)
+
+
+class PreflightError(ConfigError):
+    """A run-time input problem found before any rank starts (exit 2, one line)."""
+
+
+class _Check:
+    def __init__(self, loaded: LoadedConfig, absent_ok: bool):
+        self.loaded = loaded
+        self.cfg = loaded.config
+        self.absent_ok = absent_ok
+
+    def fail(self, key: str, message: str) -> PreflightError:
+        return PreflightError(message, key=key, source=self.loaded.source_of(key))
+
+
+def preflight(loaded: LoadedConfig, *, check_paths: bool = True, absent_ok: bool = False) -> None:
+    """Raise `PreflightError` for the first problem.
+
+    `check_paths=False` skips files and imports (what `rl3d validate` does without
+    `--preflight`: the recipe may be meant for another machine). `absent_ok` skips input paths
+    that do not exist here (`rl3d slurm` on a login node: the job checks them on its nodes).
+    """
+    check = _Check(loaded, absent_ok)
+    spec = _check_model(check, check_paths)
+    _check_ranges(check, spec)
+    if check_paths:
+        _check_data(check)
+        _check_imports(check)
+
+
+def _check_ranges(check: _Check, spec: Any) -> None:
+    cfg = check.cfg
+    seeds = [("trainer.seed", cfg.trainer.seed)]
+    if cfg.data.synthetic is not None:
+        seeds.append(("data.synthetic.seed", cfg.data.synthetic.seed))
+    for key, seed in seeds:
+        if not 0 <= seed < SEED_LIMIT:
+            raise check.fail(key, f"must be in [0, 2**32), got {seed}")
+    longest = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    if longest > spec.max_position_embeddings:
+        raise check.fail(
+            "rollout.max_new_tokens",
+            f"data.max_prompt_length {cfg.data.max_prompt_length} + rollout.max_new_tokens "
+            f"{cfg.rollout.max_new_tokens} = {longest} tokens exceeds {spec.name}'s "
+            f"max_position_embeddings {spec.max_position_embeddings}",
+        )
+    for i, token in enumerate(cfg.rollout.stop_token_ids):
+        if not 0 <= token < spec.vocab_size:
+            raise check.fail(
+                f"rollout.stop_token_ids[{i}]", f"{token} is outside the vocabulary [0, {spec.vocab_size})"
+            )
+
+
+def _check_model(check: _Check, check_paths: bool) -> Any:
+    """The model's spec; with `check_paths`, the one in `model.hf_path`, which must match."""
+    from rl3d.models.spec import get_model_spec
+
+    cfg = check.cfg
+    spec = get_model_spec(cfg.model.name)
+    if not check_paths or not cfg.model.hf_path or (check.absent_ok and not Path(cfg.model.hf_path).exists()):
+        return spec
+    found = _spec_in(check, Path(cfg.model.hf_path))
+    for name in _SHAPE_FIELDS:
+        if getattr(found, name) != getattr(spec, name):
+            raise check.fail(
+                "model.hf_path",
+                f"{found.name} holds a model with {name}={getattr(found, name)}, but model.name "
+                f"{spec.name!r} has {name}={getattr(spec, name)}",
+            )
+    if found.max_position_embeddings < spec.max_position_embeddings:
+        from dataclasses import replace
+
+        spec = replace(spec, max_position_embeddings=found.max_position_embeddings)
+    return spec
+
+
+def _spec_in(check: _Check, path: Path) -> Any:
+    from rl3d.models.convert import META_NAME, McoreMeta
+    from rl3d.models.hf_mapping import spec_from_hf_config
+
+    if not path.is_dir():
+        raise check.fail("model.hf_path", f"{path}: no such directory")
+    if (path / META_NAME).is_file():
+        try:
+            return McoreMeta.read(path).spec
+        except (ValueError, KeyError, TypeError) as err:
+            raise check.fail("model.hf_path", f"{path / META_NAME}: unreadable ({err})") from None
+    config = path / "config.json"
+    if not config.is_file():
+        raise check.fail("model.hf_path", f"{path}: no config.json (nor {META_NAME}): not a model directory")
+    try:
+        spec = spec_from_hf_config(json.loads(config.read_text()), name=str(config))
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise check.fail("model.hf_path", f"{config}: {type(err).__name__}: {err}") from None
+    if not any(path.glob("*.safetensors")):
+        raise check.fail("model.hf_path", f"{path}: no *.safetensors weights (.bin checkpoints unsupported)")
+    return spec
+
+
+def _check_data(check: _Check) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rl3d.data import DataError, template_columns
+    from rl3d.rewards import answer_check_for
+
+    cfg = check.cfg
+    tokenizer = cfg.data.tokenizer
+    if tokenizer and not Path(tokenizer).exists() and not check.absent_ok:
+        raise check.fail("data.tokenizer", f"{tokenizer}: no such file or directory")
+    if not cfg.data.train_files:
+        return
+    try:
+        columns = template_columns(cfg.data.template)
+    except DataError as err:
+        raise check.fail("data.template", str(err)) from None
+    needs_answer = answer_check_for(cfg.reward, cfg.data) is not None
+    for i, name in enumerate(cfg.data.train_files):
+        key = f"data.train_files[{i}]"
+        if check.absent_ok and not Path(name).exists():
+            continue
+        if not Path(name).is_file():
+            raise check.fail(key, f"{name}: no such file")
+        try:
+            have = pq.read_schema(name).names
+        except (pa.ArrowException, OSError) as err:
+            raise check.fail(key, f"{name}: not a readable parquet file ({_first_line(err)})") from None
+        wanted = [("data.prompt_key", cfg.data.prompt_key)]
+        wanted += [("data.template", c) for c in columns]
+        wanted += [("data.answer_key", cfg.data.answer_key)] if needs_answer else []
+        for what, column in wanted:
+            if column not in have:
+                raise check.fail(
+                    key, f"{name} has no column {column!r} ({what}); its columns: {', '.join(have)}"
+                )
+
+
+def _check_imports(check: _Check) -> None:
+    from rl3d.utils.imports import import_object, is_import_path
+
+    cfg = check.cfg
+    named = [("reward.fn", cfg.reward.fn), ("reward.cost_fn", cfg.reward.cost_fn)]
+    named += [(f"trainer.hooks.{k}", v) for k, v in cfg.trainer.hooks.items()]
+    named += [(f"roles.{k}.worker", r.worker) for k, r in cfg.roles.items()]
+    for key, path in named:
+        if path is None or not is_import_path(path):
+            continue  # built-in names are checked with the config
+        try:
+            import_object(path, what=key)
+        except ValueError as err:  # "KEY 'pkg.mod:fn': module 'pkg' not found"
+            raise check.fail(key, _first_line(err).removeprefix(f"{key} ")) from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
