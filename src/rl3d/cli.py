@@ -32,7 +32,9 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 def _cmd_train(args: argparse.Namespace) -> int:
     from rl3d.launch.train import launch_train
 
-    return launch_train(args.recipe, args.overrides, emit=print, dry_run=args.dry_run)
+    return launch_train(
+        args.recipe, args.overrides, emit=print, dry_run=args.dry_run, overwrite=args.overwrite
+    )
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -76,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     validate.set_defaults(func=_cmd_validate)
     train = recipe_cmd("train", "run a recipe (spawns torchrun for its world size)")
     train.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
+    train.add_argument(
+        "--overwrite", action="store_true", help="delete an earlier run's outputs in the run dir first"
+    )
     train.set_defaults(func=_cmd_train)
 
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")

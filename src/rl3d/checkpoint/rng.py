@@ -72,8 +72,18 @@ def save_rng_state(path: str | os.PathLike) -> None:
     torch.save(capture_rng_state(), path)
 
 
+def read_rng_state(path: str | os.PathLike) -> dict[str, Any]:
+    """A saved RNG state, loaded with ``weights_only=True`` (tensors and plain values only);
+    a damaged or foreign file is a ValueError naming it."""
+    try:
+        return torch.load(path, weights_only=True)
+    except (RuntimeError, OSError, EOFError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(f"{path}: cannot load RNG state ({first})") from err
+
+
 def load_rng_state(path: str | os.PathLike) -> None:
-    restore_rng_state(torch.load(path, weights_only=True))
+    restore_rng_state(read_rng_state(path))
 
 
 def generator_state(gen: torch.Generator) -> dict[str, Any]:

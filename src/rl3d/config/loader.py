@@ -200,16 +200,78 @@ def config_to_yaml(cfg: RL3DConfig) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
+# Keys a restart of the same run may change: how long it runs, how often it saves, what it logs,
+# how it is launched. Anything else would continue a run with another recipe.
+RESTART_KEYS = (
+    "description",
+    "trainer.total_steps",
+    "trainer.hooks",
+    "checkpoint",
+    "logging",
+    "launch.backend",
+    "launch.ray_address",
+    "launch.slurm",
+    "hybrid_engine.timeout_s",
+    "hybrid_engine.verify",
+    "reward.num_workers",
+)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict) and data:
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            out.update(_flatten(value, f"{prefix}.{key}" if prefix else str(key)))
+        return out
+    return {prefix: data}
+
+
+def resolved_config_conflicts(loaded: LoadedConfig, run_dir: str | os.PathLike) -> list[str]:
+    """Dotted keys in which `run_dir`'s resolved_config.yaml differs from `loaded` (restart keys
+    aside); empty when there is none. An unreadable file is a conflict named by its path."""
+    path = Path(run_dir) / RESOLVED_NAME
+    if not path.is_file():
+        return []
+    try:
+        old = _flatten(yaml_load(path.read_text()) or {})
+    except yaml.YAMLError:
+        return [f"{path} (unreadable)"]
+    new = _flatten(to_dict(loaded.config))
+    differ = sorted(k for k in old.keys() | new.keys() if old.get(k, _MISSING) != new.get(k, _MISSING))
+    return [k for k in differ if not any(k == r or k.startswith(r + ".") for r in RESTART_KEYS)]
+
+
+_MISSING = object()
+
+
 def write_resolved_config(loaded: LoadedConfig, run_dir: str | os.PathLike) -> Path:
-    """Write the fully resolved config next to the run's logs; it alone reproduces the run."""
+    """Write the fully resolved config next to the run's logs; it alone reproduces the run.
+
+    A run dir's config is never replaced by a different one: a conflict in any key but the
+    `RESTART_KEYS` raises ConfigError naming the keys. When only restart keys changed, the
+    previous file is kept as ``resolved_config.<n>.yaml``.
+    """
     out = Path(run_dir)
     out.mkdir(parents=True, exist_ok=True)
+    target = out / RESOLVED_NAME
+    conflicts = resolved_config_conflicts(loaded, out)
+    if conflicts:
+        raise ConfigError(
+            f"{target} holds another run's config (differs in {', '.join(conflicts[:5])}"
+            f"{', ...' if len(conflicts) > 5 else ''}); set trainer.run_dir, or start over with --overwrite",
+            key=conflicts[0] if conflicts[0] in _flatten(to_dict(loaded.config)) else None,
+        )
     header = [f"# resolved by rl3d from {loaded.recipe}", "# files applied, in order:"]
     header += [f"#   {f}" for f in loaded.files]
     header += [f"# command-line overrides: {' '.join(loaded.overrides) or '(none)'}"]
-    target = out / RESOLVED_NAME
+    text = "\n".join(header) + "\n" + config_to_yaml(loaded.config)
+    if target.is_file() and yaml_load(target.read_text()) != to_dict(loaded.config):
+        n = 1
+        while (kept := out / f"resolved_config.{n}.yaml").exists():
+            n += 1
+        target.replace(kept)  # a restart that changed only restart keys: keep what ran before
     tmp = target.with_suffix(".tmp")
-    tmp.write_text("\n".join(header) + "\n" + config_to_yaml(loaded.config))
+    tmp.write_text(text)
     tmp.replace(target)
     return target
 

@@ -100,10 +100,12 @@ class TrainerCheckpoints:
     and every rank's RNG, written atomically by `CheckpointManager` (tmp dir, then rename)."""
 
     def __init__(self, cfg: RL3DConfig, run_dir: Path, ranks: RankFiles):
-        from rl3d.checkpoint import CheckpointManager
+        from rl3d.checkpoint import CheckpointManager, checkpoint_identity
 
-        self.cfg, self.ranks = cfg, ranks
-        self.manager = CheckpointManager(run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last)
+        self.cfg, self.ranks, self.run_dir = cfg, ranks, run_dir
+        self.manager = CheckpointManager(
+            run_dir / "checkpoints", keep_last=cfg.checkpoint.keep_last, identity=checkpoint_identity(cfg)
+        )
 
     def due(self, step: int) -> bool:
         every = self.cfg.checkpoint.save_every
@@ -127,7 +129,14 @@ class TrainerCheckpoints:
 
     def resume(self, sampler, kl_ctl, algorithm) -> tuple[int, list]:
         """Restore the newest complete checkpoint; (step, metric history), or (0, []) if none."""
-        if self.cfg.checkpoint.resume == "never" or (latest := self.manager.latest()) is None:
+        if self.cfg.checkpoint.resume == "never":
+            return 0, []
+        latest = self.manager.resume_point()  # skips a damaged newest one (the launcher moved it aside)
+        if self.ranks.rank == 0:  # a killed run's rows after the resumed step are not this run's
+            from rl3d.logging import drop_rows_after
+
+            drop_rows_after(self.run_dir, latest[0] if latest else 0)
+        if latest is None:
             return 0, []
         step, path = latest
         self.ranks.load(path)

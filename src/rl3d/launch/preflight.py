@@ -11,7 +11,13 @@ already checked the recipe as data; this module looks at the machine and the use
 - every `data.train_files` entry is a readable parquet file with the prompt column, the
   template's columns and (when the reward needs answers) the answer column;
 - user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
-- the run directory (`check_run_dir`): see `rl3d.launch.run_dir`.
+- the run directory (`check_run_dir`): a run never mixes with another. `checkpoint.resume:
+  never` into a directory holding an earlier run is refused unless the user passes
+  `--overwrite` (which deletes that run's outputs); a resolved_config.yaml that differs in
+  anything but the restart keys is refused naming the keys; the checkpoint a restart would
+  resume is verified against its manifest (sizes and CRC-32s): a damaged one is moved aside to
+  ``step_N.damaged`` with a warning and the one before is used; one of another model or
+  layout is refused naming both.
 
 Each problem is a `PreflightError`: a `ConfigError` (exit 2) whose one line names the file
 that set the key, the key, and the file or value at fault.
@@ -23,7 +29,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rl3d.config import ConfigError, LoadedConfig
+from rl3d.config import ConfigError, LoadedConfig, run_dir_of
+from rl3d.config.loader import RESOLVED_NAME, resolved_config_conflicts
 
 SEED_LIMIT = 2**32  # numpy's legacy seeding (and most data tools) take 32-bit seeds
 _SHAPE_FIELDS = (
@@ -188,6 +195,80 @@ def _check_imports(check: _Check) -> None:
             import_object(path, what=key)
         except ValueError as err:  # "KEY 'pkg.mod:fn': module 'pkg' not found"
             raise check.fail(key, _first_line(err).removeprefix(f"{key} ")) from None
+
+
+# What a run writes into its directory (`rl3d train --overwrite` removes these, nothing else).
+RUN_OUTPUTS = (
+    "checkpoints",
+    "metrics.jsonl",
+    "metrics.csv",
+    "tensorboard",
+    "logs",
+    "init_weights",
+    "summary.txt",
+    "reward_curve.png",
+    RESOLVED_NAME,
+)
+
+
+def earlier_run(run_dir: Path) -> list[str]:
+    """What an earlier run left in `run_dir` that a new one would mix with."""
+    held = [name for name in ("metrics.jsonl",) if (run_dir / name).is_file()]
+    ckpt = run_dir / "checkpoints"
+    if ckpt.is_dir():
+        held += sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step_"))[-1:]
+    return held
+
+
+def clear_run_dir(run_dir: Path) -> list[str]:
+    """Remove an earlier run's outputs (only the names in `RUN_OUTPUTS`); what was removed."""
+    import shutil
+
+    removed = []
+    for name in [*RUN_OUTPUTS, *(p.name for p in run_dir.glob("resolved_config.*.yaml"))]:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
+
+
+def check_run_dir(loaded: LoadedConfig, *, overwrite: bool = False, launcher: bool = True) -> list[str]:
+    """Refuse to mix two runs in one directory (see the module doc); returns what `overwrite`
+    removed. `launcher=False` (on a rank) only reads: no CRC pass, nothing moved or removed."""
+    from rl3d.checkpoint import CheckpointManager, CheckpointMismatch, checkpoint_identity
+
+    check, cfg = _Check(loaded, False), loaded.config
+    run_dir = run_dir_of(cfg)
+    if overwrite:
+        return clear_run_dir(run_dir) if launcher and run_dir.is_dir() else []
+    held = earlier_run(run_dir)
+    if cfg.checkpoint.resume == "never" and held:
+        raise check.fail(
+            "checkpoint.resume",
+            f"'never', but {run_dir} holds an earlier run ({', '.join(held)}); "
+            "`rl3d train --overwrite` deletes it and starts over, or set trainer.run_dir",
+        )
+    conflicts = resolved_config_conflicts(loaded, run_dir)
+    if conflicts:
+        more = f" and {len(conflicts) - 3} more" if len(conflicts) > 3 else ""
+        raise check.fail(
+            conflicts[0],
+            f"{run_dir / RESOLVED_NAME} is another run's (it differs in {', '.join(conflicts[:3])}{more}); "
+            "set trainer.run_dir, or `rl3d train --overwrite` to start over",
+        )
+    if cfg.checkpoint.resume == "auto":
+        keep, identity = cfg.checkpoint.keep_last, checkpoint_identity(cfg)
+        manager = CheckpointManager(run_dir / "checkpoints", keep_last=keep, identity=identity)
+        try:
+            manager.resume_point(checksums=launcher, quarantine=launcher)
+        except CheckpointMismatch as err:
+            raise check.fail("model.name" if err.field == "model" else "actor.parallel", str(err)) from None
+    return []
 
 
 def _first_line(err: BaseException) -> str:

@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 
 from rl3d.config import load_config
-from rl3d.launch.preflight import preflight
+from rl3d.launch.preflight import check_run_dir, preflight
 
 logger = logging.getLogger(__name__)
 
@@ -43,13 +43,22 @@ def describe(loaded) -> str:
 
 
 def launch_train(
-    recipe: str, overrides: list[str], *, emit: Callable[[str], None], dry_run: bool = False
+    recipe: str,
+    overrides: list[str],
+    *,
+    emit: Callable[[str], None],
+    dry_run: bool = False,
+    overwrite: bool = False,
 ) -> int:
     """Validate and preflight first (bad input fails before any process starts), then launch;
-    `emit` shows the user what will run."""
+    `emit` shows the user what will run. `overwrite` deletes an earlier run's outputs in the
+    run dir first (a dry run only checks)."""
     loaded = load_config(recipe, overrides)
     preflight(loaded)
+    removed = check_run_dir(loaded, overwrite=overwrite, launcher=not dry_run)
     emit(describe(loaded))
+    if removed:
+        emit(f"overwrite    removed {', '.join(removed)} of the earlier run")
     if loaded.config.launch.backend == "ray":
         from rl3d.launch.ray_launch import describe_driver, run_driver
 

@@ -5,7 +5,7 @@ Named `rl3d.logging`; inside this package the standard library module is importe
 """
 
 from rl3d.logging.logger import get_logger, setup_logging
-from rl3d.logging.metrics import JsonlMetricsWriter, MetricsSink, TensorBoardWriter
+from rl3d.logging.metrics import JsonlMetricsWriter, MetricsSink, TensorBoardWriter, drop_rows_after
 from rl3d.logging.progress import Progress
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "MetricsSink",
     "Progress",
     "TensorBoardWriter",
+    "drop_rows_after",
     "get_logger",
     "setup_logging",
 ]

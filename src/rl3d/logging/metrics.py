@@ -50,6 +50,53 @@ class JsonlMetricsWriter:
         self._file.close()
 
 
+def drop_rows_after(run_dir: str | os.PathLike, step: int) -> int:
+    """Keep only rows up to `step` in ``metrics.jsonl`` and ``metrics.csv`` of `run_dir`.
+
+    A resumed run continues from its checkpoint's step; rows a killed run logged after it would
+    otherwise sit next to the new run's rows for the same steps. Each file is rewritten to a
+    temporary name and renamed over the old one. Returns the number of rows dropped.
+    """
+    run_dir = Path(run_dir)
+    dropped = 0
+    jsonl = run_dir / "metrics.jsonl"
+    if jsonl.is_file():
+        lines = jsonl.read_text(encoding="utf-8").splitlines(keepends=True)
+        kept = [line for line in lines if line.strip() and _step_of_json(line) <= step]
+        dropped += len([line for line in lines if line.strip()]) - len(kept)
+        _replace_text(jsonl, "".join(kept))
+    csv_path = run_dir / "metrics.csv"
+    if csv_path.is_file():
+        import csv
+        import io
+
+        rows = list(csv.reader(io.StringIO(csv_path.read_text(encoding="utf-8"), newline="")))
+        if rows and "step" in rows[0]:
+            col = rows[0].index("step")
+            kept_rows = [rows[0]] + [r for r in rows[1:] if r and int(float(r[col])) <= step]
+            dropped += len(rows) - len(kept_rows)
+            out = io.StringIO(newline="")
+            csv.writer(out).writerows(kept_rows)
+            _replace_text(csv_path, out.getvalue())
+    return dropped
+
+
+def _step_of_json(line: str) -> int:
+    try:
+        return int(json.loads(line)["step"])
+    except (ValueError, KeyError, TypeError):
+        return 2**63  # a torn last line (the run was killed mid-write) is dropped too
+
+
+def _replace_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
 def read_jsonl(path: str | os.PathLike) -> list[dict[str, Any]]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
