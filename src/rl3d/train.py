@@ -31,9 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from rl3d.launch.train import PREFLIGHT_DONE_ENV
 
         if not os.environ.get(PREFLIGHT_DONE_ENV):  # started by torchrun directly, not `rl3d train`
-            from rl3d.launch.preflight import preflight
+            from rl3d.launch.preflight import check_run_dir, preflight
 
             preflight(loaded)
+            check_run_dir(loaded, launcher=False)  # read-only: every rank runs it
     except ConfigError as err:
         print(f"rl3d: config error: {err}", file=sys.stderr)  # noqa: T201
         return 2
