@@ -15,9 +15,12 @@ tied embeddings no output layer is stored; a p > 1 last stage fills its copy fro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +71,30 @@ class McoreMeta:
         return cls(**record)
 
 
+@contextlib.contextmanager
+def atomic_output(dst: Path) -> Iterator[Path]:
+    """A fresh temporary directory next to `dst` that replaces it only when the block succeeds.
+
+    On any error the temporary directory is removed and an existing `dst` is left exactly as
+    it was: a failed conversion never leaves a half-written directory that looks complete.
+    """
+    dst = Path(dst)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_name(f".{dst.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
+    if dst.exists():
+        os.replace(dst, old)
+    os.replace(tmp, dst)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def _stage_of(spec: ModelSpec, p: int) -> dict[str, tuple[int, str]]:
     """Global name -> (pp_rank, stage-local name)."""
     out = {}
@@ -84,7 +111,10 @@ def _meta_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int) -> McoreMeta:
     """Convert an HF directory (config.json + safetensors) into Megatron weights for (tp, pp)."""
     src, dst = Path(src), Path(dst)
-    hf_config = json.loads((src / "config.json").read_text())
+    try:
+        hf_config = json.loads((src / "config.json").read_text())
+    except ValueError as err:
+        raise ValueError(f"{src / 'config.json'}: not valid JSON ({err})") from None
     spec = spec_from_hf_config(hf_config)
     layers_per_stage(spec, pp)
     if spec.num_query_groups % tp or spec.ffn_hidden_size % tp:
@@ -92,7 +122,14 @@ def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int) -> McoreM
     meta = McoreMeta(tp, pp, padded_vocab_size(spec.vocab_size, tp), hf_config["model_type"], spec, hf_config)
     maps = tensor_maps(spec, meta.padded_vocab)
     stages = _stage_of(spec, pp)
-    dst.mkdir(parents=True, exist_ok=True)
+    with atomic_output(dst) as out:
+        _write_mcore(src, out, meta, maps, stages)
+    logger.info("wrote %s: %s as tp=%d pp=%d", dst, spec.name, tp, pp)
+    return meta
+
+
+def _write_mcore(src: Path, dst: Path, meta: McoreMeta, maps: list[TensorMap], stages: dict) -> None:
+    spec, tp, pp = meta.spec, meta.tp, meta.pp
     with ShardedReader(src) as reader:
         plans: dict[tuple[int, int], list] = {(r, s): [] for r in range(tp) for s in range(pp)}
         for tmap in maps:
@@ -107,16 +144,19 @@ def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int) -> McoreM
         }
         for tmap in maps:
             pp_rank, local = stages[tmap.mcore]
-            full = tmap.to_mcore([reader.get(name) for name in tmap.hf])
-            for r in range(tp):
-                writers[(r, pp_rank)].write(local, shard_for_tp(full, tmap.kind, tp, r))
+            tensors = [reader.get(name) for name in tmap.hf]
+            try:
+                full = tmap.to_mcore(tensors)
+                for r in range(tp):
+                    writers[(r, pp_rank)].write(local, shard_for_tp(full, tmap.kind, tp, r))
+            except (RuntimeError, AssertionError) as err:  # a tensor of the wrong shape or dtype
+                shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(tmap.hf, tensors))
+                raise ValueError(f"{src}: tensor {shapes}: does not fit {spec.name}'s {tmap.mcore}") from err
             del full
         for writer in writers.values():
             writer.close()
     _copy_extras(src, dst / HF_EXTRA)
     meta.write(dst)
-    logger.info("wrote %s: %s as tp=%d pp=%d", dst, spec.name, tp, pp)
-    return meta
 
 
 def _copy_extras(src: Path, dst: Path) -> None:
@@ -180,7 +220,13 @@ def _repad(full: torch.Tensor, vocab: int, padded: int) -> torch.Tensor:
 
 def mcore_to_hf(src: str | Path, dst: str | Path, *, max_shard_bytes: int = 5 * 2**30) -> Path:
     """Convert a Megatron weight directory into an HF directory `transformers` loads."""
-    dst = Path(dst)
+    with atomic_output(Path(dst)) as out:
+        names = _write_hf(Path(src), out, max_shard_bytes)
+    logger.info("wrote HF directory %s (%d files)", dst, len(names))
+    return Path(dst)
+
+
+def _write_hf(src: Path, dst: Path, max_shard_bytes: int) -> list[str]:
     with McoreReader(src) as reader:
         meta = reader.meta
         maps = tensor_maps(meta.spec, meta.padded_vocab)
@@ -194,15 +240,13 @@ def mcore_to_hf(src: str | Path, dst: str | Path, *, max_shard_bytes: int = 5 * 
             if len(files) == 1
             else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
         )
-        dst.mkdir(parents=True, exist_ok=True)
         _write_hf_files(reader, maps, dst, names, files)
     extra = Path(src) / HF_EXTRA
     for path in extra.iterdir() if extra.exists() else []:
         shutil.copy2(path, dst / path.name)
     if not (dst / "config.json").exists():
         (dst / "config.json").write_text(json.dumps(meta.hf_config, indent=2))
-    logger.info("wrote HF directory %s (%d files)", dst, len(names))
-    return dst
+    return names
 
 
 def _write_hf_files(

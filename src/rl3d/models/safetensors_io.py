@@ -108,6 +108,9 @@ class ShardedReader:
             for path in files:
                 with _safe_open(path) as f:
                     weight_map.update({k: path.name for k in f.keys()})
+        missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
+        if missing:
+            raise FileNotFoundError(f"{self.directory / missing[0]}: missing (listed in {INDEX_NAME})")
         self.weight_map: dict[str, str] = weight_map
         self._stack = ExitStack()
         self._handles: dict[str, Any] = {}
@@ -123,10 +126,17 @@ class ShardedReader:
 
     def get(self, name: str) -> torch.Tensor:
         if name not in self.weight_map:
-            raise KeyError(f"{name} not in checkpoint {self.directory}")
-        return self._handle(name).get_tensor(name)
+            raise ValueError(f"{self.directory}: no tensor {name!r} in the checkpoint")
+        try:
+            return self._handle(name).get_tensor(name)
+        except ValueError:
+            raise
+        except Exception as err:  # safetensors' own error type: a truncated or damaged file
+            raise ValueError(f"{self.directory / self.weight_map[name]}: tensor {name!r}: {err}") from err
 
     def dtype(self, name: str) -> torch.dtype:
+        if name not in self.weight_map:
+            raise ValueError(f"{self.directory}: no tensor {name!r} in the checkpoint")
         return dtype_from_name(self._handle(name).get_slice(name).get_dtype())
 
     def close(self) -> None:
@@ -142,7 +152,10 @@ class ShardedReader:
 def _safe_open(path: Path) -> Any:
     from safetensors import safe_open
 
-    return safe_open(str(path), framework="pt", device="cpu")
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as err:  # SafetensorError: truncated header, not a safetensors file
+        raise ValueError(f"{path}: not a readable safetensors file ({err})") from err
 
 
 def split_into_files(
