@@ -3,25 +3,35 @@ PY      ?= python3
 VENV    ?= .venv
 BIN     := $(VENV)/bin
 # The CPU wheel of torch lies on this machine's disk; pip must never resolve an unpinned
-# torch (it would download a multi-GB CUDA build). On a CUDA machine, bring your own:
-#   make install TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# torch (it would download a multi-GB CUDA build). On a CUDA machine use `make install-gpu`.
 TORCH_SPEC ?= torch==2.13.0
+# GPU machines take torch from SGLang's pin (sglang==0.5.23 requires torch==2.14.1, a CUDA 13
+# build; PyPI's Linux wheel is a CUDA build), then install rl3d[gpu] without build isolation so
+# Transformer Engine (and rl3d's CUDA kernels) compile against that torch. Another CUDA build:
+#   make install-gpu GPU_TORCH_SPEC="torch==2.14.1 --index-url https://download.pytorch.org/whl/cu130"
+GPU_TORCH_SPEC ?= torch==2.14.1
 STAMP   := $(VENV)/.rl3d-installed
 PYTEST  := $(BIN)/python -m pytest
 RECIPE  ?= recipes/quickstart_cpu_grpo.yaml
 
-.PHONY: install test test-all test-gpu gpu-wheels lint demo bench clean
+.PHONY: install install-gpu test test-all test-gpu gpu-wheels lint demo bench clean
 
 install: $(STAMP)
 
 $(STAMP): setup.py pyproject.toml
 	@command -v nvidia-smi >/dev/null 2>&1 && [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && \
-	  echo "rl3d: CUDA machine detected; installing the CPU torch pin. For GPUs run" \
-	       "'make install TORCH_SPEC=\"torch==<ver> --index-url https://download.pytorch.org/whl/cuXXX\"'" || true
+	  echo "rl3d: CUDA machine detected; installing the CPU torch pin. For GPUs run 'make install-gpu'" || true
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q $(TORCH_SPEC)
 	$(BIN)/pip install -q -e ".[dev]"
+	@touch $(STAMP)
+
+install-gpu:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip setuptools wheel pybind11 ninja
+	$(BIN)/pip install -q $(GPU_TORCH_SPEC)
+	$(BIN)/pip install -q --no-build-isolation -e ".[gpu,dev]"
 	@touch $(STAMP)
 
 test: $(STAMP)

@@ -36,6 +36,13 @@ def cuda_extensions() -> tuple[list, dict]:
 
 EXT_MODULES, CMDCLASS = cuda_extensions()
 MEGATRON = "megatron-core>=0.16,<0.17" if sys.version_info < (3, 12) else "megatron-core>=0.16"
+# The [gpu] extra follows SGLang's own pins (its wheel's METADATA; tests/unit/rollout checks that
+# they agree): sglang 0.5.23 requires torch==2.14.1 (CUDA 13 builds: flashinfer-python[cu13],
+# cuda-python>=13) and transformers==5.19.0. Transformer Engine is built against that torch, in
+# megatron-core 0.16's range: `make install-gpu`.
+SGLANG = "sglang==0.5.23"
+GPU_TORCH = "torch==2.14.1"
+TRANSFORMER_ENGINE = "transformer-engine[core_cu13,pytorch]>=2.9,<2.12"
 
 setup(
     name="rl3d",
@@ -62,8 +69,8 @@ setup(
         "triton>=3.0; platform_system == 'Linux' and platform_machine == 'x86_64'",
     ],
     extras_require={
-        # CUDA-only: never installed on CPU machines. apex is built from source, see README.
-        "gpu": ["transformer-engine[pytorch]", "sglang==0.5.23"],
+        # CUDA-only: never installed on CPU machines (`make install-gpu`). apex: see README.
+        "gpu": [GPU_TORCH, SGLANG, TRANSFORMER_ENGINE],
         "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6"],
     },
     entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},

@@ -1,9 +1,11 @@
 """Rollout engines: the `RolloutEngine` protocol, rl3d's torch engine and the SGLang adapter.
 
-    engine = make_rollout_engine("torch", spec=spec, weights=generation_weights, group=groups.gen_tp)
+    engine = build_rollout_engine(cfg.rollout, spec=spec, group=gen_tp, model_path=cfg.model.hf_path)
     batch = engine.generate(prompt_ids, SamplingParams(temperature=1.0, max_new_tokens=256, n=4, seed=0))
 
-Importing this package never imports SGLang; `make_rollout_engine("sglang", ...)` does.
+`build_rollout_engine` (rl3d.rollout.factory) builds the recipe's engine; `make_rollout_engine(name,
+**kwargs)` passes keywords straight to the class. Importing this package never imports SGLang;
+building the sglang engine does.
 """
 
 from __future__ import annotations
@@ -18,20 +20,15 @@ from rl3d.rollout.base import (
     RolloutEngine,
     SamplingParams,
 )
+from rl3d.rollout.factory import ENGINES, build_rollout_engine, engine_class, engine_kwargs
 from rl3d.rollout.torch_engine import GenerationStats, TorchRolloutEngine
-
-ENGINES = ("torch", "sglang")
 
 
 def make_rollout_engine(name: str, **kwargs: Any) -> RolloutEngine:
     """Build the engine `name` ("torch" or "sglang") with the engine class's keyword arguments."""
-    if name == "torch":
-        return TorchRolloutEngine(**kwargs)
-    if name == "sglang":
-        from rl3d.rollout.sglang_engine import SGLangRolloutEngine
-
-        return SGLangRolloutEngine(**kwargs)
-    raise ValueError(f"unknown rollout engine {name!r}; known: {', '.join(ENGINES)}")
+    if name not in ENGINES:
+        raise ValueError(f"unknown rollout engine {name!r}; known: {', '.join(ENGINES)}")
+    return engine_class(name)(**kwargs)
 
 
 __all__ = [
@@ -44,5 +41,8 @@ __all__ = [
     "RolloutEngine",
     "SamplingParams",
     "TorchRolloutEngine",
+    "build_rollout_engine",
+    "engine_class",
+    "engine_kwargs",
     "make_rollout_engine",
 ]

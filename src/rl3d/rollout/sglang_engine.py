@@ -4,27 +4,44 @@ One SGLang engine serves one generation-TP group: group rank 0 launches it with
 `tp_size = t_g` on the group's GPUs (`base_gpu_id` = rank 0's GPU, `gpu_id_step` = the stride of
 the group's ranks), so SGLang's TP rank a runs on the GPU of generation-TP rank a. Every rank
 of the group calls every method (they are collective over the group); results are broadcast.
+It generates with p_g = 1 only (`rl3d.rollout.factory` refuses more before launch), and
+`load_weights` checks that every HF tensor of the model was pushed.
 
-Weights (`load_weights`), bucket by bucket:
+Launch: SGLang's processes start without the torchrun variables (`sglang_launch_env`) and with
+`SGLANG_RETURN_ORIGINAL_LOGPROB=1`, so its log-probs are the plain softmax's, as the torch
+engine's `raw_logprobs`. SGLang writes process-wide settings into rank 0's environment
+(NCCL_CUMEM_ENABLE, CUDA_DEVICE_MAX_CONNECTIONS, ...) and the multiprocessing start method;
+rank 0 gets its own back after the launch, so it runs what its peers run, and
+`launch_env` records what SGLang set.
+
+Weights (`load_weights`), bucket by bucket, inside SGLang's begin/end_weight_update session:
 - "tensor" (colocated, default): each rank all-gathers the generation-TP shards of the bucket's
   parameters, converts them to whole HF tensors with the resharding kernels, flattens them into
-  one buffer on its own GPU, and sends a CUDA-IPC handle to group rank 0, which hands SGLang one
-  payload per SGLang TP rank (`update_weights_from_tensor(load_format="flattened_bucket")`);
+  one buffer on its own GPU, and sends a CUDA-IPC handle (device named by UUID, SGLang's
+  `monkey_patch_torch_reductions`) to group rank 0, which hands SGLang one payload per SGLang
+  TP rank (`update_weights_from_tensor(load_format="flattened_bucket")`);
 - "distributed" (rollout on separate GPUs): group rank 0 broadcasts each bucket's HF tensors
   over an NCCL group it shares with the engine (`update_weights_from_distributed`).
-The cache is flushed once after the last bucket. `release_memory()` / `resume_memory()` wrap
-SGLang's `release/resume_memory_occupation` (the engine runs with `enable_memory_saver`);
-weights memory is resumed before new weights are written into it.
+
+Memory (with `enable_memory_saver`): `release_memory()` releases every tag SGLang has
+(kv_cache, weights, cuda_graph); the engine starts released, so it holds nothing while the other
+roles are built. `load_weights` empties the allocator's cache, resumes "weights", pushes, then
+resumes the other released tags and flushes the cache; `generate` refuses while any tag is
+released.
 
 SGLang needs CUDA; this module imports it only inside methods. Its pure parts live in
-`rl3d.rollout.sglang_weights` and are tested on CPU; the rest is tested in tests/gpu.
+`rl3d.rollout.sglang_weights` and are tested on CPU, against the pinned wheel's source and a
+stand-in engine that follows it; the rest is tested in tests/gpu.
 """
 
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
@@ -36,14 +53,21 @@ from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, Sampling
 from rl3d.rollout.model import TPComm
 from rl3d.rollout.sglang_weights import (
     check_sglang,
+    env_changes,
     flatten_bucket,
+    hf_names,
     hf_tensors,
+    is_torchrun_var,
+    model_eos_token_ids,
     plan_buckets,
+    sglang_launch_env,
+    sglang_server_args,
     to_sglang_sampling,
 )
 
 logger = logging.getLogger(__name__)
 UPDATE_MODES = ("tensor", "distributed")
+WEIGHTS = "weights"
 
 
 def _import_sglang() -> Any:
@@ -57,6 +81,25 @@ def _import_sglang() -> Any:
     return sglang
 
 
+@contextmanager
+def scoped_environ(env: Mapping[str, str]) -> Iterator[None]:
+    """os.environ is `env` inside, and exactly what it was before afterwards."""
+    before = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(before)
+
+
+def _empty_allocator_cache() -> None:
+    """Hand the blocks training freed back to the driver, so SGLang can map them on resume."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 class SGLangRolloutEngine:
     name = "sglang"
 
@@ -67,43 +110,73 @@ class SGLangRolloutEngine:
         model_path: str,
         group: Any = None,
         weights: Any = None,
+        pad_token_id: int = 0,
         update_mode: str = "tensor",
         bucket_mb: float = 512.0,
         mem_fraction_static: float = 0.5,
+        enable_memory_saver: bool = True,
+        deterministic: bool = True,
         base_gpu_id: int | None = None,
         gpu_id_step: int | None = None,
         dtype: str = "bfloat16",
+        seed: int | None = None,
         engine_kwargs: dict[str, Any] | None = None,
     ):
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"rollout.sglang.update_mode={update_mode!r}; known: {', '.join(UPDATE_MODES)}")
         sglang = _import_sglang()
-        self.spec, self.update_mode = spec, update_mode
+        self.spec, self.update_mode, self.pad_token_id = spec, update_mode, pad_token_id
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.memory_saver = enable_memory_saver
+        self.eos_token_ids = model_eos_token_ids(model_path)
         self.tp = TPComm(group)
-        self._released: set[str] = set()
+        self._released: list[str] = []
         self._update_group: Any = None
         self._update_group_name = ""
         self.engine = None
+        self.launch_env: dict[str, Any] = {}
+        if not deterministic:
+            logger.warning("SGLang without deterministic inference ignores the sampling seed")
         if self.tp.rank == 0:
             ranks = self.tp.ranks
             step = gpu_id_step if gpu_id_step is not None else (ranks[1] - ranks[0] if len(ranks) > 1 else 1)
-            kwargs = dict(
+            kwargs = sglang_server_args(
                 model_path=model_path,
                 tp_size=self.tp.size,
-                enable_memory_saver=True,
-                skip_tokenizer_init=True,
-                mem_fraction_static=mem_fraction_static,
                 base_gpu_id=base_gpu_id if base_gpu_id is not None else torch.cuda.current_device(),
                 gpu_id_step=step,
+                mem_fraction_static=mem_fraction_static,
+                enable_memory_saver=enable_memory_saver,
+                deterministic=deterministic,
                 dtype=dtype,
+                seed=seed,
             )
             kwargs.update(engine_kwargs or {})
             logger.info("launching SGLang %s engine: %s", sglang.__version__, kwargs)
-            self.engine = sglang.Engine(**kwargs)
+            self.engine = self._launch(sglang, kwargs)
         self._barrier()
+        self.release_memory()  # hold nothing until the first load_weights
         if weights is not None:
             self.load_weights(weights)
+
+    def _launch(self, sglang: Any, kwargs: dict[str, Any]) -> Any:
+        """sglang.Engine(**kwargs) in `sglang_launch_env`; this process's environment and start
+        method are restored afterwards, and what SGLang changed is recorded in `launch_env`."""
+        parent = dict(os.environ)
+        start_method = multiprocessing.get_start_method(allow_none=True)
+        launch = sglang_launch_env(parent)
+        with scoped_environ(launch):
+            engine = sglang.Engine(**kwargs)
+            child = dict(os.environ)
+        if multiprocessing.get_start_method(allow_none=True) != start_method:
+            multiprocessing.set_start_method(start_method, force=True)
+        self.launch_env = {
+            "scrubbed": sorted(k for k in parent if is_torchrun_var(k)),
+            "set_by_rl3d": env_changes(parent, launch),
+            "set_by_sglang": env_changes(launch, child),
+        }
+        logger.info("SGLang's processes started with %s; rank 0's environment restored", self.launch_env)
+        return engine
 
     # -- helpers -------------------------------------------------------------------------------
     def _barrier(self) -> None:
@@ -119,27 +192,49 @@ class SGLangRolloutEngine:
 
     # -- RolloutEngine -------------------------------------------------------------------------
     def load_weights(self, weights: Any) -> None:
-        """Push `GenerationWeights` into SGLang, bucket by bucket, then flush its cache."""
-        if self.engine is not None and "weights" in self._released:
-            self.engine.resume_memory_occupation(tags=["weights"])
-        self._released.discard("weights")
-        count = 0
+        """Push `GenerationWeights` into SGLang, bucket by bucket, resuming what was released
+        (weights before the push, the rest after), then flush its cache."""
+        if WEIGHTS in self._released:
+            _empty_allocator_cache()
+            self._resume([WEIGHTS])
+        if self.engine is not None:
+            _check_ok(self.engine.begin_weight_update(), "begin_weight_update")
+        count, pushed = 0, set()
         for bucket in plan_buckets(hf_tensors(self.spec, weights, self.tp), self.bucket_bytes):
             if self.update_mode == "tensor":
                 self._push_ipc(bucket)
             else:
                 self._push_distributed(bucket)
+            pushed.update(n for n, _ in bucket)
             count += 1
+        if self.engine is not None:
+            _check_ok(self.engine.end_weight_update(), "end_weight_update")
+        missing = sorted({n for names in hf_names(self.spec).values() for n in names} - pushed)
+        if missing:
+            raise RuntimeError(
+                f"SGLang got no new values for {len(missing)} tensors ({', '.join(missing[:3])}, ...): "
+                "its engine holds the whole model, so every tensor must be pushed (rollout.p_g = 1)"
+            )
+        self._resume(list(self._released))
         if self.engine is not None:
             self.engine.flush_cache()
         self._barrier()
         logger.info("pushed weights to SGLang in %d buckets", count)
 
+    def _resume(self, tags: list[str]) -> None:
+        if not tags:
+            return
+        if self.engine is not None:
+            self.engine.resume_memory_occupation(tags=tags)
+        self._released = [t for t in self._released if t not in tags]
+
     def _push_ipc(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
         from sglang.srt.utils import MultiprocessingSerializer
+        from sglang.srt.utils.patch_torch import monkey_patch_torch_reductions
         from sglang.srt.weight_sync.tensor_bucket import FlattenedTensorMetadata
 
         flat, entries = flatten_bucket(bucket)
+        monkey_patch_torch_reductions()  # CUDA-IPC handles name the GPU by UUID, not index
         payload = MultiprocessingSerializer.serialize(
             {"flattened_tensor": flat, "metadata": [FlattenedTensorMetadata(**asdict(e)) for e in entries]},
             output_str=True,
@@ -170,12 +265,14 @@ class SGLangRolloutEngine:
             kwargs=dict(master_address=master_address, master_port=master_port, rank_offset=1,
                         world_size=world, group_name=group_name, backend="nccl"),
         )  # fmt: skip
-        thread.start()
-        self._update_group = init_custom_process_group(
-            backend="nccl", init_method=f"tcp://{master_address}:{master_port}",
-            world_size=world, rank=0, group_name=group_name,
-        )  # fmt: skip
-        thread.join()
+        # torchrun's agent-store variable would make this tcp:// rendezvous a client-only store
+        with scoped_environ({k: v for k, v in os.environ.items() if not is_torchrun_var(k)}):
+            thread.start()
+            self._update_group = init_custom_process_group(
+                backend="nccl", init_method=f"tcp://{master_address}:{master_port}",
+                world_size=world, rank=0, group_name=group_name,
+            )  # fmt: skip
+            thread.join()
         self._update_group_name = group_name
 
     def _push_distributed(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
@@ -207,32 +304,42 @@ class SGLangRolloutEngine:
         _check_ok(outcome.get("ret"), "update_weights_from_distributed")
 
     def release_memory(self) -> None:
+        """Release every memory tag SGLang has (kv_cache, weights, cuda_graph); a no-op without
+        the memory saver."""
+        if not self.memory_saver or self._released:
+            return
+        from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+        tags = list(GPU_MEMORY_ALL_TYPES)
         if self.engine is not None:
-            self.engine.release_memory_occupation()
-        self._released = {"weights", "kv_cache"}
+            self.engine.release_memory_occupation(tags=tags)
+        self._released = tags
         self._barrier()
 
     def resume_memory(self) -> None:
-        if self.engine is not None and self._released:
-            from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
-
-            still = [t for t in GPU_MEMORY_ALL_TYPES if t != "weights" or "weights" in self._released]
-            self.engine.resume_memory_occupation(tags=still)
-        self._released = set()
+        """Resume what is released (weights memory holds no valid weights until load_weights)."""
+        self._resume(list(self._released))
         self._barrier()
 
     def generate(self, prompts_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
+        """`logprobs` and `raw_logprobs` both hold SGLang's log-probs of the plain softmax
+        (SGLANG_RETURN_ORIGINAL_LOGPROB): it returns one kind only."""
+        if self._released:
+            raise RuntimeError(
+                f"SGLang's memory ({', '.join(self._released)}) is released: load_weights() first"
+            )
         prompts = check_prompts(prompts_token_ids, self.spec.vocab_size)
         rows = None
         if self.engine is not None:
             ids = [p for p in prompts for _ in range(params.n)]
-            sampling = [to_sglang_sampling(params, i) for i in range(len(ids))]
+            sampling = [to_sglang_sampling(params, i, self.eos_token_ids) for i in range(len(ids))]
             outputs = self.engine.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
             rows = [_parse_output(o) for o in outputs]
         rows = self._from_rank0(rows)
+        logprobs = [r[1] for r in rows]
         return RolloutBatch.from_lists(
-            [r[0] for r in rows], [r[1] for r in rows], [r[2] for r in rows],
-            [i // params.n for i in range(len(rows))],
+            [r[0] for r in rows], logprobs, [r[2] for r in rows], [i // params.n for i in range(len(rows))],
+            raw_logprobs=logprobs, pad_token_id=self.pad_token_id,
         )  # fmt: skip
 
     def shutdown(self) -> None:
@@ -254,7 +361,8 @@ def _parse_output(output: dict[str, Any]) -> tuple[list[int], list[float], str]:
     if reason not in (FINISH_STOP, FINISH_LENGTH):
         raise RuntimeError(f"SGLang request ended with finish_reason={meta.get('finish_reason')!r}")
     ids = list(output["output_ids"])
-    logprobs = [float(entry[0]) for entry in meta["output_token_logprobs"]]
-    if len(logprobs) != len(ids):
-        raise RuntimeError(f"SGLang returned {len(ids)} tokens but {len(logprobs)} log-probs")
+    entries = meta["output_token_logprobs"]  # (log-prob, token id, text) per output token
+    if [int(e[1]) for e in entries] != ids:
+        raise RuntimeError(f"SGLang's log-probs are for tokens {[e[1] for e in entries]}, not {ids}")
+    logprobs = [float(e[0]) for e in entries]
     return ids, logprobs, reason

@@ -1,6 +1,8 @@
-"""The pure parts of the SGLang adapter: version/API checks, Megatron -> HF tensors, buckets.
+"""The pure parts of the SGLang adapter: version/API checks, server args, the environment of
+SGLang's processes, sampling semantics, Megatron -> HF tensors, buckets.
 
-Nothing here imports SGLang, so all of it is tested on CPU. SGLang's weight loaders take whole
+Nothing here imports SGLang, so all of it is tested on CPU (and checked against the pinned
+wheel's source in tests/unit/rollout/test_sglang_wheel_contract.py). SGLang's weight loaders take whole
 HF tensors (each SGLang TP rank slices its own part), so the generation-TP shards of a parameter
 are all-gathered and converted to HF names and layout by the resharding kernels
 (`rl3d.ops.gather_to_layout(target="hf")`), then flattened into buckets whose metadata has the
@@ -10,8 +12,10 @@ fields of SGLang's `FlattenedTensorMetadata` (`load_format="flattened_bucket"`).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Iterator
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +41,8 @@ REQUIRED_ENGINE_API: dict[str, tuple[str, ...]] = {
         "group_name",
         "backend",
     ),
+    "begin_weight_update": (),  # 0.5.23: update_weights_* fail outside begin/end
+    "end_weight_update": (),
     "release_memory_occupation": ("tags",),
     "resume_memory_occupation": ("tags",),
     "flush_cache": (),
@@ -93,6 +99,85 @@ def check_sglang(module: Any) -> None:
     """Version and Engine API of an imported `sglang` module."""
     check_sglang_version(getattr(module, "__version__", "unknown"))
     check_engine_api(module.Engine)
+
+
+# -- launch: server args and the environment of SGLang's processes ------------------------------
+# What torchrun puts in every rank's environment. SGLang's scheduler processes inherit it: with
+# TORCHELASTIC_USE_AGENT_STORE=True torch's `tcp://` rendezvous makes a client-only store that
+# nobody serves (start-up hangs), and an inherited MASTER_ADDR/MASTER_PORT wins over SGLang's own
+# (`os.environ.setdefault` in sglang.srt.distributed.bootstrap).
+TORCHRUN_VARS = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+)  # fmt: skip
+TORCHRUN_PREFIXES = ("TORCHELASTIC_",)
+# Set for SGLang's processes only: log-probs of the model's plain softmax (temperature 1, before
+# top-k/top-p), as the torch engine's `raw_logprobs`; SGLang's default is log_softmax(logits / T).
+SGLANG_CHILD_ENV = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
+
+
+def is_torchrun_var(name: str) -> bool:
+    return name in TORCHRUN_VARS or name.startswith(TORCHRUN_PREFIXES)
+
+
+def sglang_launch_env(parent: Mapping[str, str]) -> dict[str, str]:
+    """The environment SGLang's engine is started in (its child processes inherit it): the
+    parent's without the torchrun variables, plus SGLANG_CHILD_ENV."""
+    env = {k: v for k, v in parent.items() if not is_torchrun_var(k)}
+    env.update(SGLANG_CHILD_ENV)
+    return env
+
+
+def env_changes(before: Mapping[str, str], after: Mapping[str, str]) -> dict[str, str | None]:
+    """name -> new value (None: removed) of every variable that differs."""
+    names = set(before) | set(after)
+    return {k: after.get(k) for k in sorted(names) if before.get(k) != after.get(k)}
+
+
+def sglang_server_args(
+    *,
+    model_path: str,
+    tp_size: int,
+    base_gpu_id: int,
+    gpu_id_step: int,
+    mem_fraction_static: float,
+    enable_memory_saver: bool,
+    deterministic: bool,
+    dtype: str,
+    seed: int | None = None,
+) -> dict[str, Any]:
+    """`sglang.Engine(**kwargs)` for one generation-TP group. Token ids in and out (no tokenizer);
+    sampling defaults are SGLang's own, not the checkpoint's generation_config.json (rl3d passes
+    every sampling key it means); `sampling_seed` is honoured only with deterministic inference."""
+    args: dict[str, Any] = dict(
+        model_path=model_path,
+        tp_size=tp_size,
+        base_gpu_id=base_gpu_id,
+        gpu_id_step=gpu_id_step,
+        mem_fraction_static=mem_fraction_static,
+        enable_memory_saver=enable_memory_saver,
+        enable_deterministic_inference=deterministic,
+        skip_tokenizer_init=True,
+        sampling_defaults="openai",
+        dtype=dtype,
+    )
+    if seed is not None:
+        args["random_seed"] = seed
+    return args
+
+
+def model_eos_token_ids(model_path: str) -> frozenset[int]:
+    """The EOS ids SGLang stops at unless `ignore_eos` (sglang's ModelConfig._get_hf_eos_token_id:
+    config.json's `eos_token_id` united with generation_config.json's)."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        path = Path(model_path) / name
+        if not path.is_file():
+            continue
+        value = json.loads(path.read_text()).get("eos_token_id")
+        if value is not None:
+            ids |= {value} if isinstance(value, int) else set(value)
+    return frozenset(ids)
 
 
 # -- Megatron -> HF ----------------------------------------------------------------------------
@@ -188,15 +273,27 @@ def unflatten_bucket(flat: torch.Tensor, entries: list[BucketEntry]) -> list[tup
     return [(e.name, flat[e.start_idx : e.end_idx].view(e.shape)) for e in entries]
 
 
-def to_sglang_sampling(params: Any, sample_index: int) -> dict[str, Any]:
-    """SGLang's per-request sampling dict for sample `sample_index` of a `SamplingParams`."""
+def to_sglang_sampling(params: Any, sample_index: int, eos_token_ids: Iterable[int] = ()) -> dict[str, Any]:
+    """SGLang's per-request sampling dict for sample `sample_index` of a `SamplingParams`, with
+    the torch engine's stopping rule: stop at `stop_token_ids` only. SGLang's `ignore_eos` turns
+    off the stop ids as well as the model's EOS (`eos_token_ids`), so without stop ids it is on,
+    and with them the model's EOS ids must be among them (else SGLang would stop where the torch
+    engine does not: ValueError)."""
+    stops = sorted(set(params.stop_token_ids))
+    extra = sorted(set(eos_token_ids) - set(stops))
+    if stops and extra:
+        raise ValueError(
+            f"rollout.stop_token_ids={stops}: SGLang also stops at the model's EOS ids {extra} "
+            "(config.json / generation_config.json), which the torch engine does not; "
+            "add them to rollout.stop_token_ids"
+        )
     out: dict[str, Any] = {
         "temperature": float(params.temperature),
         "top_p": float(params.top_p),
         "top_k": int(params.top_k) if params.top_k > 0 else -1,
         "max_new_tokens": int(params.max_new_tokens),
-        "stop_token_ids": list(params.stop_token_ids) or None,
-        "ignore_eos": False,
+        "stop_token_ids": stops or None,
+        "ignore_eos": not stops,
     }
     if params.seed is not None:
         out["sampling_seed"] = (params.seed * 1_000_003 + sample_index) % (2**31 - 1)

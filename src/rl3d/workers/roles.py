@@ -108,7 +108,7 @@ class ActorRolloutWorker(_LogProbMixin):
         from rl3d.hybrid_engine.executor import Resharder
         from rl3d.parallel import GenerationLayout
         from rl3d.parallel.groups import build_hybrid_groups
-        from rl3d.rollout import make_rollout_engine
+        from rl3d.rollout import build_rollout_engine
 
         cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
         self.cfg, self.spec, self.groups = cfg, spec, groups
@@ -139,8 +139,13 @@ class ActorRolloutWorker(_LogProbMixin):
             kernel_backend=he.kernel_backend,
         )
         tp_group = self.hybrid_groups.gen_tp if self.gen.t_g > 1 else None
-        self.engine = make_rollout_engine(
-            cfg.rollout.engine, spec=spec, group=tp_group, pad_token_id=pad_token_id
+        self.engine = build_rollout_engine(
+            cfg.rollout,
+            spec=spec,
+            group=tp_group,
+            pad_token_id=pad_token_id,
+            model_path=cfg.model.hf_path,
+            device=groups.device,
         )
         self.pad_token_id = pad_token_id
         self.weights = None

@@ -1,0 +1,87 @@
+"""The rollout engine a recipe asks for, built from its `rollout` section and what the actor
+worker knows (model, generation-TP group, pad id, HF directory, device).
+
+    engine = build_rollout_engine(cfg.rollout, spec=spec, group=gen_tp, pad_token_id=pad,
+                                  model_path=cfg.model.hf_path, device=groups.device)
+
+One call site serves every engine: `engine_kwargs` maps the section onto the keyword arguments of
+the chosen class (`engine_class`), and tests bind them to its real signature. Refusals come here,
+before anything is launched.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rl3d.models.spec import ModelSpec
+from rl3d.rollout.base import RolloutEngine
+
+if TYPE_CHECKING:
+    from rl3d.config.schema import RolloutConfig
+
+ENGINES = ("torch", "sglang")
+
+
+def engine_class(name: str) -> type:
+    """The class of engine `name`; importing the SGLang adapter does not import SGLang."""
+    if name == "torch":
+        from rl3d.rollout.torch_engine import TorchRolloutEngine
+
+        return TorchRolloutEngine
+    if name == "sglang":
+        from rl3d.rollout.sglang_engine import SGLangRolloutEngine
+
+        return SGLangRolloutEngine
+    raise ValueError(f"rollout.engine: unknown engine {name!r}; known: {', '.join(ENGINES)}")
+
+
+def engine_kwargs(
+    rollout: RolloutConfig,
+    *,
+    spec: ModelSpec,
+    group: Any = None,
+    pad_token_id: int = 0,
+    model_path: str | None = None,
+    device: torch.device | str | None = None,
+) -> dict[str, Any]:
+    """The keyword arguments of `engine_class(rollout.engine)` for this recipe and rank."""
+    name = rollout.engine
+    engine_class(name)  # unknown names fail here
+    if rollout.p_g != 1:
+        raise ValueError(
+            f"rollout.p_g={rollout.p_g}: the {name} rollout engine generates with p_g = 1 "
+            "(with p_g > 1 each engine would receive only its own stage's layers)"
+        )
+    kwargs: dict[str, Any] = dict(spec=spec, group=group, pad_token_id=pad_token_id)
+    if name == "torch":
+        return kwargs
+    if not model_path:
+        raise ValueError("model.hf_path: the sglang rollout engine starts from an HF directory; set it")
+    sg = rollout.sglang
+    device = torch.device(device) if device is not None else None
+    kwargs.update(
+        model_path=str(model_path),
+        update_mode=sg.weight_update,
+        mem_fraction_static=sg.mem_fraction_static,
+        enable_memory_saver=sg.enable_memory_saver,
+        base_gpu_id=device.index if device is not None and device.type == "cuda" else None,
+    )
+    return kwargs
+
+
+def build_rollout_engine(
+    rollout: RolloutConfig,
+    *,
+    spec: ModelSpec,
+    group: Any = None,
+    pad_token_id: int = 0,
+    model_path: str | None = None,
+    device: torch.device | str | None = None,
+) -> RolloutEngine:
+    """Build the engine `rollout.engine` with the section's settings (see `engine_kwargs`)."""
+    kwargs = engine_kwargs(
+        rollout, spec=spec, group=group, pad_token_id=pad_token_id, model_path=model_path, device=device
+    )
+    return engine_class(rollout.engine)(**kwargs)
