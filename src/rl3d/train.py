@@ -7,7 +7,6 @@ directory, every rank builds its workers, and the single controller runs the loo
 
 from __future__ import annotations
 
-import datetime
 import logging
 import os
 import sys
@@ -58,11 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(
         level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=run_dir / "logs"
     )
-    backend = "nccl" if torch.cuda.is_available() and cfg.launch.device != "cpu" else "gloo"
-    if backend == "gloo":
+    from rl3d.utils.device import init_process_group, resolve_device
+
+    device = resolve_device(cfg.launch.device)  # the configured device decides, not the host
+    if device == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.launch.nproc_per_node)))
-    timeout = datetime.timedelta(seconds=cfg.hybrid_engine.timeout_s)
-    dist.init_process_group(backend, timeout=timeout)
+    init_process_group(device, timeout_s=cfg.launch.timeout_s)
     if dist.get_world_size() != cfg.launch.world_size:
         logger.error(
             "launched %d ranks, the recipe needs launch.world_size = %d",

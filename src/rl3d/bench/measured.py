@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from rl3d.hybrid_engine.plan import plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES, get_strategy
+from rl3d.utils.device import collective_device, init_process_group, resolve_device
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -77,11 +78,7 @@ def measured_worker(
     from rl3d.parallel.groups import build_hybrid_groups
 
     dtype = DTYPES[dtype_name]
-    device = (
-        torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-        if torch.cuda.is_available()
-        else (torch.device("cpu"))
-    )
+    device = collective_device()  # the world's backend: NCCL ranks are bound to their GPU
     spec = get_model_spec(model)
     train = ParallelLayout(*layout)
     n = train.world_size
@@ -113,7 +110,7 @@ def measured_worker(
         def once(engine=engine, kwargs=kwargs):
             weights = engine.to_generation(shards, **kwargs)
             if weights is not None:
-                weights.release("free")
+                weights.release()
 
         cpu: list[float] = []
         times = [_timed(once, device, cpu) for _ in range(warmup + repeats)][warmup:]
@@ -170,7 +167,7 @@ def run_measured(
     args = (layout, t_g, p_g, tuple(strategies), repeats, warmup, verify, bucket_mb, dtype)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+            init_process_group(resolve_device("auto"), timeout_s=1800)
         if dist.get_world_size() != needed:
             raise ValueError(f"torchrun world size {dist.get_world_size()} != {needed} needed")
         return measured_worker(dist.get_rank(), needed, model, *args)

@@ -371,9 +371,12 @@ class LaunchConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     ray_address: str | None = None
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    # The world's collectives (training, rollout) wait this long for the slowest rank; at scale
+    # a long rollout outlasts the resharding's own `hybrid_engine.timeout_s`.
+    timeout_s: float = 1800.0
 
     def __post_init__(self) -> None:
-        _positive(self, "nnodes", "nproc_per_node")
+        _positive(self, "nnodes", "nproc_per_node", "timeout_s")
 
     @property
     def world_size(self) -> int:

@@ -77,7 +77,7 @@ def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
     pools = role_pools(cfg)
     pool, channel = pools[0], None
     if len(pools) > 1:
-        pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.hybrid_engine.timeout_s)
+        pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.launch.timeout_s)
     groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
     data = build_data(cfg)
     rank = build_rank_workers(

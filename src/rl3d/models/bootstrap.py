@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from rl3d.models import cpu_shim
 from rl3d.parallel.layout import ParallelLayout, RankCoords
+from rl3d.utils.device import collective_device
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +39,8 @@ class MegatronGroups:
     embedding_group: Any  # first and last PP stage (tied embeddings)
     pg_collection: Any  # megatron.core.process_groups_config.ProcessGroupCollection
     dp_group_gloo: Any = None  # the distributed optimizer's gloo twin of dp_group
+    # where this rank computes: the world's backend says (NCCL: this rank's bound GPU)
+    device: torch.device = torch.device("cpu")
 
     @property
     def tp_rank(self) -> int:
@@ -59,12 +62,6 @@ class MegatronGroups:
     def is_last_stage(self) -> bool:
         return self.coords.pp == self.layout.p - 1
 
-    @property
-    def device(self) -> torch.device:
-        if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
-        return torch.device("cpu")
-
 
 def _ranks(group: Any) -> list[int]:
     return sorted(dist.get_process_group_ranks(group))
@@ -81,7 +78,8 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
     world = dist.get_world_size()
     if world != layout.world_size:
         raise ValueError(f"layout {layout} needs {layout.world_size} ranks, world has {world}")
-    cpu_shim.activate()
+    device = collective_device()  # the configured device chose the world's backend
+    cpu_shim.activate(device.type)
 
     from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
@@ -110,6 +108,7 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
         embedding_group=pgs.embd,
         pg_collection=pgs,
         dp_group_gloo=parallel_state.get_data_parallel_group_gloo(with_context_parallel=True),
+        device=device,
     )
     _check_matches_layout(groups)
 

@@ -33,13 +33,24 @@ logger = logging.getLogger(__name__)
 ROLES = ("actor", "critic", "reference")
 
 
-def use_transformer_engine() -> bool:
-    """TE's layer spec is used only with CUDA and an importable transformer_engine."""
-    if not torch.cuda.is_available():
+# Transformer Engine's attention ignores the padding mask rl3d builds: megatron 0.16 runs it as
+# `causal`, and `padding_causal` derives sequence lengths from the mask assuming right padding.
+# With left-padded prompts real tokens would attend to pads and every log-prob and value would be
+# silently wrong, so the TE spec is refused until batches are right-aligned or packed.
+TE_SUPPORTS_LEFT_PADDING = False
+
+
+def use_transformer_engine(device: torch.device) -> bool:
+    """TE's layer spec: only in a CUDA run with an importable transformer_engine, and only once
+    its attention can honour rl3d's left padding (`TE_SUPPORTS_LEFT_PADDING`)."""
+    if device.type != "cuda":
         return False
     try:
         import transformer_engine  # noqa: F401
     except Exception:  # a broken TE install raises more than ImportError
+        return False
+    if not TE_SUPPORTS_LEFT_PADDING:
+        logger.warning("Transformer Engine found, but its attention ignores left padding: local layer spec")
         return False
     return True
 
@@ -51,8 +62,8 @@ def transformer_config(
     from megatron.core.transformer import TransformerConfig
 
     layers_per_stage(spec, groups.layout.p)
-    on_cpu = not torch.cuda.is_available()
-    fused = use_transformer_engine()  # megatron's fused kernels are only sure to exist with TE
+    on_cpu = groups.device.type == "cpu"
+    fused = use_transformer_engine(groups.device)  # megatron's fused kernels are only sure to exist with TE
     kwargs = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -112,7 +123,7 @@ def build_gpt(
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     layout = groups.layout
     config = transformer_config(spec, groups, params_dtype=params_dtype, **config_overrides)
-    if use_transformer_engine():
+    if use_transformer_engine(groups.device):
         layer_spec = specs.get_gpt_layer_with_transformer_engine_spec()
     else:
         layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")

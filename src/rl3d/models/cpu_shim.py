@@ -21,7 +21,7 @@ module remaps exactly those to the CPU, and nothing else:
 5. In 0.19, the grad buffer reads `torch.cuda.current_stream` (covered by the module `torch`
    of item 3: on CPU there is one stream and nothing to wait on).
 
-`activate()` is a no-op that returns False when CUDA is available, so a GPU run never sees a
+`activate()` is a no-op that returns False for a CUDA run, so a GPU run never sees a
 remap (tests/gpu asserts it). The rl3d test suite exercises these remaps on 0.16.1; the same
 call sites were seen on 0.13.1 and 0.19.2 (`KNOWN_GOOD_VERSIONS`). Another version raises
 unless `RL3D_ALLOW_UNTESTED_MEGATRON=1`, since a moved call site would fail deep inside megatron.
@@ -87,13 +87,15 @@ def check_version(version: str | None = None) -> str:
     return version
 
 
-def activate() -> bool:
+def activate(device: str | None = None) -> bool:
     """Remap megatron-core's CUDA-only calls to CPU; True if the remaps are (now) in place.
 
-    Idempotent. Returns False, changing nothing, when CUDA is available.
+    Idempotent. `device` is where this run computes (the configured one: a CPU run on a GPU
+    host is remapped too); None means "cuda if this host has it". Returns False, changing
+    nothing, for a CUDA run.
     """
     global _active
-    if torch.cuda.is_available():
+    if (device or ("cuda" if torch.cuda.is_available() else "cpu")) != "cpu":
         return False
     if _active:
         return True

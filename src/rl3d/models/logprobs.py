@@ -25,6 +25,27 @@ def _tp_info(group: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+CHUNK_BYTES = 256 << 20  # the fp64 temporaries of one chunk of rows
+
+
+def _partial_sums(z: torch.Tensor, z_max: torch.Tensor, target: torch.Tensor, start: int) -> torch.Tensor:
+    """[3, rows]: sum exp(z - max), the target's logit (0 where another rank holds it) and
+    sum exp(z - max) * z over this rank's vocabulary slice, in fp64."""
+    vocab_local = z.shape[-1]
+    exp = torch.exp(z - z_max.unsqueeze(-1))
+    in_slice = (target >= start) & (target < start + vocab_local)
+    local_index = (target - start).clamp(0, vocab_local - 1).unsqueeze(-1)
+    target_z = torch.gather(z, -1, local_index).squeeze(-1)
+    finite_z = torch.where(exp > 0, z, torch.zeros_like(z))  # 0 * -inf would be nan
+    return torch.stack(
+        [
+            exp.sum(-1, dtype=torch.float64),
+            torch.where(in_slice, target_z, torch.zeros_like(target_z)).double(),
+            (exp.double() * finite_z.double()).sum(-1),
+        ]
+    )
+
+
 class _VocabParallelLogprobEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, group, vocab_size):
@@ -38,20 +59,19 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         z_max = z.max(dim=-1).values
         if world > 1:
             dist.all_reduce(z_max, op=dist.ReduceOp.MAX, group=group)
-        exp = torch.exp(z - z_max.unsqueeze(-1))
-        in_slice = (target >= start) & (target < start + vocab_local)
-        local_index = (target - start).clamp(0, vocab_local - 1).unsqueeze(-1)
-        target_z = torch.gather(z, -1, local_index).squeeze(-1)
-        finite_z = torch.where(exp > 0, z, torch.zeros_like(z))  # 0 * -inf would be nan
         # Partial sums in fp64: rounding them to fp32 only at the end makes the result the same
-        # for every TP size (a TP split reorders the vocabulary sum).
-        partials = torch.stack(
+        # for every TP size (a TP split reorders the vocabulary sum). The fp64 temporaries cover
+        # a bounded number of rows at a time: at a 152k vocabulary a whole micro-batch's would be
+        # tens of GB. Rows are independent, so chunking them changes no sum.
+        z_rows, max_rows, target_rows = z.reshape(-1, vocab_local), z_max.reshape(-1), target.reshape(-1)
+        step = max(1, CHUNK_BYTES // (8 * vocab_local))
+        partials = torch.cat(
             [
-                exp.sum(-1, dtype=torch.float64),
-                torch.where(in_slice, target_z, torch.zeros_like(target_z)).double(),
-                (exp.double() * finite_z.double()).sum(-1),
-            ]
-        )
+                _partial_sums(z_rows[i : i + step], max_rows[i : i + step], target_rows[i : i + step], start)
+                for i in range(0, z_rows.shape[0], step)
+            ],
+            dim=1,
+        ).reshape(3, *z_max.shape)
         if world > 1:
             dist.all_reduce(partials, group=group)
         sum_exp, target_logit, sum_exp_z = partials

@@ -28,6 +28,7 @@ model's `named_parameters()` yields them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import ShardKind, padded_vocab_size
@@ -70,6 +71,18 @@ LAYER_PARAMS = (
     LayerParam(FC2_WEIGHT, ShardKind.ROW, 6),
 )
 TE_NAMES = {p.suffix: p.te_suffix for p in LAYER_PARAMS if p.te_suffix}
+
+
+def local_param(params: dict[str, Any], local: str) -> Any:
+    """The model's parameter `local` (a stage-local megatron name) in `params`
+    (`named_parameters()`), also under Transformer Engine's name, which fuses a layer's norms
+    into the next linear (`...linear_qkv.layer_norm_weight`)."""
+    if local in params:
+        return params[local]
+    for ours, te in TE_NAMES.items():
+        if local.endswith(ours) and (fused := local[: -len(ours)] + te) in params:
+            return params[fused]
+    raise KeyError(f"model has no parameter {local}")
 
 
 @dataclass(frozen=True)

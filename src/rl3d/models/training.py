@@ -157,6 +157,29 @@ def forward_backward(
     )
 
 
+class SkippedSteps:
+    """Optimizer steps skipped for inf/nan gradients, and the streak that ends a run.
+
+    fp16's dynamic loss scaler starts at 2^32 and halves it on every overflow, so its first
+    steps are skipped by design; in fp32/bf16 there is no scaler and one skipped step is an
+    error. A streak of `max_in_a_row` fails."""
+
+    def __init__(self, max_in_a_row: int = 1):
+        self.max_in_a_row, self.in_a_row, self.total = max_in_a_row, 0, 0
+
+    def record(self, ok: bool) -> None:
+        if ok:
+            self.in_a_row = 0
+            return
+        self.in_a_row += 1
+        self.total += 1
+        if self.in_a_row >= self.max_in_a_row:
+            raise FloatingPointError(
+                f"{self.in_a_row} optimizer step(s) in a row skipped (inf/nan gradients; "
+                f"{self.total} skipped in all)"
+            )
+
+
 def train_step(
     ddp: Any,
     optimizer: Any,
@@ -168,8 +191,11 @@ def train_step(
     seq_length: int,
     micro_batch_size: int,
     scheduler: Any = None,
+    skipped: SkippedSteps | None = None,
 ) -> tuple[list[Any], float | None]:
-    """One optimizer step over `num_microbatches` microbatches; (loss_func outputs, grad norm)."""
+    """One optimizer step over `num_microbatches` microbatches; (loss_func outputs, grad norm).
+    A step the optimizer skips is counted in `skipped` (default: one is an error) and leaves the
+    scheduler where it was, as megatron's own training loop does."""
     ddp.zero_grad_buffer()
     optimizer.zero_grad()
     outputs = forward_backward(
@@ -182,9 +208,8 @@ def train_step(
         micro_batch_size=micro_batch_size,
     )
     ok, grad_norm, _ = optimizer.step()
-    if not ok:
-        raise FloatingPointError("optimizer step skipped (inf/nan gradients)")
-    if scheduler is not None:
+    (skipped or SkippedSteps()).record(ok)
+    if ok and scheduler is not None:
         scheduler.step(increment=1)
     return outputs, grad_norm
 

@@ -18,9 +18,10 @@ import torch
 import torch.distributed as dist
 
 from rl3d.models.bootstrap import MegatronGroups
-from rl3d.models.builder import TE_NAMES, stage_param_names
+from rl3d.models.builder import stage_param_names
 from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader, shard_dir_name
 from rl3d.models.hf_mapping import tensor_maps
+from rl3d.models.params import local_param
 from rl3d.models.safetensors_io import ShardedReader
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import shard_for_tp
@@ -62,15 +63,6 @@ def _unwrap(model: Any) -> torch.nn.Module:
     return model
 
 
-def _param(params: dict[str, torch.nn.Parameter], local: str) -> torch.nn.Parameter:
-    if local in params:
-        return params[local]
-    for ours, te in TE_NAMES.items():  # the TE layer spec fuses norms into the next linear
-        if local.endswith(ours):
-            return params[local[: -len(ours)] + te]
-    raise KeyError(f"model has no parameter {local}")
-
-
 def load_weights(
     model: Any, spec: ModelSpec, groups: MegatronGroups, src: str | Path, *, role: str = "actor"
 ) -> None:
@@ -90,7 +82,7 @@ def load_weights(
             for global_name, local in names.items():
                 if role == "critic" and global_name == "output_layer.weight":
                     continue
-                param = _param(params, local)
+                param = local_param(params, local)
                 param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
                 loaded.add(id(param))
             tied_copy = params.get("output_layer.weight")
@@ -117,7 +109,9 @@ def save_weights(
     params = dict(model.named_parameters())
     if groups.dp_rank == 0:
         names = stage_param_names(spec, layout.p, groups.pp_rank)
-        tensors = {local: _param(params, local).detach().to("cpu").contiguous() for local in names.values()}
+        tensors = {
+            local: local_param(params, local).detach().to("cpu").contiguous() for local in names.values()
+        }
         out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank)
         out.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})

@@ -131,3 +131,18 @@ def _cat_padded(tensors: list[torch.Tensor], value: float = 0) -> torch.Tensor:
             pad += [0, shape[d - 1] - t.shape[d]]
         out.append(torch.nn.functional.pad(t, pad, value=value))
     return torch.cat(out)
+
+
+def to_host(obj: Any) -> Any:
+    """`obj` with every tensor inside (DataBatches, dicts, tuples, lists) on the CPU. Every
+    backend applies it to what a worker returns: a CUDA tensor in a pickle unpickles onto the
+    sender's GPU index, a device of another process, and the controller computes on the host."""
+    if isinstance(obj, torch.Tensor):
+        return obj.cpu()
+    if isinstance(obj, DataBatch):
+        return DataBatch({k: v.cpu() for k, v in obj.tensors.items()}, obj.meta, obj.info)
+    if isinstance(obj, dict):
+        return {k: to_host(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(to_host(v) for v in obj)
+    return obj

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.batch import DataBatch, to_host
 from rl3d.single_controller.dispatch import (
     MODES,
     Dispatch,
@@ -83,9 +83,7 @@ class RankHost:
         return ray.util.get_node_ip_address(), port
 
     def init_distributed(self, backend: str, master_addr: str, master_port: int, timeout_s: float) -> None:
-        import datetime
-
-        import torch.distributed as dist
+        from rl3d.utils.device import device_of_backend, init_process_group
 
         os.environ.update(
             MASTER_ADDR=master_addr,
@@ -95,11 +93,8 @@ class RankHost:
             # Ray shows a GPU actor only its own device: it is device 0 of this process
             LOCAL_RANK="0" if backend == "nccl" else str(self.rank),
         )
-        dist.init_process_group(
-            backend,
-            rank=self.rank,
-            world_size=self.world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
+        init_process_group(
+            device_of_backend(backend), timeout_s=timeout_s, rank=self.rank, world_size=self.world_size
         )
 
     def setup(self, builder: Callable[..., Any], *args: Any) -> dict[str, tuple[DispatchInfo, dict]]:
@@ -120,7 +115,7 @@ class RankHost:
     def execute(self, role: str, method: str, payload: tuple[tuple, dict], collect: bool) -> Any:
         args, kwargs = payload
         out = getattr(self.workers[role], method)(*args, **kwargs)
-        return out if collect else None
+        return to_host(out) if collect else None
 
     def run(self, fn: Callable[..., Any], *args: Any) -> Any:
         """`fn(state, *args)` on this rank (checkpoint files, tests)."""
@@ -376,7 +371,7 @@ class PoolHost:
 
     def execute(self, method: str, payload: tuple[tuple, dict]) -> Any:
         args, kwargs = payload
-        return getattr(self.worker, method)(*args, **kwargs)
+        return to_host(getattr(self.worker, method)(*args, **kwargs))
 
     def reductions(self) -> dict[str, str]:
         """How each method's metric dicts add up across slices (`register(..., metrics=)`)."""

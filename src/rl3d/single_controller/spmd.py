@@ -1,6 +1,7 @@
 """The default worker-group backend: torchrun starts every rank, and the controller runs on all.
 
-Dispatch is local (every rank already holds the arguments) and collection is a collective:
+Dispatch is local (every rank already holds the arguments) and collection is a collective
+(of what the workers return, on the host: `to_host`):
 an object all-gather over the role's world, or over the `ControllerChannel` when the role
 lives in another resource pool (`rl3d.single_controller.spmd_pools`).
 """
@@ -13,7 +14,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl3d.single_controller.batch import to_host
 from rl3d.single_controller.dispatch import MODES, Worker, dispatch_mode, metrics_reduction
+from rl3d.utils.device import collective_device
 
 
 class SPMDWorkerGroup:
@@ -38,9 +41,9 @@ class SPMDWorkerGroup:
         method = self._method(method_name)
         mode = MODES[dispatch_mode(method)]
         if not mode.gathers:
-            return method(*args, **kwargs)
+            return to_host(method(*args, **kwargs))
         slot = mode.slot(self.worker.dispatch_info())
-        out = method(mode.split(args[0], slot), *args[1:], **kwargs)
+        out = to_host(method(mode.split(args[0], slot), *args[1:], **kwargs))
         gathered: list = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(gathered, (slot, out) if slot.collects else None, group=self.group)
         return mode.collect([p for p in gathered if p is not None], metrics_reduction(method))
@@ -54,11 +57,11 @@ class SPMDWorkerGroup:
                 method = self._method(method_name)
                 mode = MODES[dispatch_mode(method)]
                 if not mode.gathers:
-                    out = method(*args, **kwargs)
+                    out = to_host(method(*args, **kwargs))
                     mine = ("one", out) if dist.get_rank() == 0 else None
                 else:
                     slot = mode.slot(self.worker.dispatch_info())
-                    out = method(mode.split(args[0], slot), *args[1:], **kwargs)
+                    out = to_host(method(mode.split(args[0], slot), *args[1:], **kwargs))
                     reduce = metrics_reduction(method)
                     mine = ("part", slot, out, dispatch_mode(method), reduce) if slot.collects else None
             except Exception as err:
@@ -82,7 +85,6 @@ def agree(flag: bool, channel: Any = None) -> bool:
     different moments; they agree at the step boundary so none waits in a collective alone)."""
     if channel is not None:
         return channel.any(flag)
-    device = "cuda" if dist.get_backend() == "nccl" else "cpu"
-    value = torch.tensor([int(flag)], device=device)
+    value = torch.tensor([int(flag)], device=collective_device())
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return bool(value.item())

@@ -29,6 +29,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rl3d.single_controller.pools import Pool, pool_of
+from rl3d.utils.device import device_of_backend, init_process_group
 
 logger = logging.getLogger(__name__)
 
@@ -110,12 +111,12 @@ def split_world(
     timeout = datetime.timedelta(seconds=timeout_s)
     store = dist.TCPStore(host, port, world, is_master=rank == 0, timeout=timeout, wait_for_workers=False)
     # An explicit store: under torchrun, an init_method URL would look for torchrun's agent store.
-    dist.init_process_group(
-        backend,
+    init_process_group(
+        device_of_backend(backend),
+        timeout_s=timeout_s,
         store=dist.PrefixStore(f"pool/{pool.name}/", store),
         rank=rank - pool.offset,
         world_size=pool.size,
-        timeout=timeout,
     )
     wait_s = max(timeout_s, CHANNEL_TIMEOUT_S) if channel_timeout_s is None else channel_timeout_s
     channel = ControllerChannel(dist.PrefixStore("controller/", store), rank, world, wait_s)

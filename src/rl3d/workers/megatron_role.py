@@ -20,9 +20,11 @@ import torch.distributed as dist
 from rl3d.config import OptimConfig as OptimSection
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.spec import ModelSpec
+from rl3d.models.training import SkippedSteps
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
+MAX_FP16_SKIPS = 40  # from 2^32, halving per overflow reaches a usable loss scale well within this
 
 
 def attention_mask_4d(attention_mask_BT: torch.Tensor) -> torch.Tensor:
@@ -67,6 +69,8 @@ class MegatronRole:
                 source = {k: v for k, v in source.items() if not k.startswith("output_layer")}
             self.model.load_state_dict(source, strict=False)
         self.trainable = optim is not None
+        # fp16's loss scaler skips its first steps by design; bf16/fp32 have no scaler
+        self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
         self.ddp, self.optimizer, self.scheduler = self.model, None, None
         if self.trainable:
             from rl3d.models.training import OptimConfig, build_optimizer, build_scheduler, wrap_ddp
@@ -95,7 +99,8 @@ class MegatronRole:
 
     # -- forward -------------------------------------------------------------------------------
     def _microbatches(self, batch: DataBatch, micro_batch_size: int) -> list[DataBatch]:
-        return batch.chunks_of(min(micro_batch_size, len(batch)))
+        """Micro-batches on this rank's device (the controller's batches live on the host)."""
+        return [m.to(self.groups.device) for m in batch.chunks_of(min(micro_batch_size, len(batch)))]
 
     def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
         def step(micro: DataBatch, chunk: Any):
@@ -159,7 +164,7 @@ class MegatronRole:
         for _ in range(epochs):
             for mini in batch.chunks_of(local_mini):
                 micro = self._microbatches(mini, micro_batch_size)
-                total = torch.tensor([float(sum(count_unit(m) for m in micro))])
+                total = torch.tensor([float(sum(count_unit(m) for m in micro))], device=self.groups.device)
                 dist.all_reduce(total, group=self.groups.dp_group)
                 scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
 
@@ -177,24 +182,26 @@ class MegatronRole:
                     seq_length=mini["input_ids"].shape[1],
                     micro_batch_size=len(micro[0]),
                     scheduler=self.scheduler,
+                    skipped=self.skipped,
                 )
                 if self.groups.is_last_stage:
                     for o in outs:
                         metrics.append({k: float(v) for k, v in o.items()})
                     if grad_norm is not None:
                         metrics.append({"grad_norm": float(grad_norm)})
+                    metrics.append({"skipped_steps": float(self.skipped.total)})
         return metrics
 
     # -- weights for the 3D-HybridEngine -------------------------------------------------------
     def global_shards(self) -> dict[str, torch.Tensor]:
         """This rank's training parameters under their global (planner) names, as the very
         tensors the model trains (no copy)."""
-        from rl3d.models.builder import stage_param_names
+        from rl3d.models.params import local_param, stage_param_names
 
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
         names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)
-        shards = {g: local[n].data for g, n in names.items()}
+        shards = {g: local_param(local, n).data for g, n in names.items()}
         if self.spec.tied_embeddings and layout.p > 1 and self.groups.is_last_stage:
             shards["output_layer.weight"] = local["output_layer.weight"].data  # megatron's synced copy
         return shards

@@ -68,8 +68,9 @@ def _train(role: MegatronRole, section, batch: DataBatch, loss_of, loss_agg_mode
     if not role.groups.is_last_stage:
         return None
     out = _mean_metrics(rows)
-    if "grad_norm" in out:
-        out[f"{prefix}/grad_norm"] = out.pop("grad_norm")
+    for key in ("grad_norm", "skipped_steps"):
+        if key in out:
+            out[f"{prefix}/{key}"] = out.pop(key)
     out[f"{prefix}/lr"] = float(role.optimizer.param_groups[0]["lr"])
     return out
 

@@ -57,3 +57,20 @@ def test_backward_only_logp_and_padded():
     logprobs_entropy_reference(ref, target)[0].sum().backward()
     torch.testing.assert_close(padded.grad[..., :30], ref.grad, rtol=0, atol=1e-6)
     assert torch.all(padded.grad[..., 30:] == 0)
+
+
+def test_fp64_temporaries_cover_a_bounded_chunk_of_rows_and_change_no_value(monkeypatch):
+    """At most CHUNK_BYTES of fp64 rows at a time (a 152k vocabulary would otherwise make tens
+    of GB); the values are bit for bit those of one whole-batch pass, on a strided slice too."""
+    import rl3d.models.logprobs as lp
+
+    logits, target = _case(B=4, T=9, V=53)
+    sliced = logits[:, 2:7]  # like the response slice of a model's output: not contiguous
+    whole = vocab_parallel_logprobs_entropy(sliced, target[:, 2:7], vocab_size=50)
+    seen = []
+    partial_sums = lp._partial_sums
+    monkeypatch.setattr(lp, "_partial_sums", lambda z, *a: seen.append(z.shape[0]) or partial_sums(z, *a))
+    monkeypatch.setattr(lp, "CHUNK_BYTES", 3 * 8 * 53)  # three rows of fp64 per chunk
+    chunked = vocab_parallel_logprobs_entropy(sliced, target[:, 2:7], vocab_size=50)
+    assert seen == [3] * 6 + [2]  # 20 rows
+    assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
