@@ -12,7 +12,10 @@
 #      rollout engine on CUDA (the SGLang test skips: sglang is not on that machine);
 #   3. benchmarks/kernels.py on one full-size llama2-70b layer: each form's bandwidth against
 #      a device copy of the same bytes (goal: 80%);
-#   4. the rollout benchmark on CUDA.
+#   4. the rollout benchmark on CUDA;
+#   5. the whole GRPO loop on CUDA: the CPU quickstart on one GPU (world of 1, NCCL, local layer
+#      spec: TE is not there, and rl3d refuses it with left padding anyway), 5 steps;
+#   6. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0  # compiled Triton kernels on the GPU
 OUT=${OUT:-/tmp/rl3d-gpu-out}
@@ -29,4 +32,18 @@ status=0
 timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tee "$OUT/test_gpu.log" || status=1
 timeout 150 python3 benchmarks/kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels.log" || status=1
 timeout 90 python3 -m rl3d.cli bench rollout --out "$OUT" 2>&1 | tee "$OUT/rollout.log" || status=1
+timeout 180 python3 -m rl3d.cli train recipes/quickstart_cpu_grpo.yaml launch.device=cuda \
+    launch.nproc_per_node=1 actor.parallel.tp=1 trainer.total_steps=5 checkpoint.save_every=0 \
+    logging.tensorboard=false trainer.run_dir="$OUT/grpo_cuda" 2>&1 | tee "$OUT/grpo_cuda.log" || status=1
+
+{
+  echo "# rl3d GPU session, $(date -u +%Y-%m-%d)"
+  cat "$OUT/gpu.txt"
+  for step in test_gpu kernels rollout grpo_cuda; do
+    echo "- $step: $(tail -n 1 "$OUT/$step.log" 2>/dev/null)"
+  done
+  echo "- grpo_cuda last step: $(tail -n 1 "$OUT/grpo_cuda/metrics.jsonl" 2>/dev/null | head -c 600)"
+  echo "overall status: $status"
+} > "$OUT/report.md"
+cat "$OUT/report.md"
 exit $status
