@@ -94,6 +94,10 @@ def scoped_environ(env: Mapping[str, str]) -> Iterator[None]:
         os.environ.update(before)
 
 
+def _current_gpu() -> int:
+    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+
+
 def _empty_allocator_cache() -> None:
     """Hand the blocks training freed back to the driver, so SGLang can map them on resume."""
     if torch.cuda.is_available():
@@ -143,7 +147,7 @@ class SGLangRolloutEngine:
             kwargs = sglang_server_args(
                 model_path=model_path,
                 tp_size=self.tp.size,
-                base_gpu_id=base_gpu_id if base_gpu_id is not None else torch.cuda.current_device(),
+                base_gpu_id=base_gpu_id if base_gpu_id is not None else _current_gpu(),
                 gpu_id_step=step,
                 mem_fraction_static=mem_fraction_static,
                 enable_memory_saver=enable_memory_saver,
