@@ -4,7 +4,7 @@ Skipped without CUDA, and without SGLang (`pip install 'rl3d[gpu]'`, pinned sgla
 It starts a tiny SGLang engine from a random HF checkpoint, pushes other weights from the
 3D-HybridEngine's `GenerationWeights` (flattened buckets over CUDA IPC) and checks that they land
 (`get_weights_by_name`), that greedy output matches rl3d's torch engine on the same weights, and
-that release / reload / resume keeps the engine working with the same output.
+that release / reload keeps the engine working with the same output (every memory tag resumed).
 """
 
 import pytest
@@ -40,6 +40,9 @@ def test_sglang_adapter_push_generate_release(tmp_path):
         engine_kwargs=dict(disable_cuda_graph=True, random_seed=0),
     )  # fmt: skip
     try:
+        assert "CUDA_DEVICE_MAX_CONNECTIONS" in engine.launch_env["set_by_sglang"]  # given back to rank 0
+        with pytest.raises(RuntimeError, match="released"):  # the engine starts released
+            engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
         engine.load_weights(weights)
         fc2 = "decoder.layers.1.mlp.linear_fc2.weight"
         name, expect = megatron_to_hf(spec, fc2, [full[fc2]])[0]
@@ -52,8 +55,9 @@ def test_sglang_adapter_push_generate_release(tmp_path):
         first = (theirs.response_ids[:, 0] == ours.response_ids[:, 0]).float().mean().item()
         assert first >= 0.75, (theirs.responses(), ours.responses())  # bf16 kernels may flip near-ties
         engine.release_memory()
-        engine.load_weights(weights)
-        engine.resume_memory()
+        with pytest.raises(RuntimeError, match="released"):
+            engine.generate(PROMPTS, greedy)
+        engine.load_weights(weights)  # resumes every released tag
         assert torch.equal(engine.generate(PROMPTS, greedy).response_ids, theirs.response_ids)
         sampled = engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, n=2, seed=1))
         assert sampled.prompt_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
