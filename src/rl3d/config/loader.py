@@ -205,6 +205,7 @@ def config_to_yaml(cfg: RL3DConfig) -> str:
 RESTART_KEYS = (
     "description",
     "trainer.total_steps",
+    "trainer.run_dir",  # a run dir that was moved or copied
     "trainer.hooks",
     "checkpoint",
     "logging",

@@ -106,3 +106,9 @@ def test_the_launcher_moves_a_damaged_checkpoint_aside(capsys, tmp_path):
         "step_00000002",
         "step_00000004.damaged",
     ]
+
+
+def test_a_moved_run_dir_still_resumes(tmp_path):
+    earlier_run(tmp_path / "old")
+    (tmp_path / "old").rename(tmp_path / "new")  # its resolved config names the old path
+    check_run_dir(load_config(GRPO, [f"trainer.run_dir={tmp_path / 'new'}"]))
