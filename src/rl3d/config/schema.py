@@ -140,8 +140,12 @@ class SGLangConfig:
     mem_fraction_static: float = 0.6
     enable_memory_saver: bool = True
     weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC, or NCCL broadcast
+    bucket_mb: float = 512.0  # weights pushed to SGLang per bucket
+    deterministic: bool = True  # SGLang honours a sampling seed only with deterministic inference
+    base_gpu_id: int | None = None  # None: the rank's own GPU
 
     def __post_init__(self) -> None:
+        _positive(self, "bucket_mb")
         if not 0 < self.mem_fraction_static < 1:
             raise FieldError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
 

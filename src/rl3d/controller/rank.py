@@ -13,8 +13,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from rl3d.config import RL3DConfig
 from rl3d.config.pools import Pool, hosting, role_pools
 from rl3d.config.roles import ACTOR, RoleSpec, role_table
@@ -118,7 +116,7 @@ def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankW
 
 def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
     """This rank's part of a checkpoint: megatron dist checkpoints (collective) and its RNG."""
-    from rl3d.checkpoint import capture_rng_state
+    from rl3d.checkpoint import save_rng_state
     from rl3d.models.dist_checkpoint import save_checkpoint
 
     for name, role in rank.roles.items():
@@ -130,11 +128,11 @@ def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
             groups=rank.groups,
             iteration=step,
         )
-    torch.save(capture_rng_state(), tmp / _rng_file(rank))
+    save_rng_state(tmp / _rng_file(rank))
 
 
 def load_rank_files(rank: RankWorkers, path: Path) -> None:
-    from rl3d.checkpoint import restore_rng_state
+    from rl3d.checkpoint import load_rng_state
     from rl3d.models.dist_checkpoint import load_checkpoint
 
     for name, role in rank.roles.items():
@@ -148,7 +146,7 @@ def load_rank_files(rank: RankWorkers, path: Path) -> None:
     rng = path / _rng_file(rank)
     if not rng.exists() and rank.pool.offset == 0:  # written before pools had names
         rng = path / f"rng_rank{rank.groups.rank}.pt"
-    restore_rng_state(torch.load(rng, weights_only=False))
+    load_rng_state(rng)  # weights_only: tensors and plain values, a damaged file named
 
 
 def _rng_file(rank: RankWorkers) -> str:

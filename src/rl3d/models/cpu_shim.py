@@ -172,7 +172,7 @@ def _patch_memory_buffer() -> None:
                 required *= size
             buf = self.buffer.get((name, dtype))
             if buf is None or buf.numel() < required:
-                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype)
+                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype, device="cpu")
             return buf[:required].view(*tensor_shape)
 
     utils.GlobalMemoryBuffer = CpuGlobalMemoryBuffer

@@ -45,6 +45,8 @@ def engine_kwargs(
     pad_token_id: int = 0,
     model_path: str | None = None,
     device: torch.device | str | None = None,
+    dtype: str = "bfloat16",
+    seed: int | None = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `engine_class(rollout.engine)` for this recipe and rank."""
     name = rollout.engine
@@ -66,7 +68,13 @@ def engine_kwargs(
         update_mode=sg.weight_update,
         mem_fraction_static=sg.mem_fraction_static,
         enable_memory_saver=sg.enable_memory_saver,
-        base_gpu_id=device.index if device is not None and device.type == "cuda" else None,
+        bucket_mb=sg.bucket_mb,
+        deterministic=sg.deterministic,
+        base_gpu_id=sg.base_gpu_id
+        if sg.base_gpu_id is not None
+        else (device.index if device is not None and device.type == "cuda" else None),
+        dtype=dtype,
+        seed=seed,
     )
     return kwargs
 
@@ -79,9 +87,18 @@ def build_rollout_engine(
     pad_token_id: int = 0,
     model_path: str | None = None,
     device: torch.device | str | None = None,
+    dtype: str = "bfloat16",
+    seed: int | None = None,
 ) -> RolloutEngine:
     """Build the engine `rollout.engine` with the section's settings (see `engine_kwargs`)."""
     kwargs = engine_kwargs(
-        rollout, spec=spec, group=group, pad_token_id=pad_token_id, model_path=model_path, device=device
+        rollout,
+        spec=spec,
+        group=group,
+        pad_token_id=pad_token_id,
+        model_path=model_path,
+        device=device,
+        dtype=dtype,
+        seed=seed,
     )
     return engine_class(rollout.engine)(**kwargs)

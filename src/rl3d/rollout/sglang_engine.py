@@ -64,6 +64,7 @@ from rl3d.rollout.sglang_weights import (
     sglang_server_args,
     to_sglang_sampling,
 )
+from rl3d.utils.device import current_gpu, empty_cache
 
 logger = logging.getLogger(__name__)
 UPDATE_MODES = ("tensor", "distributed")
@@ -95,13 +96,12 @@ def scoped_environ(env: Mapping[str, str]) -> Iterator[None]:
 
 
 def _current_gpu() -> int:
-    return torch.cuda.current_device() if torch.cuda.is_available() else 0
+    return current_gpu()
 
 
 def _empty_allocator_cache() -> None:
     """Hand the blocks training freed back to the driver, so SGLang can map them on resume."""
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    empty_cache()
 
 
 class SGLangRolloutEngine:

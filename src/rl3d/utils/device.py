@@ -65,3 +65,15 @@ def collective_device(group: Any = None) -> torch.device:
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def current_gpu() -> int:
+    """The bound GPU's index (0 where there is none: a CPU-only caller's default)."""
+    return torch.cuda.current_device() if cuda_available() else 0
+
+
+def empty_cache() -> None:
+    """Hand the blocks the caching allocator holds back to the driver (another engine in this
+    process, e.g. SGLang on resume, can then map them)."""
+    if cuda_available():
+        torch.cuda.empty_cache()

@@ -125,8 +125,6 @@ class ActorRolloutWorker(_LogProbMixin):
             hf_path=cfg.model.hf_path,
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
-        if self.gen.p_g != 1 and cfg.rollout.engine == "torch":
-            raise ValueError("rollout.p_g: the torch rollout engine generates with p_g = 1")
         he = cfg.hybrid_engine
         self.hybrid_groups = build_hybrid_groups(self.gen, timeout_s=he.timeout_s)
         self.resharder = Resharder(
@@ -147,6 +145,8 @@ class ActorRolloutWorker(_LogProbMixin):
             pad_token_id=pad_token_id,
             model_path=cfg.model.hf_path,
             device=groups.device,
+            dtype=cfg.model.dtype,
+            seed=cfg.trainer.seed,
         )
         self.pad_token_id = pad_token_id
         self.weights = None
