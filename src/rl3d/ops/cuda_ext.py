@@ -49,6 +49,9 @@ def load() -> ModuleType | None:
     if cpp_extension.CUDA_HOME is None:
         logger.warning("rl3d CUDA kernels unavailable: CUDA_HOME not found, cannot JIT-build")
         return None
+    if not cpp_extension.is_ninja_available():
+        logger.warning("rl3d CUDA kernels unavailable: the JIT build needs ninja (pip install ninja)")
+        return None
     directory = source_dir()
     try:
         return cpp_extension.load(
