@@ -29,6 +29,7 @@ import torch
 
 from rl3d.algos.advantages import dynamic_sampling_mask
 from rl3d.algos.registry import POLICY_LOSSES, Registry
+from rl3d.algos.rollout_correction import rollout_weights
 from rl3d.algos.safe_rlhf import LagrangeMultiplier
 from rl3d.algos.stage import compute_advantage
 from rl3d.single_controller.batch import DataBatch
@@ -125,12 +126,37 @@ class Lagrangian(AlgorithmHook):
 
 def policy_loss_of(cfg: Any) -> Callable[..., Any]:
     """The registered policy loss `cfg.policy_loss` with the recipe's clip settings bound. A
-    preset (`dual_clip`, `clip_higher`) supplies its own values for what the recipe leaves unset."""
+    preset (`dual_clip`, `clip_higher`) supplies its own values for what the recipe leaves unset.
+
+    Called with `rollout_logp_BT` (the engine's log-probs of the sampled tokens), it also applies
+    the recipe's rollout correction (`cfg.rollout_correction`) and reports `rollout/kl_k3`, plus
+    `rollout_corr/*` when a correction is on."""
     loss = POLICY_LOSSES.get(cfg.policy_loss)
     preset = loss.keywords if isinstance(loss, functools.partial) else {}
     settings = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip_c": cfg.dual_clip_c}
     chosen = {k: v for k, v in settings.items() if v is not None or k not in preset}
-    return functools.partial(loss, loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef, **chosen)
+    bound = functools.partial(loss, loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef, **chosen)
+    correction = cfg.rollout_correction
+
+    def policy_loss(*, rollout_logp_BT=None, **inputs):
+        if rollout_logp_BT is None:
+            return bound(**inputs)
+        weights_BT, _, stats = rollout_weights(
+            inputs["old_logp_BT"],
+            rollout_logp_BT,
+            inputs["mask_BT"],
+            mode=correction.mode,
+            threshold=correction.threshold,
+        )
+        if correction.mode != "none":
+            inputs["weights_BT"] = weights_BT
+        loss_value, metrics = bound(**inputs)
+        metrics["rollout/kl_k3"] = stats.pop("kl_k3")
+        if correction.mode != "none":
+            metrics |= {f"rollout_corr/{k}": v for k, v in stats.items()}
+        return loss_value, metrics
+
+    return policy_loss
 
 
 class Algorithm:

@@ -51,6 +51,7 @@ def ppo_policy_loss(
     ref_logp_BT: Tensor | None = None,
     kl_loss_coef: float = 0.0,
     kl_estimator: str = "k3",
+    weights_BT: Tensor | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clipped surrogate with optional dual clip, entropy bonus and KL-in-loss.
@@ -59,6 +60,9 @@ def ppo_policy_loss(
         L_t = max(-A_t * rho_t, -A_t * clip(rho_t, 1 - clip_low, 1 + clip_high))   (Schulman 2017;
               `clip_high = clip_low` unless given, DAPO's clip-higher, Yu et al. 2025)
     and with dual clip (Ye et al. 2020), for A_t < 0 only: L_t <- min(L_t, -c * A_t).
+    `weights_BT` (a rollout-mismatch correction, `rl3d.algos.rollout_correction`) scales each
+    token's L_t; a token weighted 0 drops out of the surrogate but still counts in the
+    aggregation's denominator, so masking never re-weights the other tokens.
     The objective is `agg(L) - entropy_coef * agg(H) + kl_loss_coef * agg(KL(pi || pi_ref))`,
     `agg` being `loss_agg_mode` (over `group` when given).
 
@@ -69,7 +73,7 @@ def ppo_policy_loss(
     clip_high = clip_low if clip_high is None else clip_high
     _check_clips(clip_low, clip_high, dual_clip_c)
     check_same_shape(mask_BT, logp_BT=logp_BT, old_logp_BT=old_logp_BT, adv_BT=adv_BT)
-    check_same_shape(mask_BT, entropy_BT=entropy_BT, ref_logp_BT=ref_logp_BT)
+    check_same_shape(mask_BT, entropy_BT=entropy_BT, ref_logp_BT=ref_logp_BT, weights_BT=weights_BT)
     if kl_loss_coef != 0.0 and ref_logp_BT is None:
         raise ValueError("kl_loss_coef is set but ref_logp_BT was not given")
     if entropy_coef != 0.0 and entropy_BT is None:
@@ -89,6 +93,8 @@ def ppo_policy_loss(
         dual_bound_BT = -adv_BT * dual_clip_c
         dual_active_BT = (adv_BT < 0) & (pg_losses_BT > dual_bound_BT)
         pg_losses_BT = torch.where(dual_active_BT, dual_bound_BT, pg_losses_BT)
+    if weights_BT is not None:
+        pg_losses_BT = pg_losses_BT * zero_padding(weights_BT.detach(), mask_BT)
 
     pg_loss = aggregate_loss(pg_losses_BT, mask_BT, mode=loss_agg_mode, group=group)
     loss = pg_loss

@@ -93,7 +93,7 @@ def compute_advantage(
     valid = adv.adv_BT[mask]
     metrics["adv/mean"] = valid.mean().item() if valid.numel() else 0.0
     metrics["adv/std"] = valid.std().item() if valid.numel() > 1 else 0.0
-    if "ref_logp" in batch:
+    if "ref_logp" in batch and "old_logp" in batch:
         kl = kl_k1(batch["old_logp"], batch["ref_logp"])[mask]
         metrics["kl/actor_ref_k1"] = kl.mean().item() if kl.numel() else 0.0
     return batch, metrics
@@ -101,13 +101,16 @@ def compute_advantage(
 
 def response_stats(batch: DataBatch) -> dict[str, float]:
     lengths = batch["response_mask"].sum(-1).float()
-    rollout = batch["rollout_logp"][batch["response_mask"].bool()]
-    trainer = batch["old_logp"][batch["response_mask"].bool()]
-    return {
+    stats = {
         "response/length_mean": lengths.mean().item(),
         "response/length_max": lengths.max().item(),
         "response/stop_fraction": sum(f == "stop" for f in batch["finish_reason"]) / len(batch),
-        # the rollout engine's log-probs against the trainer's, same tokens: a numerics check
-        "rollout/logp_diff_max": (rollout - trainer).abs().max().item() if rollout.numel() else 0.0,
-        "rollout/logp_diff_mean": (rollout - trainer).abs().mean().item() if rollout.numel() else 0.0,
     }
+    if "old_logp" not in batch:  # skipped on policy (actor.recompute_old_logp): the loss reports
+        return stats
+    rollout = batch["rollout_logp"][batch["response_mask"].bool()]
+    trainer = batch["old_logp"][batch["response_mask"].bool()]
+    # the rollout engine's log-probs against the trainer's, same tokens: a numerics check
+    stats["rollout/logp_diff_max"] = (rollout - trainer).abs().max().item() if rollout.numel() else 0.0
+    stats["rollout/logp_diff_mean"] = (rollout - trainer).abs().mean().item() if rollout.numel() else 0.0
+    return stats

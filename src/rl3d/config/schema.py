@@ -36,13 +36,19 @@ def _non_negative(obj: Any, *names: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: str  # a spec name from rl3d.models.MODEL_SPECS (shapes), e.g. tiny-llama, llama2-70b
+    # A spec name from rl3d.models.MODEL_SPECS (shapes), e.g. tiny-llama, llama2-70b; None: the
+    # shapes come from hf_path's config.json (rl3d.models.spec.spec_of). With both, they must agree.
+    name: str | None = None
     hf_path: str | None = None  # HF directory with weights + tokenizer; None = random init
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
 
     def __post_init__(self) -> None:
         from rl3d.models.spec import get_model_spec
 
+        if self.name is None:
+            if not self.hf_path:
+                raise FieldError("name", "missing required key (or set model.hf_path, an HF directory)")
+            return
         try:
             get_model_spec(self.name)
         except ValueError as err:
@@ -96,7 +102,11 @@ class TrainedRoleConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class ActorConfig(TrainedRoleConfig):
-    pass
+    # The old log-probs' forward: `auto` skips it when a step makes exactly one optimizer update
+    # over its samples (ppo_epochs 1, one mini-batch) and nothing else reads them before the
+    # update (no KL in the reward): pi_old is then the policy being updated, and the loss uses
+    # its own detached log-probs.
+    recompute_old_logp: Literal["auto", "always", "never"] = "auto"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,6 +171,9 @@ class RolloutConfig:
     top_k: int = -1  # -1 = off
     max_new_tokens: int = 64
     stop_token_ids: list[int] = field(default_factory=list)
+    # the rollout engine's weights and compute; None: the training dtype (model.dtype). A lower
+    # precision than training makes the rollout-training mismatch that rollout_correction fixes
+    dtype: Literal["float32", "bfloat16", "float16"] | None = None
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
 
     def __post_init__(self) -> None:
@@ -197,6 +210,19 @@ class KLConfig:
     def __post_init__(self) -> None:
         _non_negative(self, "coef")
         _positive(self, "target", "horizon")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutCorrectionConfig:
+    """Importance weights pi_old / pi_rollout between the trainer and the rollout engine
+    (`rl3d.algos.rollout_correction`): tis | mis | seq_tis, truncated or masked at `threshold`."""
+
+    mode: Literal["none", "tis", "mis", "seq_tis"] = "none"
+    threshold: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.threshold <= 1.0:
+            raise FieldError("threshold", f"must be > 1, got {self.threshold}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -242,6 +268,7 @@ class AlgorithmConfig:
     overlong_buffer_length: int = 0  # DAPO soft overlong penalty window in tokens; 0 = off
     overlong_penalty_factor: float = 1.0
     safe_rlhf: SafeRLHFConfig = field(default_factory=SafeRLHFConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     def __post_init__(self) -> None:
         _registered("get_advantage_estimator", "adv_estimator", self.adv_estimator)
@@ -348,6 +375,9 @@ class CheckpointConfig:
     save_every: int = 0  # steps; 0 = never
     keep_last: int = 2
     resume: Literal["auto", "never"] = "auto"
+    # Also write the actor as an HF directory (config.json, safetensors, tokenizer files) into
+    # each checkpoint, at step_N/hf (rl3d.models.export); `rl3d export` does it afterwards.
+    save_hf: bool = False
 
     def __post_init__(self) -> None:
         _non_negative(self, "save_every")

@@ -21,6 +21,23 @@ from rl3d.single_controller.batch import DataBatch
 logger = logging.getLogger(__name__)
 
 
+def old_logp_source(cfg: RL3DConfig) -> str:
+    """Where this step's pi_old log-probs come from (`actor.recompute_old_logp`): "recompute"
+    (a forward of the actor before the update), "rollout" (the engine's), or "current": a step
+    that makes exactly one optimizer update over its samples updates pi_old itself, so the loss
+    uses its own detached log-probs, unless something reads pi_old before the update (KL in the
+    reward, or an adaptive KL controller measuring it)."""
+    actor, al = cfg.actor, cfg.algorithm
+    if actor.recompute_old_logp == "never":
+        return "rollout"
+    samples = cfg.data.prompts_per_step * cfg.rollout.n
+    on_policy = actor.ppo_epochs == 1 and actor.mini_batch_size == samples
+    reads_old = (al.kl.coef > 0 and al.kl_placement == "reward") or al.kl.controller == "adaptive"
+    if actor.recompute_old_logp == "auto" and on_policy and not reads_old:
+        return "current"
+    return "recompute"
+
+
 @dataclass
 class StageTimer:
     seconds: dict[str, float] = field(default_factory=dict)
@@ -87,8 +104,12 @@ class RLTrainer:
         with t("generate"):
             batch = self.generate(step, metrics)
         self.hooks.call("on_rollout_end", step=step, batch=batch, metrics=metrics)
-        with t("old_logp"):
-            batch = batch.union(self.roles.actor.call("compute_log_prob", batch))
+        source = old_logp_source(cfg)
+        if source == "recompute":
+            with t("old_logp"):
+                batch = batch.union(self.roles.actor.call("compute_log_prob", batch))
+        elif source == "rollout":  # the engine's own: PPO's ratio is then against the behaviour policy
+            batch.set("old_logp", batch["rollout_logp"])
         for stage, method, group in self.roles.stages("compute"):  # reference, critics, ...
             with t(stage):
                 batch = batch.union(group.call(method, batch))

@@ -57,8 +57,8 @@ def engine_kwargs(
             "(with p_g > 1 each engine would receive only its own stage's layers)"
         )
     kwargs: dict[str, Any] = dict(spec=spec, group=group, pad_token_id=pad_token_id)
-    if name == "torch":
-        return kwargs
+    if name == "torch":  # generates on the resharded training weights unless told another dtype
+        return kwargs | {"dtype": getattr(torch, rollout.dtype) if rollout.dtype else None}
     if not model_path:
         raise ValueError("model.hf_path: the sglang rollout engine starts from an HF directory; set it")
     sg = rollout.sglang
@@ -73,7 +73,7 @@ def engine_kwargs(
         base_gpu_id=sg.base_gpu_id
         if sg.base_gpu_id is not None
         else (device.index if device is not None and device.type == "cuda" else None),
-        dtype=dtype,
+        dtype=rollout.dtype or dtype,
         seed=seed,
     )
     return kwargs

@@ -147,6 +147,11 @@ class ShardedWeights:
         """From plain tensors: name -> this rank's Megatron generation-TP shard (one piece each)."""
         return cls(spec, tp_size, tp_rank, {n: [t] for n, t in tensors.items()}).checked()
 
+    def cast(self, dtype: torch.dtype) -> ShardedWeights:
+        """A copy in `dtype` (a rollout engine in lower precision than training)."""
+        pieces = {n: [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
+        return ShardedWeights(self.spec, self.tp_size, self.tp_rank, pieces).checked()
+
     def checked(self) -> ShardedWeights:
         spec = self.spec
         needed = [p.name for p in megatron_params(spec)]  # the actor's, tied output left out

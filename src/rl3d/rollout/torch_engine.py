@@ -79,10 +79,12 @@ class TorchRolloutEngine:
         group: Any = None,
         max_batch_rows: int = 256,
         pad_token_id: int = 0,
+        dtype: torch.dtype | None = None,
     ):
         if max_batch_rows < 1:
             raise ValueError(f"rollout.max_batch_rows must be >= 1, got {max_batch_rows}")
         self.spec, self.max_batch_rows, self.pad_token_id = spec, max_batch_rows, pad_token_id
+        self.dtype = dtype  # None: the weights' own (the training dtype); else a cast copy
         self.tp = TPComm(group)
         self.weights: ShardedWeights | None = None
         self.cache: KVCache | None = None
@@ -94,11 +96,14 @@ class TorchRolloutEngine:
     # -- RolloutEngine -------------------------------------------------------------------------
     def load_weights(self, weights: Any) -> None:
         """`GenerationWeights` (used in place) or a mapping name -> this rank's Megatron
-        generation-TP shard. No tensor is copied."""
+        generation-TP shard. No tensor is copied, unless the engine runs in another dtype
+        (`rollout.dtype`): then it holds a cast copy."""
         if isinstance(weights, Mapping):
             w = ShardedWeights.from_tensors(self.spec, weights, self.tp.size, self.tp.rank)
         else:
             w = ShardedWeights.from_generation(weights)
+        if self.dtype is not None and w.dtype != self.dtype:
+            w = w.cast(self.dtype)
         if w.tp_size != self.tp.size or w.tp_rank != self.tp.rank:
             raise ValueError(
                 f"weights are generation-TP shard {w.tp_rank} of {w.tp_size}, but this rank is "

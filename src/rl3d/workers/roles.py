@@ -241,8 +241,10 @@ class ActorRolloutWorker(_LogProbMixin):
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def update_actor(self, batch: DataBatch) -> dict[str, float] | None:
-        """PPO epochs with the recipe's policy loss (`algorithm.policy_loss`, with its clips bound)
-        and, when the KL goes in the loss (GRPO), the reference KL term."""
+        """PPO epochs with the recipe's policy loss (`algorithm.policy_loss`, its clips bound, the
+        rollout correction applied) and, when the KL goes in the loss (GRPO), the reference KL
+        term. Without `old_logp` in the batch (skipped on policy: `actor.recompute_old_logp`)
+        pi_old is the policy being updated: its own log-probs, detached."""
         al, kl = self.cfg.algorithm, self.cfg.algorithm.kl
         kl_in_loss = kl.coef > 0 and al.kl_placement == "loss"
 
@@ -250,15 +252,16 @@ class ActorRolloutWorker(_LogProbMixin):
             logp, entropy = self._logp_entropy(output, micro, self.role)
             loss, metrics = self.policy_loss(
                 logp_BT=logp,
-                old_logp_BT=micro["old_logp"],
+                old_logp_BT=micro["old_logp"] if "old_logp" in micro else logp.detach(),
                 adv_BT=micro["advantages"],
                 mask_BT=micro["response_mask"].bool(),
                 entropy_BT=entropy,
                 ref_logp_BT=micro["ref_logp"] if kl_in_loss else None,
                 kl_loss_coef=kl.coef if kl_in_loss else 0.0,
                 kl_estimator=al.kl_estimator,
+                rollout_logp_BT=micro["rollout_logp"],
             )
-            return loss, {f"actor/{k}": v.detach() for k, v in metrics.items()}
+            return loss, {(k if "/" in k else f"actor/{k}"): v.detach() for k, v in metrics.items()}
 
         return _train(self.role, self.cfg.actor, batch, loss_of, self.cfg.algorithm.loss_agg_mode, "actor")
 
