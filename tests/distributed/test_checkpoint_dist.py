@@ -31,7 +31,7 @@ def _save_three_steps(rank, world_size, root):
 def test_two_rank_save(tmp_path):
     root = tmp_path / "ckpt"
     results = run_distributed(_save_three_steps, 2, str(root), timeout_s=60)
-    expected = [(step, ["meta.json", "rank_0.pt", "rank_1.pt"]) for step in (1, 2, 3)]
+    expected = [(step, ["manifest.json", "meta.json", "rank_0.pt", "rank_1.pt"]) for step in (1, 2, 3)]
     assert results == [expected, expected]
     assert sorted(p.name for p in root.iterdir()) == ["step_00000002", "step_00000003"]
     latest = root / "step_00000003"
