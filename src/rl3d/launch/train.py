@@ -8,8 +8,9 @@ import os
 import shlex
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
-from rl3d.config import load_config
+from rl3d.config import load_config, run_dir_of
 from rl3d.launch.preflight import check_run_dir, preflight
 
 logger = logging.getLogger(__name__)
@@ -20,7 +21,7 @@ PREFLIGHT_DONE_ENV = "RL3D_PREFLIGHT_DONE"
 
 def torchrun_command(recipe: str, overrides: list[str], nproc_per_node: int) -> list[str]:
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        sys.executable, "-m", "rl3d.launch.torchrun", "--standalone",
         f"--nproc-per-node={nproc_per_node}", "-m", "rl3d.train", recipe, *overrides,
     ]  # fmt: skip
 
@@ -70,4 +71,18 @@ def launch_train(
         return 0
     import subprocess
 
-    return subprocess.call(command, env={**os.environ, PREFLIGHT_DONE_ENV: "1"})
+    for stale in (run_dir_of(loaded.config) / "logs").glob("failed_rank*.txt"):  # an earlier run's
+        stale.unlink()
+    code = subprocess.call(command, env={**os.environ, PREFLIGHT_DONE_ENV: "1"})
+    if code:
+        emit("rl3d: run failed: " + first_rank_failure(run_dir_of(loaded.config) / "logs", code))
+    return code
+
+
+def first_rank_failure(log_dir: Path, code: int) -> str:
+    """The line of the rank that failed first (by time: the others usually fail in a collective
+    after it), or what torchrun's exit status says."""
+    failures = sorted(log_dir.glob("failed_rank*.txt"), key=lambda p: p.stat().st_mtime)
+    if failures:
+        return failures[0].read_text().strip()
+    return f"torchrun exited with status {code} (a rank died without a Python error; see {log_dir})"
