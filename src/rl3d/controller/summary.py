@@ -10,6 +10,9 @@ from rl3d.config import RL3DConfig
 
 logger = logging.getLogger(__name__)
 
+# The demo's promise is stated over 20-step windows (README; benchmarks/demo_sweep.py): one step's
+# mean reward over 8 prompts x 4 samples is too noisy to judge a run by a few steps.
+WINDOW = 20
 HEADLINE = (
     "reward/score_mean",
     "response/length_mean",
@@ -37,12 +40,13 @@ def write_summary(cfg: RL3DConfig, history: list[dict[str, float]], run_dir: Pat
         title=f"{cfg.trainer.experiment}: {cfg.algorithm.adv_estimator}",
     )
     rewards = [h["reward/score_mean"] for h in history]
-    k = max(1, min(5, len(rewards) // 4))
+    k = min(WINDOW, len(rewards))
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     lines = [
         f"run {cfg.trainer.experiment}: {len(history)} steps of {cfg.algorithm.adv_estimator} "
         f"on {cfg.model.name}",
         f"mean reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})",
+        *_kl_line(history[-k:]),
         *(f"  {key:<22} {history[-1][key]:.6g}" for key in HEADLINE if key in history[-1]),
         f"total time {sum(h.get('time/step', 0.0) for h in history):.1f} s; outputs in {run_dir}: "
         "metrics.jsonl, metrics.csv, reward_curve.png, resolved_config.yaml",
@@ -51,6 +55,13 @@ def write_summary(cfg: RL3DConfig, history: list[dict[str, float]], run_dir: Pat
     (run_dir / "summary.txt").write_text(text + "\n")
     logger.info("summary\n%s", text)
     return text
+
+
+def _kl_line(rows: list[dict[str, float]]) -> list[str]:
+    kls = [h["kl/actor_ref_k1"] for h in rows if "kl/actor_ref_k1" in h]
+    if not kls:  # no reference (KL coefficient 0)
+        return []
+    return [f"actor-reference KL (k1): mean of the last {len(kls)} steps {sum(kls) / len(kls):.3f}"]
 
 
 def _plot_rewards(history: list[dict[str, float]], path: Path, *, title: str) -> None:
