@@ -1,4 +1,4 @@
-"""The `rl3d` command: train, validate, plan, bench, slurm, convert.
+"""The `rl3d` command: train, validate, plan, bench, slurm, convert, export.
 
 Each subcommand parses its own arguments and calls into the package; this module only routes.
 Exit codes: 0 ok, 1 a run or submission that failed, 2 bad input (recipe, arguments).
@@ -61,6 +61,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from rl3d.checkpoint.export import export_run
+
+    try:
+        step, dst = export_run(args.run_dir, args.dst, step=args.step, max_shard_bytes=args.max_shard_size)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"rl3d export: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"wrote HF directory {dst} from step {step} of {args.run_dir}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rl3d", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -99,6 +111,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_convert_arguments(convert)
     convert.set_defaults(func=run_convert)
+    export = sub.add_parser("export", help="a run's checkpointed actor as an HF directory")
+    from rl3d.models.cli_convert import parse_size
+
+    export.add_argument("run_dir", help="the run directory (trainer.run_dir)")
+    export.add_argument("--dst", required=True, help="output HF directory (replaced atomically)")
+    export.add_argument("--step", type=int, help="the checkpoint's step (default: the newest complete one)")
+    export.add_argument(
+        "--max-shard-size", type=parse_size, default=5 * 10**9, help="largest safetensors file (default 5GB)"
+    )
+    export.set_defaults(func=_cmd_export)
     slurm = sub.add_parser(
         "slurm", help="write an sbatch script into the run dir and submit it; status, cancel"
     )

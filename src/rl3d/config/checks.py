@@ -24,11 +24,14 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:
     from rl3d.config.pools import role_pools
-    from rl3d.models.spec import get_model_spec
+    from rl3d.models.spec import spec_of
     from rl3d.parallel import GenerationLayout, ParallelLayout
 
     par = cfg.actor.parallel
-    spec = get_model_spec(cfg.model.name)
+    try:
+        spec = spec_of(cfg.model)  # reads model.hf_path's config.json when model.name is unset
+    except ValueError as err:
+        raise fail("model.hf_path", str(err)) from None
     pools = role_pools(cfg)
     for pool in pools:  # each pool's layout is its role's `parallel` section
         t, p = pool.layout.t, pool.layout.p

@@ -97,7 +97,8 @@ class RoleGroups:
 
 class TrainerCheckpoints:
     """Model + optimizer + scheduler (megatron dist checkpoints), data position, KL controller
-    and every rank's RNG, written atomically by `CheckpointManager` (tmp dir, then rename)."""
+    and every rank's RNG, written atomically by `CheckpointManager` (tmp dir, then rename); with
+    `checkpoint.save_hf`, also the actor as an HF directory (`step_N/hf`), exported by rank 0."""
 
     def __init__(self, cfg: RL3DConfig, run_dir: Path, ranks: RankFiles):
         from rl3d.checkpoint import CheckpointManager, checkpoint_identity
@@ -123,6 +124,12 @@ class TrainerCheckpoints:
                     "history": trainer.history,
                 }
                 (tmp / "trainer_state.json").write_text(json.dumps(state))
+                if self.cfg.checkpoint.save_hf:  # reads the ranks' finished files, in any layout
+                    from rl3d.models.export import HF_SUBDIR, export_hf
+                    from rl3d.models.spec import spec_of
+
+                    model = self.cfg.model
+                    export_hf(tmp / ACTOR, spec_of(model), tmp / HF_SUBDIR, source=model.hf_path)
 
         r = self.ranks
         return self.manager.save(step, write, rank=r.rank, world_size=r.world_size, barrier=r.barrier)
@@ -159,10 +166,10 @@ class RunData:
 def build_data(cfg: RL3DConfig) -> RunData:
     """Model spec, tokenizer, prompt dataset and sampler (no process group needed)."""
     from rl3d.data import PromptSampler, load_prompt_dataset, load_tokenizer
-    from rl3d.models.spec import get_model_spec
+    from rl3d.models.spec import spec_of
     from rl3d.rewards import answer_check_for
 
-    spec = get_model_spec(cfg.model.name)
+    spec = spec_of(cfg.model)
     tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
     dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
     if dataset.num_bad_rows:

@@ -104,9 +104,9 @@ def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankW
     rank actor)."""
     from rl3d.data import load_tokenizer
     from rl3d.models.bootstrap import init_megatron
-    from rl3d.models.spec import get_model_spec
+    from rl3d.models.spec import spec_of
 
-    spec = get_model_spec(cfg.model.name)
+    spec = spec_of(cfg.model)
     pools = role_pools(cfg)
     pool = hosting(pools, pool_name)  # a pool hosts the role it is named after
     groups = init_megatron(pool.layout, seed=cfg.trainer.seed)

@@ -8,7 +8,7 @@ import json
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
 from rl3d.hybrid_engine.plan import DTYPE_BYTES, TransitionPlan, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
-from rl3d.models.spec import get_model_spec
+from rl3d.models.spec import get_model_spec, spec_of
 from rl3d.parallel import ParallelLayout
 
 GB = 1e9
@@ -48,7 +48,7 @@ def _inputs(args: argparse.Namespace):
         par = cfg.actor.parallel
         dtype = args.dtype or cfg.model.dtype
         return (
-            get_model_spec(cfg.model.name),
+            spec_of(cfg.model),
             ParallelLayout(par.pp, par.tp, par.dp),
             cfg.rollout.t_g,
             (cfg.rollout.p_g),
@@ -139,9 +139,25 @@ def format_auto(rows, best, hw: HardwareModel) -> str:
     return "\n".join(lines)
 
 
+MAX_WORLD = 1 << 16  # ranks: planning is per rank, and no job has more
+
+
+def _check_bounds(args: argparse.Namespace, train: ParallelLayout) -> None:
+    """Inputs a plan cannot mean: said before any work (a huge world would run for hours)."""
+    if train.world_size > MAX_WORLD:
+        raise ValueError(f"--train: {train.world_size} ranks; rl3d plan handles at most {MAX_WORLD}")
+    for flag, value in (("--gpu-mem-gb", args.gpu_mem_gb), ("--batch", args.batch)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value:g}")
+    for flag, value in (("--prompt-len", args.prompt_len), ("--response-len", args.response_len)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+
+
 def run_plan(args: argparse.Namespace) -> str:
     """Entry point of `rl3d plan`; ValueError (bad layout, model, flag) is reported by the CLI."""
     spec, train, t_g, p_g, dtype = _inputs(args)
+    _check_bounds(args, train)
     if args.auto:
         hw = HardwareModel(gpu_mem_gb=args.gpu_mem_gb)
         rows = search_layouts(

@@ -7,7 +7,8 @@ already checked the recipe as data; this module looks at the machine and the use
 - seeds and sizes in range: seeds in [0, 2**32), `data.max_prompt_length +
   rollout.max_new_tokens` within the model's positions, stop tokens inside the vocabulary;
 - `model.hf_path` holds an HF directory (config.json + safetensors) or an rl3d Megatron weight
-  directory whose shapes are those of `model.name`;
+  directory whose shapes are those of `model.name` (`rl3d.models.spec.spec_of`), or, with the
+  name unset, whose shapes the run takes;
 - every `data.train_files` entry is a readable parquet file with the prompt column, the
   template's columns and (when the reward needs answers) the answer column;
 - user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
@@ -33,16 +34,6 @@ from rl3d.config import ConfigError, LoadedConfig, run_dir_of
 from rl3d.config.loader import RESOLVED_NAME, resolved_config_conflicts
 
 SEED_LIMIT = 2**32  # numpy's legacy seeding (and most data tools) take 32-bit seeds
-_SHAPE_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "ffn_hidden_size",
-    "num_attention_heads",
-    "num_query_groups",
-    "vocab_size",
-    "tied_embeddings",
-    "qkv_bias",
-)
 
 
 class PreflightError(ConfigError):
@@ -98,26 +89,18 @@ def _check_ranges(check: _Check, spec: Any) -> None:
 
 
 def _check_model(check: _Check, check_paths: bool) -> Any:
-    """The model's spec; with `check_paths`, the one in `model.hf_path`, which must match."""
-    from rl3d.models.spec import get_model_spec
+    """The run's spec (`spec_of`: model.name's, which must agree with model.hf_path, or the
+    shapes in hf_path when the name is unset); with `check_paths`, hf_path must hold weights."""
+    from rl3d.models.spec import spec_of
 
     cfg = check.cfg
-    spec = get_model_spec(cfg.model.name)
-    if not check_paths or not cfg.model.hf_path or (check.absent_ok and not Path(cfg.model.hf_path).exists()):
-        return spec
-    found = _spec_in(check, Path(cfg.model.hf_path))
-    for name in _SHAPE_FIELDS:
-        if getattr(found, name) != getattr(spec, name):
-            raise check.fail(
-                "model.hf_path",
-                f"{found.name} holds a model with {name}={getattr(found, name)}, but model.name "
-                f"{spec.name!r} has {name}={getattr(spec, name)}",
-            )
-    if found.max_position_embeddings < spec.max_position_embeddings:
-        from dataclasses import replace
-
-        spec = replace(spec, max_position_embeddings=found.max_position_embeddings)
-    return spec
+    hf_path = cfg.model.hf_path
+    if check_paths and hf_path and not (check.absent_ok and not Path(hf_path).exists()):
+        _spec_in(check, Path(hf_path))
+    try:
+        return spec_of(cfg.model)
+    except ValueError as err:
+        raise check.fail("model.hf_path", str(err)) from None
 
 
 def _spec_in(check: _Check, path: Path) -> Any:

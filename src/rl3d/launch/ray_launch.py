@@ -75,10 +75,10 @@ def make_reward_worker(cfg: RL3DConfig):
     """Runs inside each reward actor (and in the driver when scoring is not fanned out)."""
     from rl3d.controller.rank import tokenizer_path
     from rl3d.data import load_tokenizer
-    from rl3d.models.spec import get_model_spec
+    from rl3d.models.spec import spec_of
     from rl3d.workers.roles import RewardWorker
 
-    spec = get_model_spec(cfg.model.name)
+    spec = spec_of(cfg.model)
     tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
     return RewardWorker(cfg, tokenizer)
 

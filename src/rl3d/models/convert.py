@@ -155,11 +155,11 @@ def _write_mcore(src: Path, dst: Path, meta: McoreMeta, maps: list[TensorMap], s
             del full
         for writer in writers.values():
             writer.close()
-    _copy_extras(src, dst / HF_EXTRA)
+    copy_extras(src, dst / HF_EXTRA)
     meta.write(dst)
 
 
-def _copy_extras(src: Path, dst: Path) -> None:
+def copy_extras(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for path in src.iterdir():
         if path.is_file() and not path.name.endswith(_WEIGHT_SUFFIXES):
@@ -229,18 +229,7 @@ def mcore_to_hf(src: str | Path, dst: str | Path, *, max_shard_bytes: int = 5 * 
 def _write_hf(src: Path, dst: Path, max_shard_bytes: int) -> list[str]:
     with McoreReader(src) as reader:
         meta = reader.meta
-        maps = tensor_maps(meta.spec, meta.padded_vocab)
-        plan = []
-        for tmap in maps:
-            full = _meta_tensor(mcore_shape(meta.spec, meta.padded_vocab, tmap), reader.dtype(tmap.mcore))
-            plan += [(n, t.dtype, tuple(t.shape)) for n, t in zip(tmap.hf, tmap.to_hf(full))]
-        files = list(split_into_files(plan, max_shard_bytes))
-        names = (
-            ["model.safetensors"]
-            if len(files) == 1
-            else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
-        )
-        _write_hf_files(reader, maps, dst, names, files)
+        names = write_hf_weights(reader, meta.spec, meta.padded_vocab, dst, max_shard_bytes)
     extra = Path(src) / HF_EXTRA
     for path in extra.iterdir() if extra.exists() else []:
         shutil.copy2(path, dst / path.name)
@@ -249,8 +238,29 @@ def _write_hf(src: Path, dst: Path, max_shard_bytes: int) -> list[str]:
     return names
 
 
+def write_hf_weights(
+    reader: Any, spec: ModelSpec, padded_vocab: int, dst: Path, max_shard_bytes: int
+) -> list[str]:
+    """Write the HF safetensors files (sharded, with an index, past `max_shard_bytes`) of the
+    model whose full Megatron tensors `reader` gives by global name (`reader.dtype(name)`,
+    `reader.full(name)`: `McoreReader`, `rl3d.models.export.DistCheckpointReader`)."""
+    maps = tensor_maps(spec, padded_vocab)
+    plan = []
+    for tmap in maps:
+        full = _meta_tensor(mcore_shape(spec, padded_vocab, tmap), reader.dtype(tmap.mcore))
+        plan += [(n, t.dtype, tuple(t.shape)) for n, t in zip(tmap.hf, tmap.to_hf(full))]
+    files = list(split_into_files(plan, max_shard_bytes))
+    names = (
+        ["model.safetensors"]
+        if len(files) == 1
+        else [f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))]
+    )
+    _write_hf_files(reader, maps, dst, names, files)
+    return names
+
+
 def _write_hf_files(
-    reader: McoreReader, maps: list[TensorMap], dst: Path, names: list[str], files: list[list]
+    reader: Any, maps: list[TensorMap], dst: Path, names: list[str], files: list[list]
 ) -> None:
     file_of = {item[0]: i for i, group in enumerate(files) for item in group}
     writers = [StreamingWriter(dst / name, group) for name, group in zip(names, files)]

@@ -1,4 +1,4 @@
-"""HF <-> Megatron parameter mapping for the Llama and Qwen2 families (plain torch, per tensor).
+"""HF <-> Megatron parameter mapping for Llama, Qwen2 and Mistral (plain torch, per tensor).
 
 Each `TensorMap` ties one global Megatron parameter (t=1, p=1, vocab padded) to the HF tensors
 it is made of, with the two conversions. Nothing here needs process groups or megatron-core;
@@ -23,7 +23,7 @@ from rl3d.ops.layouts import (
     qkv_megatron_to_hf,
 )
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")  # one tensor layout: Llama's names
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,10 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         raise ValueError(f"{model_type}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
     if cfg.get("use_sliding_window"):
         raise ValueError(f"{model_type}: sliding-window attention is not supported")
+    max_positions = cfg.get("max_position_embeddings", 4096)
+    if model_type == "mistral" and cfg.get("sliding_window"):
+        # full attention equals Mistral's sliding window on sequences no longer than the window
+        max_positions = min(max_positions, cfg["sliding_window"])
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     if head_dim * heads != cfg["hidden_size"]:
@@ -75,7 +79,7 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         qkv_bias=model_type == "qwen2",
         rope_theta=_rope_theta(cfg),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+        max_position_embeddings=max_positions,
     )
 
 

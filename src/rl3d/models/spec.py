@@ -3,13 +3,20 @@
 Published shapes come from shared/MODELS.md. `get_model_spec` also accepts
 scaled-down shapes such as `llama2-70b-shape-1/64`, which keep a model's layer proportions
 (hidden, ffn and vocab divided by 64; layers and head counts kept) for measured benchmarks.
+
+A run's spec is `spec_of(cfg.model)`: the registry's for `model.name`, or the shapes in
+`model.hf_path`'s config.json when the name is unset (a user's own Llama/Qwen2/Mistral); with
+both, they must agree.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -125,3 +132,75 @@ def get_model_spec(name: str) -> ModelSpec:
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ValueError(f"unknown model {name!r}{hint}; known: {', '.join(MODEL_SPECS)}")
     return MODEL_SPECS[name]
+
+
+# What the weights' shapes and the forward pass depend on: a registry name and an HF directory
+# must agree on all of them (max_position_embeddings may differ; the smaller one is used).
+MATCHED_FIELDS = (
+    "num_layers",
+    "hidden_size",
+    "ffn_hidden_size",
+    "num_attention_heads",
+    "num_query_groups",
+    "vocab_size",
+    "tied_embeddings",
+    "qkv_bias",
+    "rope_theta",
+    "norm_eps",
+)
+
+
+def spec_in_dir(path: str | Path) -> ModelSpec:
+    """The spec of a model directory: an HF one (config.json) or an rl3d Megatron weight
+    directory (rl3d_meta.json); named after the directory. A missing or unreadable config, or
+    an unsupported architecture, is a ValueError naming the file."""
+    from rl3d.models.hf_mapping import spec_from_hf_config
+
+    path = Path(path)
+    meta, config = path / "rl3d_meta.json", path / "config.json"
+    source = meta if meta.is_file() else config
+    if not source.is_file():
+        raise ValueError(f"{path}: no config.json (nor rl3d_meta.json): not a model directory")
+    try:
+        record = json.loads(source.read_text())
+        if source is meta:
+            return replace(ModelSpec(**record["spec"]), name=str(path))
+        return spec_from_hf_config(record, name=str(path))
+    except (ValueError, KeyError, TypeError) as err:  # JSONDecodeError is a ValueError
+        raise ValueError(f"{source}: {type(err).__name__}: {err}") from None
+
+
+def spec_of(model_cfg: Any) -> ModelSpec:
+    """The spec a run builds from its `model` section (`rl3d.config.ModelConfig`).
+
+    `name` only: the registry's. `hf_path` only: the shapes in its config.json. Both: the
+    registry's, which must agree with the directory on every `MATCHED_FIELDS` entry (a
+    ValueError names both and each differing field), with the smaller max_position_embeddings.
+    An `hf_path` that does not exist here is not read when `name` is set (the preflight reports
+    it where the run starts).
+    """
+    name, hf_path = model_cfg.name, model_cfg.hf_path
+    if name is None:
+        if not hf_path:
+            raise ValueError("model: set model.name (a registry shape) or model.hf_path (an HF directory)")
+        return spec_in_dir(hf_path)
+    spec = get_model_spec(name)
+    if not hf_path or not Path(hf_path).is_dir():
+        return spec
+    found = spec_in_dir(hf_path)
+    differ = [f for f in MATCHED_FIELDS if getattr(found, f) != getattr(spec, f)]
+    if differ:
+        theirs = ", ".join(f"{f}={getattr(found, f)}" for f in differ)
+        ours = ", ".join(f"{f}={getattr(spec, f)}" for f in differ)
+        raise ValueError(
+            f"{_config_file(hf_path)} holds a model with {theirs}, but model.name {name!r} has {ours} "
+            "(unset model.name, e.g. model.name=null, to take the shapes from the directory)"
+        )
+    if found.max_position_embeddings < spec.max_position_embeddings:
+        spec = replace(spec, max_position_embeddings=found.max_position_embeddings)
+    return spec
+
+
+def _config_file(path: str | Path) -> Path:
+    meta = Path(path) / "rl3d_meta.json"
+    return meta if meta.is_file() else Path(path) / "config.json"

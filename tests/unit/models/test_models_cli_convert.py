@@ -20,9 +20,9 @@ def test_hf2mcore_then_mcore2hf(tiny_hf_dirs, tmp_path, capsys):
 
 
 def test_unsupported_model_type_exits_2(tmp_path, capsys):
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mistral"}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma"}))
     assert main(["hf2mcore", "--src", str(tmp_path), "--dst", str(tmp_path / "o")]) == 2
-    assert "unsupported HF model_type 'mistral'" in capsys.readouterr().err
+    assert "unsupported HF model_type 'gemma'" in capsys.readouterr().err
 
 
 def test_missing_source_exits_2(tmp_path, capsys):
