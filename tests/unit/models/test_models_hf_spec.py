@@ -144,3 +144,15 @@ def test_dist_checkpoint_exports_to_the_hf_tensors_bit_for_bit(groups_1x1, tiny_
             json.loads((src / "config.json").read_text())
         ).name.removeprefix("hf-")
         assert not list(out.parent.glob(".hf.tmp-*"))
+
+
+def test_an_rl3d_megatron_directory_gives_its_recorded_spec(tiny_hf_dirs, tmp_path):
+    from dataclasses import replace
+
+    from rl3d.models.convert import hf_to_mcore
+
+    src = tiny_hf_dirs["tiny-qwen2"]
+    hf_to_mcore(src, tmp_path / "m", tp=2, pp=1)
+    spec = spec_of(model(hf_path=tmp_path / "m"))
+    assert spec == replace(spec_of(model(hf_path=src)), name=str(tmp_path / "m"))
+    assert spec_of(model("tiny-qwen2", tmp_path / "m")) == get_model_spec("tiny-qwen2")
