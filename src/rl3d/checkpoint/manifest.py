@@ -41,7 +41,7 @@ def checkpoint_identity(cfg: Any) -> dict[str, str]:
     from rl3d.config.pools import role_pools
 
     layout = ", ".join(f"{pool.name} {pool.layout}" for pool in role_pools(cfg))
-    return {"model": cfg.model.name, "layout": layout}
+    return {"model": cfg.model.label, "layout": layout}
 
 
 def _crc32(path: Path) -> str:

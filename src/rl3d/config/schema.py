@@ -54,6 +54,11 @@ class ModelConfig:
         except ValueError as err:
             raise FieldError("name", str(err)) from None
 
+    @property
+    def label(self) -> str:
+        """What to call the model in logs and manifests: its spec name, else its HF directory."""
+        return self.name or str(self.hf_path)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ParallelConfig:

@@ -44,7 +44,7 @@ def write_summary(cfg: RL3DConfig, history: list[dict[str, float]], run_dir: Pat
     first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
     lines = [
         f"run {cfg.trainer.experiment}: {len(history)} steps of {cfg.algorithm.adv_estimator} "
-        f"on {cfg.model.name}",
+        f"on {cfg.model.label}",
         f"mean reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})",
         *_kl_line(history[-k:]),
         *(f"  {key:<22} {history[-1][key]:.6g}" for key in HEADLINE if key in history[-1]),

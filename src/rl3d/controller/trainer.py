@@ -110,7 +110,7 @@ class RLTrainer:
                 batch = batch.union(self.roles.actor.call("compute_log_prob", batch))
         elif source == "rollout":  # the engine's own: PPO's ratio is then against the behaviour policy
             batch.set("old_logp", batch["rollout_logp"])
-        for stage, method, group in self.roles.stages("compute"):  # reference, critics, ...
+        for stage, method, group in self.roles.stages("compute"):  # critics, reference, own roles
             with t(stage):
                 batch = batch.union(group.call(method, batch))
         with t("advantage"):

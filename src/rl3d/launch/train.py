@@ -31,7 +31,7 @@ def describe(loaded) -> str:
     par = cfg.actor.parallel
     lines = [
         f"recipe       {loaded.recipe}  ({cfg.description or 'no description'})",
-        f"model        {cfg.model.name} ({cfg.model.dtype})",
+        f"model        {cfg.model.label} ({cfg.model.dtype})",
         f"actor        train p-t-d = {par.pp}-{par.tp}-{par.dp}; generate t_g={cfg.rollout.t_g}, "
         f"p_g={cfg.rollout.p_g} with the {cfg.rollout.engine} engine",
         f"algorithm    {cfg.algorithm.adv_estimator}; critic {'on' if cfg.critic_enabled else 'off'}, "
