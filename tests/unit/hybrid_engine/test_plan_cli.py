@@ -114,3 +114,18 @@ def test_70b_plan_is_fast_and_never_imports_torch():
     lines = proc.stdout.strip().splitlines()
     assert lines[-1] == "False"
     assert float(lines[-2]) < 2.0, f"planning took {lines[-2]} s (process wall {wall:.2f} s)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--train", "1,1,100000000", "--gen", "1,1"], "--train: 100000000 ranks; rl3d plan handles at most"),
+        (["--train", "1,8,2", "--auto", "--gpu-mem-gb", "-5"], "--gpu-mem-gb must be > 0, got -5"),
+        (["--train", "1,8,2", "--auto", "--batch", "0"], "--batch must be > 0, got 0"),
+        (["--train", "1,8,2", "--gen", "8,1", "--response-len", "0"], "--response-len must be >= 1, got 0"),
+    ],
+)
+def test_inputs_a_plan_cannot_mean_are_refused_at_once(capsys, args, message):
+    start = time.monotonic()
+    assert main(["plan", "--model", "llama2-70b", *args]) == EXIT_BAD_INPUT
+    assert message in capsys.readouterr().err and time.monotonic() - start < 5
