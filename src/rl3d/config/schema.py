@@ -91,6 +91,11 @@ class OptimConfig:
         _non_negative(self, "weight_decay", "clip_grad", "lr_warmup_steps")
 
 
+def _budget_needs_packing(cfg: Any) -> None:
+    if cfg.max_tokens_per_micro_batch is not None and cfg.packing is False:
+        raise FieldError("max_tokens_per_micro_batch", "needs packing: true")
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainedRoleConfig:
     """What the actor and the critic share: a layout, an optimizer and PPO's batch loop."""
@@ -100,9 +105,16 @@ class TrainedRoleConfig:
     ppo_epochs: int = 1
     mini_batch_size: int = 8
     micro_batch_size: int = 1
+    # Sequence packing: each micro-batch's sequences run as one row without pad tokens (same
+    # outputs within fp32 rounding, not bit for bit, hence off by default).
+    packing: bool = False
+    # With packing: micro-batches formed by a token budget (real tokens) instead of
+    # micro_batch_size sequences; None = by micro_batch_size.
+    max_tokens_per_micro_batch: int | None = None
 
     def __post_init__(self) -> None:
-        _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size")
+        _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size", "max_tokens_per_micro_batch")
+        _budget_needs_packing(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,6 +142,13 @@ class ReferenceConfig:
     enabled: bool | None = None
     colocate: bool = True  # False: its own pool of parallel.tp * pp * dp ranks (layout `parallel`)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)  # used when colocate is False
+    # As the actor's (micro-batches are the actor's); None = the actor's setting.
+    packing: bool | None = None
+    max_tokens_per_micro_batch: int | None = None
+
+    def __post_init__(self) -> None:
+        _positive(self, "max_tokens_per_micro_batch")
+        _budget_needs_packing(self)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -96,6 +96,11 @@ def transformer_config(
         persist_layer_norm=False,
         sequence_parallel=False,
     )
+    if overrides.get("variable_seq_lengths"):
+        # PP stages exchange each micro-batch's shape (packed rows differ in length). megatron
+        # refuses that with its default MoE dispatcher even in a dense model; the MoE-only
+        # setting below changes nothing else.
+        kwargs["moe_token_dispatcher_type"] = "alltoall"
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
 

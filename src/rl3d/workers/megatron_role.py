@@ -6,10 +6,15 @@ Sequences in a batch are `input_ids` = [left-padded prompt | right-padded respon
 `attention_mask` over both; `response_mask` [B, R] marks the response tokens. Token t's
 log-prob comes from the logits at position t-1, so a response of R tokens reads positions
 P-1 .. T-2 (P prompt columns, T = P + R).
+
+With `packing`, each micro-batch's sequences run as one row without pads (`rl3d.models.packing`)
+and outputs come back in the same per-sample `[B, R]` layout; `max_tokens_per_micro_batch` then
+forms micro-batches by a token budget instead of `micro_batch_size` sequences.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +24,14 @@ import torch.distributed as dist
 
 from rl3d.config import OptimConfig as OptimSection
 from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.packing import (
+    PACKED,
+    pack_rows,
+    packed_model_inputs,
+    per_sequence_rope,
+    token_budget_groups,
+    unpack_response,
+)
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps
 from rl3d.single_controller.batch import DataBatch
@@ -53,11 +66,19 @@ class MegatronRole:
         seed: int,
         hf_path: str | None = None,
         init_from: MegatronRole | None = None,
+        packing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
     ):
-        from rl3d.models.builder import build_gpt
+        from rl3d.models.builder import build_gpt, use_transformer_engine
 
+        if max_tokens_per_micro_batch is not None and not packing:
+            raise ValueError(f"{role}.max_tokens_per_micro_batch needs {role}.packing: true")
         self.spec, self.groups, self.role = spec, groups, role
-        self.model = build_gpt(spec, groups, role=role, params_dtype=params_dtype, seed=seed)
+        self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
+        # packed micro-batches differ in length: PP stages then exchange shapes before tensors
+        overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
+        self.model = build_gpt(spec, groups, role=role, params_dtype=params_dtype, seed=seed, **overrides)
+        self.te = packing and use_transformer_engine(groups.device)
         if hf_path:
             from rl3d.models.weights import load_weights
 
@@ -98,14 +119,52 @@ class MegatronRole:
         return model
 
     # -- forward -------------------------------------------------------------------------------
-    def _microbatches(self, batch: DataBatch, micro_batch_size: int) -> list[DataBatch]:
-        """Micro-batches on this rank's device (the controller's batches live on the host)."""
-        return [m.to(self.groups.device) for m in batch.chunks_of(min(micro_batch_size, len(batch)))]
+    def _microbatches(
+        self, batch: DataBatch, micro_batch_size: int
+    ) -> tuple[list[DataBatch], list[int] | None]:
+        """Micro-batches on this rank's device (the controller's batches live on the host), and
+        the sample order they hold when a token budget regrouped the samples (else None)."""
+        order = None
+        if self.max_tokens is not None:
+            lengths = batch["attention_mask"].sum(1).tolist()
+            key = f"{self.role}.max_tokens_per_micro_batch"
+            groups = token_budget_groups(lengths, self.max_tokens, key=key)
+            order = [i for g in groups for i in g]
+            chunks = [batch.select(g) for g in groups]
+        else:
+            chunks = batch.chunks_of(min(micro_batch_size, len(batch)))
+        micro = [m.to(self.groups.device) for m in chunks]
+        if self.packing:
+            micro = [self._packed(m) for m in micro]
+        if order is not None and order == sorted(order):
+            order = None  # the batch's own order
+        return micro, order
+
+    @staticmethod
+    def _packed(micro: DataBatch) -> DataBatch:
+        R = micro["response_mask"].shape[1]
+        row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R)
+        return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
+
+    @staticmethod
+    def _schedule_shape(micro: list[DataBatch]) -> dict[str, int]:
+        """seq_length and micro_batch_size for megatron's schedule (with packing, PP stages
+        exchange each micro-batch's shape: `variable_seq_lengths`)."""
+        if PACKED in micro[0].info:
+            return {"seq_length": max(m.info[PACKED].num_tokens for m in micro), "micro_batch_size": 1}
+        return {"seq_length": micro[0]["input_ids"].shape[1], "micro_batch_size": len(micro[0])}
 
     def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
         def step(micro: DataBatch, chunk: Any):
-            mask = micro["attention_mask"]
-            out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+            row = micro.info.get(PACKED)
+            if row is None:
+                mask = micro["attention_mask"]
+                out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+            else:
+                args, kwargs = packed_model_inputs(row, te=self.te)
+                rope = contextlib.nullcontext() if self.te else per_sequence_rope(self.unwrapped(), row)
+                with rope:
+                    out = chunk(*args, **kwargs)
 
             def loss_func(output: torch.Tensor):
                 return extract(output, micro)
@@ -115,16 +174,21 @@ class MegatronRole:
         return step
 
     def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
+        """[B, R, ...]: the outputs that predict (or value) the response tokens."""
+        if PACKED in micro.info:
+            return unpack_response(output, micro.info[PACKED])
         R = micro["response_mask"].shape[1]
         T = micro["input_ids"].shape[1]
         return output[:, T - R - 1 : T - 1]
 
     def run_forward(self, batch: DataBatch, micro_batch_size: int, extract) -> list[dict] | None:
         """Forward-only over micro-batches; `extract(output, micro) -> (loss, dict)` runs on the
-        last pipeline stage, where the list of dicts comes back (None on other stages)."""
+        last pipeline stage, where the list of dicts comes back (None on other stages). When a
+        token budget regrouped the samples, one dict comes back with every (per-sample) value in
+        the batch's order."""
         from rl3d.models.training import forward_backward
 
-        micro = self._microbatches(batch, micro_batch_size)
+        micro, order = self._microbatches(batch, micro_batch_size)
         self.unwrapped().eval()
         with torch.no_grad():
             outs = forward_backward(
@@ -133,11 +197,17 @@ class MegatronRole:
                 self._forward_step(extract),
                 micro,
                 num_microbatches=len(micro),
-                seq_length=batch["input_ids"].shape[1],
-                micro_batch_size=len(micro[0]),
                 forward_only=True,
+                **self._schedule_shape(micro),
             )
-        return outs if self.groups.is_last_stage else None
+        if not self.groups.is_last_stage:
+            return None
+        if order is None:
+            return outs
+        inverse = torch.argsort(torch.tensor(order))
+        merged = {k: torch.cat([o[k] for o in outs]) for k in outs[0]}
+        assert all(v.shape[0] == len(order) for v in merged.values()), "extract must return per-sample values"
+        return [{k: v[inverse.to(v.device)] for k, v in merged.items()}]
 
     # -- training ------------------------------------------------------------------------------
     def train_minibatches(
@@ -163,7 +233,7 @@ class MegatronRole:
         self.unwrapped().train()
         for _ in range(epochs):
             for mini in batch.chunks_of(local_mini):
-                micro = self._microbatches(mini, micro_batch_size)
+                micro, _ = self._microbatches(mini, micro_batch_size)
                 total = torch.tensor([float(sum(count_unit(m) for m in micro))], device=self.groups.device)
                 dist.all_reduce(total, group=self.groups.dp_group)
                 scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
@@ -179,18 +249,28 @@ class MegatronRole:
                     self._forward_step(scaled),
                     micro,
                     num_microbatches=len(micro),
-                    seq_length=mini["input_ids"].shape[1],
-                    micro_batch_size=len(micro[0]),
                     scheduler=self.scheduler,
                     skipped=self.skipped,
+                    **self._schedule_shape(micro),
                 )
                 if self.groups.is_last_stage:
+                    metrics.append(self._perf(micro))
                     for o in outs:
                         metrics.append({k: float(v) for k, v in o.items()})
                     if grad_norm is not None:
                         metrics.append({"grad_norm": float(grad_norm)})
                     metrics.append({"skipped_steps": float(self.skipped.total)})
         return metrics
+
+    def _perf(self, micro: list[DataBatch]) -> dict[str, float]:
+        """Share of computed token slots that are padding, and slots per micro-batch."""
+        real = sum(float(m["attention_mask"].sum()) for m in micro)
+        slots = sum(m.info[PACKED].num_tokens if PACKED in m.info else m["input_ids"].numel() for m in micro)
+        prefix = "perf/" if self.role == "actor" else f"perf/{self.role}_"
+        return {
+            f"{prefix}pad_fraction": 1.0 - real / slots,
+            f"{prefix}tokens_per_micro_batch": slots / len(micro),
+        }
 
     # -- weights for the 3D-HybridEngine -------------------------------------------------------
     def global_shards(self) -> dict[str, torch.Tensor]:

@@ -50,6 +50,21 @@ def _count_unit(mode: str):
     return lambda m: float((m["response_mask"].sum(-1) > 0).sum())
 
 
+def _batching(section) -> dict:
+    """MegatronRole's packing options from a role's config section."""
+    return {"packing": section.packing, "max_tokens_per_micro_batch": section.max_tokens_per_micro_batch}
+
+
+def _reference_batching(cfg: RL3DConfig) -> dict:
+    """The reference runs the actor's micro-batches: the actor's packing unless it sets its own."""
+    ref, actor = cfg.reference, cfg.actor
+    packing = actor.packing if ref.packing is None else ref.packing
+    budget = ref.max_tokens_per_micro_batch
+    if budget is None and packing:
+        budget = actor.max_tokens_per_micro_batch
+    return {"packing": packing, "max_tokens_per_micro_batch": budget}
+
+
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
     keys = {k for r in rows for k in r}
     return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
@@ -123,6 +138,7 @@ class ActorRolloutWorker(_LogProbMixin):
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,
             hf_path=cfg.model.hf_path,
+            **_batching(cfg.actor),
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
         he = cfg.hybrid_engine
@@ -293,6 +309,7 @@ class CriticWorker:
             seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
             hf_path=ctx.init_path,
             init_from=ctx.init_from,
+            **_batching(cfg.critic),
         )
 
     def dispatch_info(self) -> DispatchInfo:
@@ -347,6 +364,7 @@ class ReferenceWorker(_LogProbMixin):
             seed=cfg.trainer.seed,
             hf_path=path,
             init_from=None if path else ctx.init_from,
+            **_reference_batching(cfg),
         )
 
     def dispatch_info(self) -> DispatchInfo:

@@ -1,0 +1,69 @@
+"""rl3d.models.packing on hand-built batches: the packed row, its mask, the unpack index and the
+token-budget grouping."""
+
+import pytest
+import torch
+
+from rl3d.models.packing import block_causal_mask, pack_rows, token_budget_groups, unpack_response
+
+
+def _batch():
+    # [left-padded prompt (3) | right-padded response (3)]; 0 = pad
+    ids = torch.tensor([[0, 5, 6, 7, 8, 0], [9, 10, 11, 12, 13, 14]])
+    mask = (ids != 0).long()
+    return ids, mask
+
+
+def test_pack_rows_drops_pads_and_restarts_positions():
+    ids, mask = _batch()
+    row = pack_rows(ids, mask, response_width=3)
+    assert row.input_ids_1N.tolist() == [[5, 6, 7, 8, 9, 10, 11, 12, 13, 14]]
+    assert row.position_ids_1N.tolist() == [[0, 1, 2, 3, 0, 1, 2, 3, 4, 5]]
+    assert row.cu_seqlens.tolist() == [0, 4, 10] and row.max_seqlen == 6
+    # padded response columns read positions P-1..T-2 = columns 2, 3, 4 of each row; row 0's
+    # column 4 is a pad: it maps to its last real token (packed column 3)
+    assert row.response_index_BR.tolist() == [[1, 2, 3], [6, 7, 8]]
+
+
+def test_unpack_response_equals_the_padded_slice():
+    ids, mask = _batch()
+    row = pack_rows(ids, mask, response_width=3)
+    padded_out = ids[..., None].float() * 10  # an "output" that names its token
+    packed_out = row.input_ids_1N[..., None].float() * 10
+    got = unpack_response(packed_out, row)
+    want = padded_out[:, 2:5]
+    resp_mask = mask[:, 3:].bool()
+    assert torch.equal(got[resp_mask], want[resp_mask])
+
+
+def test_block_causal_mask():
+    mask = block_causal_mask(torch.tensor([0, 2, 5], dtype=torch.int32), 5)[0, 0]
+    allowed = (~mask).long().tolist()
+    assert allowed == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+        [0, 0, 1, 1, 1],
+    ]
+
+
+def test_token_budget_groups_first_fit_decreasing():
+    groups = token_budget_groups([5, 9, 3, 4, 6], 10, key="actor.max_tokens_per_micro_batch")
+    assert groups == [[1], [3, 4], [0, 2]]
+    assert all(sum([5, 9, 3, 4, 6][i] for i in g) <= 10 for g in groups)
+
+
+def test_token_budget_names_both_numbers():
+    with pytest.raises(ValueError, match=r"12 tokens exceeds critic.max_tokens_per_micro_batch=10"):
+        token_budget_groups([3, 12], 10, key="critic.max_tokens_per_micro_batch")
+
+
+def test_budget_needs_packing():
+    from rl3d.config.errors import FieldError
+    from rl3d.config.schema import ActorConfig, ReferenceConfig
+
+    with pytest.raises(FieldError, match="max_tokens_per_micro_batch: needs packing: true"):
+        ActorConfig(max_tokens_per_micro_batch=64)
+    assert ActorConfig(packing=True, max_tokens_per_micro_batch=64).max_tokens_per_micro_batch == 64
+    assert ActorConfig().packing is False and ReferenceConfig().packing is None
