@@ -41,6 +41,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
 
     ro = sub.add_parser("rollout", help="torch rollout engine vs HF generate, tokens/s on CPU")
     add_rollout_arguments(ro)
+    from rl3d.bench.packing import add_packing_arguments
+
+    pk = sub.add_parser("packing", help="actor forward+backward, padded vs packed micro-batches, on CPU")
+    add_packing_arguments(pk)
 
 
 def _ints(text: str, count: int, flag: str) -> tuple[int, ...]:
@@ -233,6 +237,10 @@ def run_bench(args: argparse.Namespace) -> str:
         from rl3d.bench.rollout import run_rollout_bench
 
         return run_rollout_bench(args)
+    if args.bench == "packing":
+        from rl3d.bench.packing import run_packing_bench
+
+        return run_packing_bench(args)
     if args.mode == "modeled":
         from rl3d.bench.modeled import run_modeled
 

@@ -209,6 +209,23 @@ class MegatronRole:
         assert all(v.shape[0] == len(order) for v in merged.values()), "extract must return per-sample values"
         return [{k: v[inverse.to(v.device)] for k, v in merged.items()}]
 
+    def forward_backward(self, batch: DataBatch, micro_batch_size: int, loss_of) -> None:
+        """Forward and backward over micro-batches into freshly zeroed gradient buffers, no
+        optimizer step (what `rl3d bench packing` times)."""
+        from rl3d.models.training import forward_backward
+
+        micro, _ = self._microbatches(batch, micro_batch_size)
+        self.unwrapped().train()
+        self.ddp.zero_grad_buffer()
+        forward_backward(
+            self.ddp,
+            self.groups,
+            self._forward_step(loss_of),
+            micro,
+            num_microbatches=len(micro),
+            **self._schedule_shape(micro),
+        )
+
     # -- training ------------------------------------------------------------------------------
     def train_minibatches(
         self,
