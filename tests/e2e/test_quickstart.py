@@ -88,17 +88,32 @@ def test_bad_recipe_fails_before_any_rank_starts(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("recipe, steps, margin", [(GRPO, 200, 0.3), (PPO, 150, 0.1)], ids=["grpo", "ppo"])
-def test_quickstart_learns(recipe, steps, margin, tmp_path):
-    """GRPO: the demo as `make demo` runs it, against the README's promise (+0.3 in 200 steps)."""
+@pytest.mark.parametrize(
+    "recipe, seed, steps",
+    [(GRPO, 1, 200), (GRPO, 2, 200), (GRPO, 3, 200), (PPO, 1, 150)],
+    ids=["grpo-seed1", "grpo-seed2", "grpo-seed3", "ppo"],
+)
+def test_quickstart_learns(recipe, seed, steps, tmp_path):
+    """GRPO: the demo as `make demo` runs it, on three seeds (not chosen: the first three of the
+    sweep in benchmarks/demo_sweep.py), each held to the README's promise: mean reward over the
+    first 20 steps <= 0.6, over the last 20 >= 0.9, under 2 minutes of training on 2 cores.
+    PPO: +0.1 in 150 steps."""
     run_dir = tmp_path / "run"
-    proc = run_train(recipe, run_dir, f"trainer.total_steps={steps}", "checkpoint.save_every=0", timeout=900)
+    overrides = [f"trainer.seed={seed}", f"trainer.total_steps={steps}", "checkpoint.save_every=0"]
+    proc = run_train(recipe, run_dir, *overrides, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [metrics_by_step(run_dir)[s] for s in range(1, steps + 1)]
     assert all(math.isfinite(r["actor/pg_loss"]) for r in rows)
     first = sum(r["reward/score_mean"] for r in rows[:20]) / 20
     last = sum(r["reward/score_mean"] for r in rows[-20:]) / 20
-    assert last - first > margin, (first, last)
+    if recipe == PPO:
+        assert last - first > 0.1, (first, last)
+        return
+    train_s = sum(r["time/step"] for r in rows)
+    assert first <= 0.6 and last >= 0.9, (first, last)
+    assert train_s < 120, train_s
+    summary = (run_dir / "summary.txt").read_text()
+    assert f"first 20 steps {first:.3f} -> last 20 steps {last:.3f}" in summary, summary
 
 
 @pytest.mark.slow
