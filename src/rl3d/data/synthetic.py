@@ -41,8 +41,8 @@ the run reaches 0.69 only in its last 20 steps), nor the PPO clip (clip fraction
 update is on-policy), nor entropy collapse (5.5 -> 4.8 nats of 5.55) is the cause, and the
 update itself equals an independent GRPO update (tests/distributed/test_grpo_reference_update.py).
 No single lr fixes it within 200 steps: 3e-4 is still at 0.55-0.63 in its last 40 steps, 3e-3
-drifts without learning (0.48 -> 0.52, KL 3.1, as reported in issue 19). ``parity_match`` and ``copy_first`` are the
-harder benchmarks; ``parity_repeat`` is the demo's task.
+drifts without learning (0.48 -> 0.52, KL 3.1, as reported in issue 19). ``parity_match`` and
+``copy_first`` are the harder benchmarks; ``parity_repeat`` is the demo's task.
 """
 
 from __future__ import annotations
