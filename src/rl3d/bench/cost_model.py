@@ -15,6 +15,10 @@ Assumptions, all stated and all parameters of `Cluster` (defaults: the HybridFlo
   whole model to rollout GPUs on other nodes; the two phases run one after the other, as a
   per-tensor gather-then-broadcast loop does;
 - compute (packing, layout conversion) is not modelled: the measured mode reports it.
+
+This charges each strategy as one ideal collective (`strategy_seconds`), the reference the
+earlier benchmark used. The modelled benchmark now costs the calls each system really makes
+(`rl3d.bench.mechanisms`, NCCL's per-call latencies from `rl3d.bench.nccl`) on this `Cluster`.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from rl3d.bench.nccl import NCCL_2_18, NcclLatency
 from rl3d.hybrid_engine.plan import TransitionPlan
 
 
@@ -30,11 +35,20 @@ class Cluster:
     gpus_per_node: int = 8
     nvlink_gbps: float = 300.0  # A100: 600 GB/s bidirectional NVLink = 300 GB/s each way
     nic_gbps: float = 25.0  # 200 Gb/s between nodes
-    nics_per_node: int = 1
-    alpha_us: float = 10.0  # latency per ring step or chain hop
+    nics_per_node: int = 1  # the paper's "200Gbps" per node (1) or per GPU (8)
+    alpha_us: float = 10.0  # latency per ring step or chain hop (the single-collective model)
+    pcie_gbps: float = 32.0  # PCIe Gen4 x16 per direction, one link per GPU (CPU -> GPU reloads)
+    hbm_gbps: float = 2039.0  # A100-80GB HBM2e (datasheet): copies on the GPU, the optimizer step
+    bucket_mb: float = 256.0  # rl3d's hybrid_engine.bucket_mb default (calls per transition)
+    nccl: NcclLatency = NCCL_2_18  # per-call latency of each collective (see rl3d.bench.nccl)
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
+
+    @property
+    def node_gbps(self) -> float:
+        """One node's network link, shared by its GPUs."""
+        return self.nic_gbps * self.nics_per_node
 
 
 def _ring_hops(group: list[int], cluster: Cluster) -> list[tuple[int, int]]:

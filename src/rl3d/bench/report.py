@@ -34,7 +34,18 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument("--bucket-mb", type=float, default=64.0)
     tr.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     tr.add_argument("--verify", action="store_true", help="measured mode: check every shard bit for bit")
-    tr.add_argument("--nics-per-node", type=int, default=1, help="modeled mode: 200 Gb/s NICs per node")
+    tr.add_argument(
+        "--nics-per-node",
+        type=int,
+        default=1,
+        help="modeled mode: 200 Gb/s links per node (1: the paper's 200Gbps per node; 8: per GPU)",
+    )
+    tr.add_argument(
+        "--paper-layouts",
+        action="store_true",
+        help="modeled mode: Fig. 14's layouts (7B 8,1->2,1; 13B 8,1->4,1; 34B 8,4->8,1; "
+        "70B 8,8->8,1) on 8-128 GPUs",
+    )
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--out", default=None, help="results folder (default results/transition/<name>)")
     from rl3d.bench.rollout import add_rollout_arguments
@@ -74,54 +85,11 @@ def _results_dir(args, mode: str, name: str, result: dict) -> Path:
 
 
 def _write_modeled(result: dict, out: Path) -> str:
-    rows = []
-    for model, m in result["models"].items():
-        red = result["reductions"]["per_model"][model]
-        for strategy, s in m["strategies"].items():
-            rows.append(
-                {
-                    "model": model,
-                    "gpus": m["layout"]["gpus"],
-                    "strategy": strategy,
-                    "bytes_max": s["bytes_max"],
-                    "seconds": s["seconds"],
-                    "peak_param_bytes": s["peak_param_bytes"],
-                    "redundant_bytes": s["redundant_bytes"],
-                    "hybridflow_reduction": red.get(strategy, 0.0),
-                }
-            )
-    _csv(out / "transition.csv", rows)
-    lines = [
-        "| model | GPUs | train p-t-d | gen t_g,p_g (d_g) | "
-        + " | ".join(f"{s} s" for s in STRATEGIES)
-        + " | cut vs ds_chat | cut vs openrlhf |",
-        "|" + "---|" * (4 + len(STRATEGIES) + 2),
-    ]
-    for model, m in result["models"].items():
-        lay, st = m["layout"], m["strategies"]
-        red = result["reductions"]["per_model"][model]
-        layout = f"{lay['p']}-{lay['t']}-{lay['d']} | {lay['t_g']},{lay['p_g']} ({lay['d_g']})"
-        lines.append(
-            f"| {model} | {lay['gpus']} | {layout} | "
-            + " | ".join(f"{st[s]['seconds']:.2f}" for s in STRATEGIES)
-            + f" | {100 * red['ds_chat']:.1f}% | {100 * red['openrlhf']:.1f}% |"
-        )
-    avg = result["reductions"]["average_vs_ds_chat_and_openrlhf"]
-    paper = result["paper"]
-    r70 = result["reductions"]["per_model"].get("llama2-70b", {})
-    nan = float("nan")
-    lines += [
-        "",
-        f"average cut (ds_chat and openrlhf, all models): {100 * avg:.1f}% "
-        f"(paper: {100 * paper['average_reduction']:.1f}%)",
-        f"70B cut vs openrlhf: {100 * r70.get('openrlhf', nan):.1f}% "
-        f"(paper: {100 * paper['70b_vs_openrlhf']:.1f}%)",
-        f"70B cut vs ds_chat: {100 * r70.get('ds_chat', nan):.1f}% "
-        f"(paper: up to {100 * paper['70b_vs_ds_chat_up_to']:.1f}%)",
-        f"cluster model: {result['cluster']}",
-    ]
-    _plot_modeled(result, out / "transition.png")
-    return "\n".join(lines)
+    from rl3d.bench import report_modeled
+
+    _csv(out / "transition.csv", report_modeled.csv_rows(result))
+    report_modeled.plot(result, out / "transition.png")
+    return report_modeled.markdown(result)
 
 
 def _write_measured(result: dict, out: Path) -> str:
@@ -187,31 +155,6 @@ def _csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
-def _plot_modeled(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = list(result["models"])
-    fig, ax = plt.subplots(figsize=(8, 4))
-    width = 0.8 / len(STRATEGIES)
-    for i, s in enumerate(STRATEGIES):
-        ax.bar(
-            [x + i * width for x in range(len(models))],
-            [result["models"][m]["strategies"][s]["seconds"] for m in models],
-            width,
-            label=s,
-        )
-    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(models))], models)
-    ax.set_ylabel("modelled transition time (s)")
-    ax.set_title("Actor train -> generate transition (alpha-beta model, A100 cluster)")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def _plot_measured(rows: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -245,8 +188,12 @@ def run_bench(args: argparse.Namespace) -> str:
         from rl3d.bench.modeled import run_modeled
 
         models = [m.strip() for m in args.models.split(",") if m.strip()]
-        result = run_modeled(models, Cluster(nics_per_node=args.nics_per_node))
-        name, writer = "+".join(models), _write_modeled
+        if args.nics_per_node < 1:
+            raise ValueError(f"--nics-per-node must be >= 1, got {args.nics_per_node}")
+        cluster = Cluster(nics_per_node=args.nics_per_node)
+        result = run_modeled(models, cluster, paper_layouts=args.paper_layouts)
+        name = ("fig14_" if args.paper_layouts else "") + "+".join(models)
+        writer = _write_modeled
     else:
         from rl3d.bench.measured import run_measured
 
@@ -284,17 +231,8 @@ def run_bench(args: argparse.Namespace) -> str:
 def _contract(mode: str, result: dict) -> dict:
     """Exactly the fields the command-line contract names (plus nothing other tools must parse)."""
     if mode == "modeled":
-        return {
-            "models": {
-                m: {
-                    "layout": v["layout"],
-                    "strategies": {
-                        s: {"bytes_max": x["bytes_max"], "seconds": x["seconds"]}
-                        for s, x in v["strategies"].items()
-                    },
-                }
-                for m, v in result["models"].items()
-            }
-        }
+        from rl3d.bench.report_modeled import contract
+
+        return contract(result)
     keys = ("seconds", "bytes_max", "planned_bytes_max", "verified", "raw_seconds")
     return {"strategies": {s: {k: v[k] for k in keys} for s, v in result["strategies"].items()}}

@@ -46,16 +46,17 @@ def test_fit_recovers_alpha_and_bandwidth():
 def test_modeled_json_contract(capsys, tmp_path):
     assert main(["bench", "transition", "--mode", "modeled", "--json", "--out", str(tmp_path)]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out["models"]) == {"llama2-7b", "llama2-13b", "llama2-34b", "llama2-70b"}
-    for model in out["models"].values():
-        assert {"p", "t", "d", "t_g", "p_g", "gpus"} <= set(model["layout"])
-        for name in ("hybridflow", "hybridflow_v", "ds_chat", "openrlhf"):
-            s = model["strategies"][name]
+    points = out["points"]
+    assert [p["model"] for p in points] == ["llama2-7b", "llama2-13b", "llama2-34b", "llama2-70b"]
+    for point in points:
+        assert {"t", "p", "d"} == set(point["train"]) and {"t_g", "p_g", "d_g"} == set(point["gen"])
+        for name in ("hybridflow", "hybridflow_v", "ds_chat", "openrlhf", "verl_2024", "hybridflow_overlap"):
+            s = point["strategies"][name]
             assert isinstance(s["bytes_max"], int) and s["seconds"] > 0
-        assert model["strategies"]["hybridflow"]["seconds"] < model["strategies"]["openrlhf"]["seconds"]
+        assert point["strategies"]["hybridflow"]["seconds"] < point["strategies"]["openrlhf"]["seconds"]
     for name in ("transition.csv", "transition.png", "transition.md", "result.json"):
         assert (tmp_path / name).stat().st_size > 0
-    assert "paper: 89.1%" in (tmp_path / "transition.md").read_text()
+    assert "paper: 55.2%" in (tmp_path / "transition.md").read_text()
 
 
 def test_modeled_rejects_unknown_model(capsys):
