@@ -13,12 +13,17 @@ HybridFlow paper's A100 cluster):
   `alpha_us` per collective;
 - a token passes the p_g stages one after another (no pipelining across a decode step);
 - the KV cache grows linearly, so a step reads on average half of the final cache;
-- the transition moves hybridflow's bytes over NVLink when the micro-DP group fits in a
-  node, else over InfiniBand (`ib_gbps`).
+- the transition is hybridflow's micro-DP all-gather as rings ordered node by node (as NCCL
+  builds them): a hop inside a node runs on NVLink, a hop into another node carries what its
+  receiver gets over that node's network link (`ib_gbps`), which all `gpus_per_node` GPUs of
+  the node share. The transition takes as long as its busiest link (a node's inbound or
+  outbound network link, or a GPU's NVLink), plus `alpha_us`. (Before issue 23 each GPU was
+  given the whole node link, 8x too optimistic when every GPU of a node pulls at once.)
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass
 
 from rl3d.hybrid_engine.plan import plan_transition
@@ -32,7 +37,7 @@ class HardwareModel:
     mem_fraction: float = 0.9  # usable share of GPU memory for weights + KV cache
     hbm_gbps: float = 2039.0  # A100-80GB HBM2e
     nvlink_gbps: float = 300.0  # per direction (600 GB/s bidirectional)
-    ib_gbps: float = 25.0  # 200 Gb/s
+    ib_gbps: float = 25.0  # 200 Gb/s per node, shared by its GPUs
     alpha_us: float = 10.0
     gpus_per_node: int = 8
 
@@ -89,9 +94,9 @@ def search_layouts(
             kv_read = seqs * (prompt_len + response_len / 2) * layers * 2 * kv_heads * spec.head_dim * nbytes
             stage_s = (weight_bytes + kv_read) / (hw.hbm_gbps * 1e9) + 2 * layers * allreduce_s
             generate_s = response_len * p_g * stage_s
-            in_node = all(len({m // hw.gpus_per_node for m in g}) == 1 for g in plan.gen.micro_dp_groups())
-            link = hw.nvlink_gbps if in_node else hw.ib_gbps
-            transition_s = hf.comm_bytes_max / (link * 1e9) + (hw.alpha_us * 1e-6 if plan.gen.d_g > 1 else 0)
+            recv = {r.rank: r.recv_bytes for r in hf.ranks}
+            transition_s = link_seconds(plan.gen.micro_dp_groups(), recv, hw)
+            transition_s += hw.alpha_us * 1e-6 if plan.gen.d_g > 1 else 0
             rows.append(
                 AutoRow(
                     t_g,
@@ -106,6 +111,24 @@ def search_layouts(
                 )
             )
     return rows
+
+
+def link_seconds(groups: list[list[int]], recv: dict[int, int], hw: HardwareModel) -> float:
+    """Ring all-gathers over `groups` at once: the busiest link's bytes over its bandwidth."""
+    node_in: dict[int, int] = defaultdict(int)
+    node_out: dict[int, int] = defaultdict(int)
+    nvlink: dict[int, int] = defaultdict(int)
+    for group in groups:
+        ring = sorted(group, key=lambda m: (m // hw.gpus_per_node, m))
+        for a, b in zip(ring[-1:] + ring[:-1], ring) if len(ring) > 1 else ():
+            na, nb = a // hw.gpus_per_node, b // hw.gpus_per_node
+            if na == nb:
+                nvlink[b] += recv.get(b, 0)
+            else:
+                node_in[nb] += recv.get(b, 0)
+                node_out[na] += recv.get(b, 0)
+    net = [v / (hw.ib_gbps * 1e9) for v in (*node_in.values(), *node_out.values())]
+    return max(net + [v / (hw.nvlink_gbps * 1e9) for v in nvlink.values()], default=0.0)
 
 
 def best_row(rows: list[AutoRow]) -> AutoRow | None:

@@ -131,7 +131,8 @@ def format_auto(rows, best, hw: HardwareModel) -> str:
         )
     lines.append(
         f"model: {hw.gpu_mem_gb:g} GB x {hw.mem_fraction:g} usable per GPU, HBM {hw.hbm_gbps:g} GB/s, "
-        f"NVLink {hw.nvlink_gbps:g} GB/s, IB {hw.ib_gbps:g} GB/s, {hw.alpha_us:g} us per collective "
+        f"NVLink {hw.nvlink_gbps:g} GB/s, IB {hw.ib_gbps:g} GB/s per node (its GPUs share it), "
+        f"{hw.alpha_us:g} us per collective "
         "(see rl3d.hybrid_engine.auto)"
     )
     if best is None:
