@@ -255,13 +255,15 @@ def lower_bound(ctx: PlanContext, cluster: Cluster) -> dict:
     by_node: dict[int, list[int]] = defaultdict(list)
     for r in range(ctx.train.world_size):
         by_node[cluster.node(r)].append(r)
-    node_bytes, gpu_bytes = 0, 0
+    node_bytes, gpu_bytes, need_bytes = 0, 0, 0
     for members in by_node.values():
         held = frozenset().union(*(ctx.train_segs(r) for r in members))
         need = frozenset().union(*(ctx.gen_segs(r) for r in members))
         node_bytes = max(node_bytes, ctx.nbytes(need - held))
         for r in members:
-            gpu_bytes = max(gpu_bytes, ctx.nbytes((ctx.gen_segs(r) - ctx.train_segs(r)) & held))
+            missing = ctx.gen_segs(r) - ctx.train_segs(r)
+            gpu_bytes = max(gpu_bytes, ctx.nbytes(missing & held))
+            need_bytes = max(need_bytes, ctx.nbytes(missing))
     node_s = node_bytes / (cluster.node_gbps * 1e9)
     gpu_s = gpu_bytes / (cluster.nvlink_gbps * 1e9)
     return {
@@ -269,4 +271,5 @@ def lower_bound(ctx: PlanContext, cluster: Cluster) -> dict:
         "node_bytes": node_bytes,
         "node_seconds": node_s,
         "gpu_seconds": gpu_s,
+        "gpu_need_bytes": need_bytes,  # the most a GPU lacks of its generation shard
     }

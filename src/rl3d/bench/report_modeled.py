@@ -34,8 +34,14 @@ def explain(pt: dict, strategy: str) -> str:
     """Which mechanisms put a strategy above the node-link lower bound."""
     s, lb = pt["strategies"][strategy], pt["lower_bound"]
     parts = []
-    if lb["node_bytes"] and s["node_bytes_max"]:
-        parts.append(f"node link {s['node_bytes_max'] / lb['node_bytes']:.2f}x the needed bytes")
+    if lb["node_bytes"] and s["node_bytes_max"] > 1.01 * lb["node_bytes"]:
+        parts.append(
+            f"node link carries {s['node_bytes_max'] / lb['node_bytes']:.2f}x the bytes a node lacks"
+        )
+    elif not lb["node_bytes"] and s["node_bytes_max"]:
+        parts.append(f"{s['node_bytes_max'] / GB:.1f} GB over a node link the layout does not need")
+    if lb["gpu_need_bytes"] and s["bytes_max"] > 1.01 * lb["gpu_need_bytes"]:
+        parts.append(f"a GPU receives {s['bytes_max'] / lb['gpu_need_bytes']:.1f}x what it lacks")
     if s["latency_seconds"] >= 0.005:
         parts.append(f"{s['calls']} calls = {s['latency_seconds']:.2f} s latency")
     for term, seconds in s["terms"].items():
