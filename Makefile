@@ -59,6 +59,7 @@ demo: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/rl3d bench transition --mode modeled
+	$(BIN)/rl3d bench transition --mode modeled --paper-layouts
 	$(BIN)/rl3d bench transition --mode measured --model llama2-70b-shape-1/64 --train 1,4,2 --gen 2,1
 	$(BIN)/rl3d bench transition --mode measured --model llama2-70b-shape-1/32 --train 1,4,2 --gen 2,1 \
 	  --strategies hybridflow,hybridflow_v,ds_chat
