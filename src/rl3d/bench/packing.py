@@ -73,6 +73,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from rl3d.parallel.layout import ParallelLayout
     from rl3d.single_controller.batch import DataBatch
     from rl3d.testing.spawn import free_port
+    from rl3d.utils.device import init_process_group
     from rl3d.workers.megatron_role import MegatronRole
 
     spec = get_model_spec(args.model)
@@ -99,7 +100,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     batch = DataBatch(data)
     started = not dist.is_initialized()
     if started:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+        # a CPU benchmark: one gloo rank, through the device module like every process group
+        init_process_group(
+            "cpu", timeout_s=600, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+        )
     try:
         groups = init_megatron(ParallelLayout(1, 1, 1), seed=args.seed)
         common = dict(params_dtype=torch.float32, optim=OptimConfig(), total_steps=1, seed=args.seed)
