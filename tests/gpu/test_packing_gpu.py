@@ -1,0 +1,40 @@
+"""Packed vs padded on one GPU (a world of 1 on NCCL, local layer spec: Transformer Engine is not
+on the lent machine): log-probs, values and one optimizer step agree as they do on CPU."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the packed path on a GPU"),
+]
+CPU_TEST = Path(__file__).resolve().parents[1] / "distributed" / "models" / "test_packing_dist.py"
+
+
+def test_packed_equals_padded_on_one_gpu(tmp_path):
+    pytest.importorskip("transformers", reason="the tiny HF model the CPU test starts from")
+    import torch.distributed as dist
+
+    from rl3d.testing.spawn import free_port
+    from rl3d.testing.tiny_hf import save_tiny_hf_model
+    from rl3d.utils.device import init_process_group
+
+    spec = importlib.util.spec_from_file_location("packing_cases", CPU_TEST)
+    cases = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cases)  # the CPU test's worker and checks, run here on CUDA
+    hf_dir = tmp_path / "tiny-qwen2"
+    save_tiny_hf_model("tiny-qwen2", hf_dir, seed=3)
+    init_process_group(
+        "cuda", timeout_s=300, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
+    )
+    try:
+        result = cases.worker(0, 1, (1, 1, 1), str(hf_dir))
+    finally:
+        dist.destroy_process_group()
+    assert result["padded"]["logp"].device.type == "cuda"
+    diffs = cases._max_diffs([result])
+    print({k: f"{v:.1e}" for k, v in diffs.items()})  # noqa: T201
+    assert len(diffs) == 6 and max(diffs.values()) <= cases.TOL, diffs
