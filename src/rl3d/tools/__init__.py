@@ -1,0 +1,27 @@
+"""Tools the policy calls during multi-turn rollouts (issue 25): the interface and registry
+(`base`), the tool-call parser (`parser`), and the built-ins `calculator` and `python`
+(a subprocess sandbox, `python_sandbox`). Imports only `rl3d.utils`."""
+
+from rl3d.tools.base import (
+    BUILTIN_TOOLS,
+    Tool,
+    ToolBox,
+    ToolResult,
+    build_tool,
+    check_arguments,
+    register_tool,
+)
+from rl3d.tools.parser import ToolCall, ToolCallError, ToolCallParser
+
+__all__ = [
+    "BUILTIN_TOOLS",
+    "Tool",
+    "ToolBox",
+    "ToolCall",
+    "ToolCallError",
+    "ToolCallParser",
+    "ToolResult",
+    "build_tool",
+    "check_arguments",
+    "register_tool",
+]
