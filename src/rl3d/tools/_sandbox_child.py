@@ -82,6 +82,10 @@ def _make_hook(scratch: str, block_network: bool):
             writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or bool(
                 (flags or 0) & _WRITE_FLAGS
             )
+            if mode is None and not inside(path) and os.path.isdir(path):
+                # os.open gives no dir_fd to the event, so a directory fd from outside would let a
+                # relative os.open(..., dir_fd=fd) write there unseen.
+                raise PermissionError(f"sandbox: opening directory {path!r} outside the scratch directory")
             if writes and not inside(path):
                 raise PermissionError(
                     f"sandbox: writing {path!r} outside the scratch directory is not allowed"

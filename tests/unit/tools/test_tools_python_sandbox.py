@@ -81,6 +81,7 @@ def test_memory_bomb_fails_cleanly(code):
         "import os\nos.rename('../' * 40 + {target!r}[1:], 'stolen')",
         "import os\nos.mkdir({target!r})",
         "import shutil\nshutil.rmtree({existing!r})",
+        "import os\nfd = os.open({existing!r}, os.O_RDONLY)\nos.open('x', os.O_WRONLY|os.O_CREAT, dir_fd=fd)",
     ],
 )
 def test_write_outside_scratch_refused(tmp_path, code):
@@ -91,6 +92,7 @@ def test_write_outside_scratch_refused(tmp_path, code):
     _, result = run(code.format(target=target, existing=str(existing)))
     assert not result.ok and "outside the scratch directory" in result.error, result
     assert not os.path.exists(target)
+    assert sorted(p.name for p in existing.iterdir()) == ["f"]
     assert (existing / "f").read_text() == "kept"
 
 
@@ -199,3 +201,15 @@ def test_tool_interface():
     assert tool.call({"code": "print(6 * 7)"}).text == "42\n"
     with pytest.raises(ValueError, match="tools.python.network"):
         SandboxConfig(network="internet")
+
+
+def test_slow_call_does_not_stall_others():
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        slow = pool.submit(run, "import time\ntime.sleep(60)", wall_seconds=3)
+        start = time.monotonic()
+        fast = [pool.submit(run, f"print({i} * 2)") for i in range(3)]
+        assert [f.result()[1].text for f in fast] == ["0\n", "2\n", "4\n"]
+        assert time.monotonic() - start < 2.5 or not slow.done()
+        assert slow.result()[1].timed_out
