@@ -5,7 +5,6 @@ batch (a scaled response length, split over DP and collected like a megatron for
 stage sees the finished batch (advantages included) and reports metrics.
 """
 
-
 from rl3d.single_controller import DataBatch, Dispatch, DispatchInfo, register
 
 
