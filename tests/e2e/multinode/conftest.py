@@ -1,0 +1,35 @@
+"""Simulated nodes for the multi-node tests of this folder (`rl3d.testing.netns`).
+
+`sim_nodes` gives two nodes (node0, node1), `make_sim_nodes(k, rate_mbit=..., burst_kb=...)`
+any number, shaped or not; both remove every namespace, link and process they made after the
+test, failed or not. Without root or iproute2 the tests here are skipped with the reason.
+"""
+
+import pytest
+
+from rl3d.testing.netns import SimNodes, netns_unavailable_reason
+
+
+@pytest.fixture
+def make_sim_nodes():
+    reason = netns_unavailable_reason()
+    if reason:
+        pytest.skip(f"no simulated nodes: {reason}")
+    made: list[SimNodes] = []
+
+    def make(num_nodes: int = 2, **kwargs) -> SimNodes:
+        nodes = SimNodes(num_nodes, **kwargs)
+        made.append(nodes)
+        nodes.start()
+        return nodes
+
+    try:
+        yield make
+    finally:
+        for nodes in made:
+            nodes.close()
+
+
+@pytest.fixture
+def sim_nodes(make_sim_nodes) -> SimNodes:
+    return make_sim_nodes(2)
