@@ -1,8 +1,9 @@
 """Actor, critic and reference models on megatron-core's GPTModel (Llama / Qwen2 family).
 
 `build_gpt(spec, groups, role=...)` builds this rank's PP stage and TP shard. The layer spec is
-Transformer Engine's when TE imports and CUDA is present, megatron's local spec otherwise (and
-always on CPU). The critic's output layer is a value head (hidden -> 1, replicated over TP).
+Transformer Engine's when TE imports, CUDA is present and the role packs its sequences
+(`packed=True`), megatron's local spec otherwise (and always on CPU). The critic's output
+layer is a value head (hidden -> 1, replicated over TP).
 
 Parameter names, shapes and shard kinds are `rl3d.models.params`'s (re-exported here for the
 modules that import them from the builder).
@@ -36,34 +37,44 @@ ROLES = ("actor", "critic", "reference")
 # Transformer Engine's attention ignores the padding mask rl3d builds: megatron 0.16 runs it as
 # `causal`, and `padding_causal` derives sequence lengths from the mask assuming right padding.
 # With left-padded prompts real tokens would attend to pads and every log-prob and value would be
-# silently wrong, so the TE spec is refused until batches are right-aligned or packed.
+# silently wrong, so the TE spec is refused for padded batches. Packed batches have no pads:
+# their boundaries reach TE as THD cu_seqlens, for which megatron switches the mask type to
+# `padding_causal` itself (TEDotProductAttention), so a packing role gets the TE spec.
 TE_SUPPORTS_LEFT_PADDING = False
 
 
-def use_transformer_engine(device: torch.device) -> bool:
-    """TE's layer spec: only in a CUDA run with an importable transformer_engine, and only once
-    its attention can honour rl3d's left padding (`TE_SUPPORTS_LEFT_PADDING`)."""
+def use_transformer_engine(device: torch.device, *, packed: bool = False) -> bool:
+    """TE's layer spec: only in a CUDA run with an importable transformer_engine, and only where
+    its attention can honour the batches: packed ones, or left-padded ones once
+    `TE_SUPPORTS_LEFT_PADDING`."""
     if device.type != "cuda":
         return False
     try:
         import transformer_engine  # noqa: F401
     except Exception:  # a broken TE install raises more than ImportError
         return False
-    if not TE_SUPPORTS_LEFT_PADDING:
+    if not (packed or TE_SUPPORTS_LEFT_PADDING):
         logger.warning("Transformer Engine found, but its attention ignores left padding: local layer spec")
         return False
     return True
 
 
 def transformer_config(
-    spec: ModelSpec, groups: MegatronGroups, *, params_dtype: torch.dtype = torch.float32, **overrides: Any
+    spec: ModelSpec,
+    groups: MegatronGroups,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    packed: bool = False,
+    **overrides: Any,
 ) -> Any:
     """megatron TransformerConfig of a Llama/Qwen2-family decoder (no dropout: RL wants exact logp)."""
     from megatron.core.transformer import TransformerConfig
 
     layers_per_stage(spec, groups.layout.p)
     on_cpu = groups.device.type == "cpu"
-    fused = use_transformer_engine(groups.device)  # megatron's fused kernels are only sure to exist with TE
+    fused = use_transformer_engine(
+        groups.device, packed=packed
+    )  # megatron's fused kernels are only sure to exist with TE
     kwargs = dict(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -113,6 +124,7 @@ def build_gpt(
     params_dtype: torch.dtype = torch.float32,
     padded_vocab: int | None = None,
     seed: int = 1234,
+    packed: bool = False,
     **config_overrides: Any,
 ) -> Any:
     """This rank's GPTModel (one PP stage, one TP shard) for `role`.
@@ -127,8 +139,8 @@ def build_gpt(
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     layout = groups.layout
-    config = transformer_config(spec, groups, params_dtype=params_dtype, **config_overrides)
-    if use_transformer_engine(groups.device):
+    config = transformer_config(spec, groups, params_dtype=params_dtype, packed=packed, **config_overrides)
+    if use_transformer_engine(groups.device, packed=packed):
         layer_spec = specs.get_gpt_layer_with_transformer_engine_spec()
     else:
         layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")

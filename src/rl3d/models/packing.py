@@ -11,8 +11,10 @@ has no THD support, so the same packed row gets a block-diagonal causal mask `[1
 `per_sequence_rope` hands megatron's RoPE each token's own position (megatron otherwise rotates by
 the row's column index, which only gives the same attention up to fp32 rounding of larger angles).
 
-Token budgets: `token_budget_groups` packs sequences into micro-batches of at most `budget` real
-tokens each, first-fit over the sequences sorted longest first.
+Micro-batches (`packed_micro_batches`): under a token budget, first-fit decreasing finds how many
+micro-batches the sequences need, and the tokens are then balanced over that many (longest
+first, each to the lightest micro-batch it fits), so pipeline stages see micro-batches of
+similar cost; without a budget, `micro_batch_size` sequences each, balanced by tokens.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from rl3d.utils.partition import balanced_partition
 
 PACKED = "packed"  # DataBatch.info key of a micro-batch's PackedRow
 
@@ -124,9 +128,28 @@ def per_sequence_rope(model: Any, row: PackedRow) -> Iterator[None]:
         handle.remove()
 
 
+def packed_micro_batches(
+    lengths: list[int], *, micro_batch_size: int, budget: int | None, key: str
+) -> list[list[int]]:
+    """Sample indices per packed micro-batch (indices within one ascend): under `budget`
+    tokens each when set (`key` names it in the error), else `micro_batch_size` samples each;
+    tokens balanced over the micro-batches either way."""
+    if budget is not None:
+        return token_budget_groups(lengths, budget, key=key)
+    n = len(lengths)
+    count = -(-n // micro_batch_size)
+    if n % count:  # micro-batches of unequal size: keep the batch's order
+        return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]
+    parts = balanced_partition(lengths, count)
+    assert parts is not None
+    return parts
+
+
 def token_budget_groups(lengths: list[int], budget: int, *, key: str) -> list[list[int]]:
-    """Sample indices per micro-batch, each group's tokens at most `budget` (first-fit
-    decreasing); indices within a group ascend. `key` names the setting in the error."""
+    """Sample indices per micro-batch, each group's tokens at most `budget`: as many groups as
+    first-fit decreasing needs, then the tokens balanced over them (kept first-fit where the
+    balancing cannot fit them); indices within a group ascend. `key` names the setting in the
+    error."""
     too_long = [n for n in lengths if n > budget]
     if too_long:
         raise ValueError(f"a sequence of {max(too_long)} tokens exceeds {key}={budget}")
@@ -141,4 +164,5 @@ def token_budget_groups(lengths: list[int], budget: int, *, key: str) -> list[li
         else:
             groups.append([i])
             loads.append(lengths[i])
-    return [sorted(g) for g in groups]
+    balanced = balanced_partition(lengths, len(groups), equal_size=False, budget=budget)
+    return balanced if balanced is not None else [sorted(g) for g in groups]

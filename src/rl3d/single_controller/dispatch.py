@@ -7,7 +7,10 @@ collect) pair over one axis of the ranks (`DispatchMode`):
 - DP_COMPUTE: the batch is split into `dp_size` equal chunks, one per rank of a pure data-
   parallel group; every rank's output is collected, in rank order.
 - MEGATRON_COMPUTE: the batch is split over the data-parallel ranks of a megatron grid; the
-  output is collected from tp = 0 on the last pipeline stage of each DP rank.
+  output is collected from tp = 0 on the last pipeline stage of each DP rank. A worker that
+  packs sequences sets `token_balance` (its global mini-batch size): then every mini-batch's
+  samples are dealt to the DP ranks by token count (`rl3d.utils.partition.chunked_partition`)
+  instead of in contiguous chunks, and output rows are put back in input order.
 - GENERATION_COMPUTE: the batch (prompts) is dealt round-robin over the generation-DP ranks
   of the actor's generation layout (row i to generation-DP rank i mod size); the output is
   collected from generation-TP rank 0 and put back in input order. Its output rows carry
@@ -29,6 +32,7 @@ from typing import Any, Protocol
 import torch
 
 from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.partition import chunked_partition
 
 DISPATCH_ATTR = "__rl3d_dispatch__"
 METRICS_ATTR = "__rl3d_metrics__"
@@ -71,6 +75,7 @@ class DispatchInfo:
     gen_dp_rank: int = 0  # GENERATION_COMPUTE: the rank's place in the generation layout
     gen_dp_size: int = 1
     is_gen_collector: bool = True  # generation TP rank 0
+    token_balance: int = 0  # MEGATRON_COMPUTE: 0, or the mini-batch whose tokens to balance
 
 
 class Worker(Protocol):
@@ -84,13 +89,15 @@ class Slot:
     index: int
     size: int
     collects: bool
+    token_balance: int = 0
 
 
 @dataclass(frozen=True)
 class DispatchMode:
     slot: Callable[[DispatchInfo], Slot]
     split: Callable[[DataBatch, Slot], DataBatch]
-    collect: Callable[[list[tuple[Slot, Any]], str], Any]  # (slot, output) of every collector
+    # (slot, output) of every collector, the metric reduction, and the call's input batch
+    collect: Callable[[list[tuple[Slot, Any]], str, Any], Any]
     gathers: bool = True  # False: ONE_TO_ALL, nothing to split or collect
 
 
@@ -102,11 +109,27 @@ def _round_robin(batch: DataBatch, slot: Slot) -> DataBatch:
     return batch.select(list(range(slot.index, len(batch), slot.size)))
 
 
-def _in_slot_order(parts: list[tuple[Slot, Any]], reduce: str) -> Any:
-    return merge_outputs([o for _, o in sorted(parts, key=lambda p: p[0].index)], metrics=reduce)
+def _token_shares(batch: DataBatch, slot: Slot) -> list[list[int]]:
+    lengths = batch["attention_mask"].sum(1).tolist()
+    return chunked_partition(lengths, slot.size, min(slot.token_balance, len(batch)))
 
 
-def _in_input_order(parts: list[tuple[Slot, Any]], reduce: str) -> Any:
+def _dp_share(batch: DataBatch, slot: Slot) -> DataBatch:
+    if not slot.token_balance:
+        return _chunk(batch, slot)
+    return batch.select(_token_shares(batch, slot)[slot.index])
+
+
+def _in_slot_order(parts: list[tuple[Slot, Any]], reduce: str, batch: Any = None) -> Any:
+    parts = sorted(parts, key=lambda p: p[0].index)
+    merged = merge_outputs([o for _, o in parts], metrics=reduce)
+    if not parts or not parts[0][0].token_balance or not isinstance(merged, DataBatch):
+        return merged
+    order = [i for share in _token_shares(batch, parts[0][0]) for i in share]
+    return merged.select(torch.argsort(torch.tensor(order)))
+
+
+def _in_input_order(parts: list[tuple[Slot, Any]], reduce: str, batch: Any = None) -> Any:
     """Round-robin shares back in input order; rows of one input row keep their order."""
     batches = [(slot, out) for slot, out in parts if out is not None and len(out)]
     if not batches:
@@ -122,15 +145,15 @@ MODES: dict[Dispatch, DispatchMode] = {
     Dispatch.ONE_TO_ALL: DispatchMode(
         slot=lambda info: Slot(0, 1, True),
         split=lambda batch, slot: batch,
-        collect=lambda parts, reduce: parts[0][1] if parts else None,
+        collect=lambda parts, reduce, batch=None: parts[0][1] if parts else None,
         gathers=False,
     ),
     Dispatch.DP_COMPUTE: DispatchMode(
         slot=lambda info: Slot(info.dp_rank, info.dp_size, True), split=_chunk, collect=_in_slot_order
     ),
     Dispatch.MEGATRON_COMPUTE: DispatchMode(
-        slot=lambda info: Slot(info.dp_rank, info.dp_size, info.is_collector),
-        split=_chunk,
+        slot=lambda info: Slot(info.dp_rank, info.dp_size, info.is_collector, info.token_balance),
+        split=_dp_share,
         collect=_in_slot_order,
     ),
     Dispatch.GENERATION_COMPUTE: DispatchMode(

@@ -342,7 +342,7 @@ class RayWorkerGroup:
             for h, slot in zip(self.handles, slots)
         ]
         out = self._gather(refs, method_name)
-        return mode.collect([(slot, out[r]) for r, slot in enumerate(slots) if slot.collects], reduce)
+        return mode.collect([(slot, out[r]) for r, slot in enumerate(slots) if slot.collects], reduce, batch)
 
     def _gather(self, refs: list, method_name: str) -> dict[int, Any]:
         return gather(

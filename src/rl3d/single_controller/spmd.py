@@ -46,7 +46,7 @@ class SPMDWorkerGroup:
         out = to_host(method(mode.split(args[0], slot), *args[1:], **kwargs))
         gathered: list = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(gathered, (slot, out) if slot.collects else None, group=self.group)
-        return mode.collect([p for p in gathered if p is not None], metrics_reduction(method))
+        return mode.collect([p for p in gathered if p is not None], metrics_reduction(method), args[0])
 
     def _call_across_pools(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         # ("one", output) or ("part", slot, output, mode, reduction) from the ranks that report;
@@ -77,7 +77,7 @@ class SPMDWorkerGroup:
         if parts[0][0] == "one":
             return parts[0][1]
         _, _, _, mode_name, reduce = parts[0]
-        return MODES[mode_name].collect([(slot, out) for _, slot, out, *_ in parts], reduce)
+        return MODES[mode_name].collect([(slot, out) for _, slot, out, *_ in parts], reduce, args[0])
 
 
 def agree(flag: bool, channel: Any = None) -> bool:

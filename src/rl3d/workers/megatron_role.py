@@ -27,9 +27,9 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.packing import (
     PACKED,
     pack_rows,
+    packed_micro_batches,
     packed_model_inputs,
     per_sequence_rope,
-    token_budget_groups,
     unpack_response,
 )
 from rl3d.models.spec import ModelSpec
@@ -77,8 +77,10 @@ class MegatronRole:
         self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
         overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
-        self.model = build_gpt(spec, groups, role=role, params_dtype=params_dtype, seed=seed, **overrides)
-        self.te = packing and use_transformer_engine(groups.device)
+        self.model = build_gpt(
+            spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
+        )
+        self.te = packing and use_transformer_engine(groups.device, packed=True)
         if hf_path:
             from rl3d.models.weights import load_weights
 
@@ -125,10 +127,12 @@ class MegatronRole:
         """Micro-batches on this rank's device (the controller's batches live on the host), and
         the sample order they hold when a token budget regrouped the samples (else None)."""
         order = None
-        if self.max_tokens is not None:
+        if self.packing:
             lengths = batch["attention_mask"].sum(1).tolist()
             key = f"{self.role}.max_tokens_per_micro_batch"
-            groups = token_budget_groups(lengths, self.max_tokens, key=key)
+            groups = packed_micro_batches(
+                lengths, micro_batch_size=min(micro_batch_size, len(batch)), budget=self.max_tokens, key=key
+            )
             order = [i for g in groups for i in g]
             chunks = [batch.select(g) for g in groups]
         else:

@@ -24,13 +24,17 @@ logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _megatron_info(groups: MegatronGroups, gen=None) -> DispatchInfo:
+def _megatron_info(
+    groups: MegatronGroups, gen=None, *, role: MegatronRole, mini_batch_size: int
+) -> DispatchInfo:
     """Where this rank sits in its megatron grid, and (`gen`: the actor's GenerationLayout) in
-    the generation layout."""
+    the generation layout. A role that packs sequences gets each mini-batch's samples dealt to
+    its DP ranks by token count."""
     info = DispatchInfo(
         dp_rank=groups.dp_rank,
         dp_size=groups.layout.d,
         is_collector=groups.tp_rank == 0 and groups.is_last_stage,
+        token_balance=mini_batch_size if role.packing else 0,
     )
     if gen is None:
         return info
@@ -169,7 +173,9 @@ class ActorRolloutWorker(_LogProbMixin):
         self.policy_loss = algos.policy_loss_of(cfg.algorithm)
 
     def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(self.groups, self.gen)
+        return _megatron_info(
+            self.groups, self.gen, role=self.role, mini_batch_size=self.cfg.actor.mini_batch_size
+        )
 
     @register(Dispatch.ONE_TO_ALL)
     def reshard(self) -> dict[str, float]:
@@ -313,7 +319,7 @@ class CriticWorker:
         )
 
     def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(self.groups)
+        return _megatron_info(self.groups, role=self.role, mini_batch_size=self.cfg.critic.mini_batch_size)
 
     def _values(self, output, micro):
         return self.role.response_slice(output, micro)[..., 0].float()
@@ -367,8 +373,8 @@ class ReferenceWorker(_LogProbMixin):
             **_reference_batching(cfg),
         )
 
-    def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(self.groups)
+    def dispatch_info(self) -> DispatchInfo:  # the actor's mini-batches: the same shares
+        return _megatron_info(self.groups, role=self.role, mini_batch_size=self.cfg.actor.mini_batch_size)
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch | None:

@@ -4,7 +4,13 @@ token-budget grouping."""
 import pytest
 import torch
 
-from rl3d.models.packing import block_causal_mask, pack_rows, token_budget_groups, unpack_response
+from rl3d.models.packing import (
+    block_causal_mask,
+    pack_rows,
+    packed_micro_batches,
+    token_budget_groups,
+    unpack_response,
+)
 
 
 def _batch():
@@ -48,10 +54,32 @@ def test_block_causal_mask():
     ]
 
 
-def test_token_budget_groups_first_fit_decreasing():
-    groups = token_budget_groups([5, 9, 3, 4, 6], 10, key="actor.max_tokens_per_micro_batch")
-    assert groups == [[1], [3, 4], [0, 2]]
-    assert all(sum([5, 9, 3, 4, 6][i] for i in g) <= 10 for g in groups)
+def test_token_budget_groups_count_from_first_fit_then_balanced():
+    lengths = [5, 9, 3, 4, 6]
+    groups = token_budget_groups(lengths, 10, key="actor.max_tokens_per_micro_batch")
+    # first-fit decreasing needs 3 micro-batches ([9], [6, 4], [5, 3]: 9, 10, 8 tokens);
+    # balanced over 3 they carry 9 tokens each
+    assert groups == [[1], [2, 4], [0, 3]]
+    assert [sum(lengths[i] for i in g) for g in groups] == [9, 9, 9]
+
+
+def test_token_budget_keeps_first_fit_where_balancing_cannot_fit():
+    # first-fit decreasing packs [6, 4] and [4, 3, 3] under 10; longest-first balancing puts
+    # 6 and 4 apart and then has no room for the last 3: the first-fit groups stay
+    lengths = [6, 4, 4, 3, 3]
+    groups = token_budget_groups(lengths, 10, key="actor.max_tokens_per_micro_batch")
+    assert groups == [[0, 1], [2, 3, 4]]
+
+
+def test_micro_batches_without_budget_balance_tokens_at_equal_counts():
+    lengths = [30, 2, 28, 3, 1, 25, 4, 27]
+    groups = packed_micro_batches(lengths, micro_batch_size=2, budget=None, key="k")
+    assert sorted(i for g in groups for i in g) == list(range(8))
+    assert all(len(g) == 2 for g in groups)
+    loads = [sum(lengths[i] for i in g) for g in groups]
+    assert max(loads) - min(loads) <= 4, loads  # contiguous pairs: 32, 31, 26, 31
+    # a batch that does not split into equal micro-batches keeps its order
+    assert packed_micro_batches([5, 1, 7], micro_batch_size=2, budget=None, key="k") == [[0, 1], [2]]
 
 
 def test_token_budget_names_both_numbers():
@@ -67,3 +95,21 @@ def test_budget_needs_packing():
         ActorConfig(max_tokens_per_micro_batch=64)
     assert ActorConfig(packing=True, max_tokens_per_micro_batch=64).max_tokens_per_micro_batch == 64
     assert ActorConfig().packing is False and ReferenceConfig().packing is None
+
+
+def test_te_spec_only_for_packed_roles(monkeypatch):
+    """Transformer Engine's attention ignores left padding, so a padded role keeps the local
+    spec; a packing role (no pads, THD boundaries) takes TE's. The import is the only thing the
+    decision reads from TE, so an empty module stands in for an installed one."""
+    import sys
+    import types
+
+    from rl3d.models.builder import use_transformer_engine
+
+    monkeypatch.setitem(sys.modules, "transformer_engine", types.ModuleType("transformer_engine"))
+    cuda = torch.device("cuda")
+    assert use_transformer_engine(cuda, packed=True)
+    assert not use_transformer_engine(cuda)
+    assert not use_transformer_engine(torch.device("cpu"), packed=True)
+    monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
+    assert not use_transformer_engine(cuda, packed=True)
