@@ -11,6 +11,11 @@ seconds are medians. `padded_tokens` are the token slots the padded side compute
 `packed_tokens` the real tokens; `max_abs_logp_diff` compares the two actors' response
 log-probs (forward only, masked to the response tokens).
 
+Balance (token counts, no timing): the batch's tokens over `--dp` data-parallel ranks, dealt in
+contiguous chunks (the padded dispatch) against the token-balanced dispatch of packing roles, and
+the packed micro-batches under the budget, first-fit decreasing against balanced; each as the
+largest load over the mean load (`*_imbalance_*`, 1.0 = even).
+
     rl3d bench packing --json
 """
 
@@ -36,6 +41,7 @@ def add_packing_arguments(parser: argparse.ArgumentParser) -> None:
         "--micro-batch-size", type=int, default=4, help="padded side: sequences per micro-batch"
     )
     parser.add_argument("--max-tokens", type=int, default=None, help="packed side: token budget (default T)")
+    parser.add_argument("--dp", type=int, default=2, help="data-parallel ranks for the balance report")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
@@ -151,7 +157,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             dist.destroy_process_group()
     padded_s, packed_s = (statistics.median(seconds[k]) for k in ("padded", "packed"))
     real = int(data["attention_mask"].sum())
-    return {
+    return _balance(data["attention_mask"].sum(1).tolist(), args.dp, budget) | {
         "padded_seconds": padded_s,
         "packed_seconds": packed_s,
         "speedup": padded_s / packed_s,
@@ -164,6 +170,23 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         "longest_over_median_response": skew,
         "micro_batch_size": args.micro_batch_size,
         "max_tokens_per_micro_batch": budget,
+    }
+
+
+def _balance(lengths: list[int], dp: int, budget: int) -> dict[str, float]:
+    from rl3d.models.packing import first_fit_decreasing, token_budget_groups
+    from rl3d.utils.partition import balanced_partition, imbalance
+
+    share = len(lengths) // dp
+    return {
+        "dp_imbalance_contiguous": imbalance(
+            lengths, [list(range(r * share, (r + 1) * share)) for r in range(dp)]
+        ),
+        "dp_imbalance_balanced": imbalance(lengths, balanced_partition(lengths, dp)),
+        "micro_imbalance_first_fit": imbalance(lengths, first_fit_decreasing(lengths, budget)),
+        "micro_imbalance_balanced": imbalance(
+            lengths, token_budget_groups(lengths, budget, key="--max-tokens")
+        ),
     }
 
 
@@ -188,19 +211,35 @@ CONTRACT = (
     "packed_tokens",
     "max_abs_logp_diff",
 )
+BALANCE = (
+    "dp_imbalance_contiguous",
+    "dp_imbalance_balanced",
+    "micro_imbalance_first_fit",
+    "micro_imbalance_balanced",
+)
 
 
 def run_packing_bench(args: argparse.Namespace) -> str:
-    for key in ("batch", "prompt_len", "median_response", "max_response", "micro_batch_size", "repeats"):
+    for key in (
+        "batch",
+        "prompt_len",
+        "median_response",
+        "max_response",
+        "micro_batch_size",
+        "repeats",
+        "dp",
+    ):
         if getattr(args, key) < 1:
             raise ValueError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
     if args.batch % args.micro_batch_size:
         raise ValueError(
             f"--batch {args.batch} is not a multiple of --micro-batch-size {args.micro_batch_size}"
         )
+    if args.batch % args.dp:
+        raise ValueError(f"--batch {args.batch} is not a multiple of --dp {args.dp}")
     result = measure(args)
     if args.json:
-        return json.dumps({k: result[k] for k in CONTRACT})
+        return json.dumps({k: result[k] for k in (*CONTRACT, *BALANCE)})
     return "\n".join(
         f"{k:32s} {v:.4g}" if isinstance(v, float) else f"{k:32s} {v}" for k, v in result.items()
     )

@@ -145,14 +145,9 @@ def packed_micro_batches(
     return parts
 
 
-def token_budget_groups(lengths: list[int], budget: int, *, key: str) -> list[list[int]]:
-    """Sample indices per micro-batch, each group's tokens at most `budget`: as many groups as
-    first-fit decreasing needs, then the tokens balanced over them (kept first-fit where the
-    balancing cannot fit them); indices within a group ascend. `key` names the setting in the
-    error."""
-    too_long = [n for n in lengths if n > budget]
-    if too_long:
-        raise ValueError(f"a sequence of {max(too_long)} tokens exceeds {key}={budget}")
+def first_fit_decreasing(lengths: list[int], budget: int) -> list[list[int]]:
+    """Sample indices per group, each group's tokens at most `budget`, sequences taken longest
+    first into the first group they fit (every length must be at most `budget`)."""
     groups: list[list[int]] = []
     loads: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
@@ -164,5 +159,17 @@ def token_budget_groups(lengths: list[int], budget: int, *, key: str) -> list[li
         else:
             groups.append([i])
             loads.append(lengths[i])
+    return [sorted(g) for g in groups]
+
+
+def token_budget_groups(lengths: list[int], budget: int, *, key: str) -> list[list[int]]:
+    """Sample indices per micro-batch, each group's tokens at most `budget`: as many groups as
+    first-fit decreasing needs, then the tokens balanced over them (kept first-fit where the
+    balancing cannot fit them); indices within a group ascend. `key` names the setting in the
+    error."""
+    too_long = [n for n in lengths if n > budget]
+    if too_long:
+        raise ValueError(f"a sequence of {max(too_long)} tokens exceeds {key}={budget}")
+    groups = first_fit_decreasing(lengths, budget)
     balanced = balanced_partition(lengths, len(groups), equal_size=False, budget=budget)
-    return balanced if balanced is not None else [sorted(g) for g in groups]
+    return balanced if balanced is not None else groups
