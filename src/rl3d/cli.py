@@ -20,6 +20,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from rl3d.launch.preflight import preflight
 
     loaded = load_config(args.recipe, args.overrides)
+    if getattr(loaded.config, "job", None) == "reward_model":  # a reward-model job (rl3d.controller.rm_train)
+        print(f"# {args.recipe}: valid reward-model job; files applied: {', '.join(loaded.files)}")
+        print(config_to_yaml(loaded.config), end="")
+        return 0
     preflight(loaded, check_paths=args.preflight)  # ranges always; files and imports on request
     print(f"# {args.recipe}: valid; files applied: {', '.join(loaded.files)}")
     for pool in role_pools(loaded.config):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rl3d.config.errors import ConfigError
+from rl3d.config.reward_model import check_reward_models
 from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
 from rl3d.config.schema import RL3DConfig
 
@@ -113,13 +114,14 @@ def _check_roles(cfg: RL3DConfig, fail) -> None:
             f"{cfg.algorithm.overlong_buffer_length} exceeds rollout.max_new_tokens = "
             f"{cfg.rollout.max_new_tokens}",
         )
-    if cfg.algorithm.family.needs_cost_critic and not cfg.reward.cost_fn:
+    if cfg.algorithm.family.needs_cost_critic and not (cfg.reward.cost_fn or cfg.reward.cost_model):
         raise fail(
             "reward.cost_fn",
             f"{cfg.algorithm.adv_estimator!r} trains against a cost: name a cost function "
             "(built-in 'high_token_ids' for the synthetic tasks, or 'package.module:function')",
         )
     _check_reward_names(cfg, fail)
+    check_reward_models(cfg, fail)
     for name in cfg.roles:
         if name in BUILT_IN_NAMES:
             raise fail(f"roles.{name}", f"{name!r} is a built-in role; name the recipe's own role otherwise")

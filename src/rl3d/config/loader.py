@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from rl3d.config.checks import check_config
 from rl3d.config.errors import ConfigError
+from rl3d.config.rm_job import RM_JOB, RMJobConfig, check_rm_job
 from rl3d.config.schema import RL3DConfig
 from rl3d.config.typed import from_dict, to_dict
 
@@ -173,7 +174,7 @@ def _nest(key: str, value: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class LoadedConfig:
-    config: RL3DConfig
+    config: RL3DConfig  # or, for a `job: reward_model` recipe, an RMJobConfig
     recipe: str
     files: list[str]  # every YAML file read, in the order applied
     overrides: list[str]
@@ -191,6 +192,10 @@ def load_config(recipe: str | os.PathLike, overrides: list[str] | tuple[str, ...
     for text in overrides:
         key, value = parse_override(text)
         merged.merge(_nest(key, value), COMMAND_LINE)
+    if merged.data.get("job") == RM_JOB:  # a reward-model training recipe (rl3d.controller.rm_train)
+        cfg = from_dict(RMJobConfig, merged.data, source_of=merged.source_of)
+        check_rm_job(cfg, lambda key, msg: ConfigError(msg, key=key, source=merged.source_of(key)))
+        return LoadedConfig(cfg, str(path), list(merged.files), list(overrides), dict(merged.sources))
     cfg = from_dict(RL3DConfig, merged.data, source_of=merged.source_of)
     check_config(cfg, merged.source_of)
     return LoadedConfig(cfg, str(path), list(merged.files), list(overrides), dict(merged.sources))

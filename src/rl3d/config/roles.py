@@ -10,7 +10,9 @@ A role's stages in a step (`RLTrainer.run_step`):
 - `compute`: called on the batch after the actor's old log-probs (reference log-probs, values);
   its output joins the batch;
 - `update`: called with the batch once advantages are in (critic updates); its metrics are
-  logged.
+  logged;
+- `score`: called on every rollout right after the rule reward, before advantages and before
+  an algorithm keeps part of a round (learned reward and cost models); returns (batch, metrics).
 The actor (generate, old log-probs, update, reshard) and the reward are the loop itself.
 
 Worker classes are named by import path and resolved where a rank builds them, so the config
@@ -42,6 +44,8 @@ class RoleSpec:
     compute_stage: str = ""  # timer name (metrics `time/<stage>`)
     update: str | None = None  # method called after the advantages; its metrics are logged
     update_stage: str = ""
+    score: str | None = None  # method called on each rollout after the rule reward
+    score_stage: str = ""
     options: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
 
@@ -68,6 +72,25 @@ def _critic(name: str, kind: str, **placement: Any) -> RoleSpec:
     )
 
 
+def _learned_model(key: str, kind: str) -> RoleSpec:
+    """A learned reward or cost model (`reward.<key>`, rl3d.config.reward_model): scores every
+    rollout; colocated on the actor's ranks or in its own pool."""
+
+    def section(cfg: RL3DConfig):
+        return getattr(cfg.reward, key)
+
+    return RoleSpec(
+        f"{kind}_model",
+        "rl3d.workers.reward_model:RewardModelWorker",
+        f"reward.{key}",
+        enabled=lambda cfg: section(cfg) is not None,
+        own_layout=lambda cfg: None if section(cfg).colocate else section(cfg).parallel,
+        score="compute_score",
+        score_stage=f"{kind}_model",
+        options=MappingProxyType({"kind": kind}),
+    )
+
+
 # Table order is pool order (own pools take ranks after the actor's in this order) and the
 # order of the compute and update stages.
 BUILT_IN_ROLES: tuple[RoleSpec, ...] = (
@@ -86,6 +109,8 @@ BUILT_IN_ROLES: tuple[RoleSpec, ...] = (
         compute="compute_ref_log_prob",
         compute_stage="ref_logp",
     ),
+    _learned_model("model", "reward"),
+    _learned_model("cost_model", "cost"),
 )
 BUILT_IN_NAMES = frozenset(r.name for r in BUILT_IN_ROLES) | {"reward"}
 

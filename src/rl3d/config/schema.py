@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl3d.config.errors import FieldError
+from rl3d.config.reward_model import RewardModelConfig
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -364,6 +365,8 @@ class RewardConfig:
     cost_fn: str | None = None
     num_workers: int = 0  # >0 fans scoring out to CPU workers (Ray backend)
     on_error: Literal["stop", "skip"] = "stop"  # skip = score 0, report and count
+    model: RewardModelConfig | None = None  # a learned reward model (rl3d.config.reward_model)
+    cost_model: RewardModelConfig | None = None  # a learned cost model (Safe-RLHF)
 
     def __post_init__(self) -> None:
         _non_negative(self, "num_workers")

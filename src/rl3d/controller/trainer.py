@@ -183,4 +183,9 @@ class RLTrainer:
     def score(self, batch: DataBatch, metrics: dict[str, float]) -> DataBatch:
         scores, reward_metrics = self.roles.reward.call("compute_reward", batch)
         metrics |= reward_metrics
-        return batch.union(scores)
+        batch = batch.union(scores)
+        for _stage, method, group in self.roles.stages("score"):  # learned reward / cost models
+            scores, model_metrics = group.call(method, batch)
+            metrics |= model_metrics
+            batch = batch.union(scores)
+        return batch

@@ -63,6 +63,9 @@ def preflight(loaded: LoadedConfig, *, check_paths: bool = True, absent_ok: bool
     if check_paths:
         _check_data(check)
         _check_imports(check)
+        from rl3d.config.reward_model import preflight_reward_models
+
+        preflight_reward_models(check.cfg, check.fail, absent_ok=absent_ok)
 
 
 def _check_ranges(check: _Check, spec: Any) -> None:

@@ -55,6 +55,10 @@ def launch_train(
     `emit` shows the user what will run. `overwrite` deletes an earlier run's outputs in the
     run dir first (a dry run only checks)."""
     loaded = load_config(recipe, overrides)
+    if getattr(loaded.config, "job", None) == "reward_model":  # rl3d.controller.rm_train
+        from rl3d.launch.rm_job import launch_rm
+
+        return launch_rm(loaded, overrides, emit=emit, dry_run=dry_run, overwrite=overwrite)
     preflight(loaded)
     removed = check_run_dir(loaded, overwrite=overwrite, launcher=not dry_run)
     emit(describe(loaded))

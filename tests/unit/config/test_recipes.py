@@ -25,6 +25,9 @@ def test_rl3d_validate_accepts_recipe(recipe, capsys):
     printed = yaml.safe_load(out)
     cfg = load_config(recipe).config
     assert printed["model"]["name"] == cfg.model.name
+    if printed.get("job") == "reward_model":  # a reward-model training job (rl3d.controller.rm_train)
+        assert printed["parallel"]["tp"] == cfg.parallel.tp
+        return
     assert printed["actor"]["parallel"]["tp"] == cfg.actor.parallel.tp
 
 
