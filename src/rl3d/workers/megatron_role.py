@@ -37,6 +37,9 @@ from rl3d.models.training import SkippedSteps
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
+# A metric row's weight in the step's mean (packed micro-batches differ in size, so their rows
+# count by what the loss averages over: tokens or sequences); rows without it count once.
+METRIC_WEIGHT = "_weight"
 MAX_FP16_SKIPS = 40  # from 2^32, halving per overflow reaches a usable loss scale well within this
 
 
@@ -276,8 +279,11 @@ class MegatronRole:
                 )
                 if self.groups.is_last_stage:
                     metrics.append(self._perf(micro))
-                    for o in outs:
-                        metrics.append({k: float(v) for k, v in o.items()})
+                    for m, o in zip(micro, outs):
+                        row = {k: float(v) for k, v in o.items()}
+                        if self.packing:  # micro-batches of unequal size: mini-batch means
+                            row[METRIC_WEIGHT] = count_unit(m)
+                        metrics.append(row)
                     if grad_norm is not None:
                         metrics.append({"grad_norm": float(grad_norm)})
                     metrics.append({"skipped_steps": float(self.skipped.total)})

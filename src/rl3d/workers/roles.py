@@ -18,7 +18,7 @@ from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
 from rl3d.single_controller.dispatch import INPUT_ROW, Dispatch, DispatchInfo, register
 from rl3d.workers.context import RoleContext
-from rl3d.workers.megatron_role import MegatronRole
+from rl3d.workers.megatron_role import METRIC_WEIGHT, MegatronRole
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -70,8 +70,13 @@ def _reference_batching(cfg: RL3DConfig) -> dict:
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
-    keys = {k for r in rows for k in r}
-    return {k: sum(r[k] for r in rows if k in r) / sum(1 for r in rows if k in r) for k in sorted(keys)}
+    """Each key's mean over the rows that have it, weighted by a row's METRIC_WEIGHT (else 1)."""
+    out = {}
+    for key in sorted({k for r in rows for k in r} - {METRIC_WEIGHT}):
+        have = [(r.get(METRIC_WEIGHT, 1.0), r[key]) for r in rows if key in r]
+        total = sum(w for w, _ in have)
+        out[key] = sum(w * v for w, v in have) / total if total else sum(v for _, v in have) / len(have)
+    return out
 
 
 def _train(role: MegatronRole, section, batch: DataBatch, loss_of, loss_agg_mode: str, prefix: str):

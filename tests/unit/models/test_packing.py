@@ -113,3 +113,15 @@ def test_te_spec_only_for_packed_roles(monkeypatch):
     assert not use_transformer_engine(torch.device("cpu"), packed=True)
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
     assert not use_transformer_engine(cuda, packed=True)
+
+
+def test_packed_metric_rows_are_weighted_by_their_tokens():
+    """A packing role's micro-batches differ in size: a step's metric is the mini-batch mean
+    (rows weighted by their tokens), not a mean of micro-batch means; unweighted rows (padded
+    roles, grad_norm) keep the plain mean."""
+    from rl3d.workers.megatron_role import METRIC_WEIGHT
+    from rl3d.workers.roles import _mean_metrics
+
+    rows = [{"loss": 1.0, METRIC_WEIGHT: 30.0}, {"loss": 4.0, METRIC_WEIGHT: 10.0}, {"grad_norm": 2.0}]
+    assert _mean_metrics(rows) == {"loss": (30 + 40) / 40, "grad_norm": 2.0}
+    assert _mean_metrics([{"loss": 1.0}, {"loss": 4.0}]) == {"loss": 2.5}
