@@ -45,6 +45,10 @@ MEGATRON = "megatron-core>=0.16,<0.17" if sys.version_info < (3, 12) else "megat
 SGLANG = "sglang==0.5.23"
 GPU_TORCH = "torch==2.14.1"
 TRANSFORMER_ENGINE = "transformer-engine[core_cu13,pytorch]>=2.9,<2.12"
+# Experiment trackers beside TensorBoard (`logging.trackers`; rl3d.config.tracking names this
+# extra when one is missing). In [dev] too, so CI runs their tests: about 70 s more install
+# from an empty pip cache (README). mlflow-skinny: the tracking client without the server.
+TRACK = ["wandb>=0.19", "mlflow-skinny>=2.10"]
 
 setup(
     name="rl3d",
@@ -73,7 +77,8 @@ setup(
     extras_require={
         # CUDA-only: never installed on CPU machines (`make install-gpu`). apex: see README.
         "gpu": [GPU_TORCH, SGLANG, TRANSFORMER_ENGINE, "ninja"],  # ninja: the kernels' JIT build
-        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6"],
+        "track": TRACK,
+        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK],
     },
     entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},
     ext_modules=EXT_MODULES,

@@ -12,6 +12,8 @@ from rl3d.config.errors import ConfigError
 from rl3d.config.reward_model import check_reward_models
 from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
 from rl3d.config.schema import RL3DConfig
+from rl3d.config.tracking import check_trackers
+from rl3d.config.validation import check_validation
 
 
 def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> None:
@@ -21,6 +23,8 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
     _check_layouts(cfg, fail)
     _check_batches(cfg, fail)
     _check_roles(cfg, fail)
+    check_validation(cfg, fail)
+    check_trackers(cfg, fail)
 
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:

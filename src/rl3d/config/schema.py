@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from rl3d.config.errors import FieldError
+from rl3d.config.validation import ValidationFields
 from rl3d.config.reward_model import RewardModelConfig
 
 
@@ -350,6 +351,7 @@ class DataConfig:
     prompts_per_step: int = 8
     shuffle: bool = True
     on_bad_row: Literal["skip", "error"] = "skip"
+    val_files: list[str] = field(default_factory=list)  # parquet prompts for trainer.val_every
 
     def __post_init__(self) -> None:
         _positive(self, "max_prompt_length", "prompts_per_step")
@@ -373,7 +375,7 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TrainerConfig:
+class TrainerConfig(ValidationFields):  # + the trainer.val_* keys (rl3d.config.validation)
     total_steps: int = 10
     seed: int = 1
     experiment: str = "rl3d"
@@ -381,6 +383,7 @@ class TrainerConfig:
     hooks: dict[str, str] = field(default_factory=dict)  # on_step_end: "pkg.mod:fn", ...
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         _positive(self, "total_steps")
         known = {"on_rollout_end", "on_step_end", "on_checkpoint"}
         for name in self.hooks:
@@ -395,6 +398,7 @@ class LoggingConfig:
     jsonl: bool = True
     tensorboard: bool = True
     progress: bool = True
+    trackers: list[str] | None = None  # tensorboard|wandb|mlflow; None: [tensorboard] (config.tracking)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,17 +31,21 @@ class PromptBatches:
         self.sampler = sampler
 
     def next_batch(self) -> DataBatch:
-        items = self.sampler.next_batch()
-        return DataBatch(
-            meta={
-                "prompt_ids": [list(i.prompt_ids) for i in items],
-                "prompt_text": [i.prompt_text for i in items],
-                "answer": [i.answer for i in items],
-                "source": [i.source for i in items],
-                "index": [i.index for i in items],
-            },
-            info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
-        )
+        return prompt_batch(self.sampler.next_batch())
+
+
+def prompt_batch(items) -> DataBatch:
+    """`PromptItem`s as the DataBatch `generate_sequences` takes."""
+    return DataBatch(
+        meta={
+            "prompt_ids": [list(i.prompt_ids) for i in items],
+            "prompt_text": [i.prompt_text for i in items],
+            "answer": [i.answer for i in items],
+            "source": [i.source for i in items],
+            "index": [i.index for i in items],
+        },
+        info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
+    )
 
 
 @dataclass
@@ -161,6 +165,7 @@ class RunData:
     spec: Any  # rl3d.models.spec.ModelSpec
     tokenizer: Any
     sampler: Any  # rl3d.data.PromptSampler
+    val_prompts: list = field(default_factory=list)  # PromptItems of trainer.val_every
 
 
 def build_data(cfg: RL3DConfig) -> RunData:
@@ -177,7 +182,11 @@ def build_data(cfg: RL3DConfig) -> RunData:
     sampler = PromptSampler(
         dataset, prompts_per_step=cfg.data.prompts_per_step, seed=cfg.trainer.seed, shuffle=cfg.data.shuffle
     )
-    return RunData(spec, tokenizer, sampler)
+    if not cfg.trainer.validates:
+        return RunData(spec, tokenizer, sampler)
+    from rl3d.controller.validation import validation_prompts
+
+    return RunData(spec, tokenizer, sampler, validation_prompts(cfg, tokenizer, dataset))
 
 
 def role_groups(cfg: RL3DConfig, backend: Backend) -> RoleGroups:
@@ -188,8 +197,11 @@ def role_groups(cfg: RL3DConfig, backend: Backend) -> RoleGroups:
 def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: RunData) -> RLTrainer:
     """The controller around the role groups: KL controller, resume, metric sinks, hooks."""
     from rl3d import algos
+    from rl3d.config.tracking import trackers_of
+    from rl3d.config.typed import to_dict
     from rl3d.controller.hooks import load_hooks
-    from rl3d.logging import JsonlMetricsWriter, Progress, TensorBoardWriter
+    from rl3d.logging import JsonlMetricsWriter, Progress
+    from rl3d.logging.trackers import make_trackers
 
     kl = cfg.algorithm.kl
     kl_args = {"kl_coef": kl.coef} | (
@@ -204,8 +216,9 @@ def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: Run
     if writes:
         if cfg.logging.jsonl:
             sinks.append(JsonlMetricsWriter(run_dir / "metrics.jsonl", rank=0))
-        if cfg.logging.tensorboard:
-            sinks.append(TensorBoardWriter(run_dir / "tensorboard"))
+        sinks += make_trackers(  # TensorBoard, W&B, MLflow: logging.trackers
+            trackers_of(cfg.logging), run_dir, experiment=cfg.trainer.experiment, config=to_dict(cfg)
+        )
     progress = Progress(
         cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
     )
@@ -223,4 +236,11 @@ def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: Run
         algorithm=algorithm,
     )
     trainer.history = history
+    if cfg.trainer.validates:
+        from rl3d.controller.validation import Validator
+
+        trainer.validation = Validator(
+            cfg, trainer.roles.actor, trainer.score, data.val_prompts, sinks=sinks, run_dir=run_dir,
+            writes=writes,
+        )
     return trainer

@@ -7,6 +7,8 @@ import logging
 from pathlib import Path
 
 from rl3d.config import RL3DConfig
+from rl3d.controller.validation import plot_validation
+from rl3d.controller.validation import summary_lines as validation_summary
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +49,7 @@ def write_summary(cfg: RL3DConfig, history: list[dict[str, float]], run_dir: Pat
         f"on {cfg.model.label}",
         f"mean reward: first {k} steps {first:.3f} -> last {k} steps {last:.3f} ({last - first:+.3f})",
         *_kl_line(history[-k:]),
+        *validation_summary(run_dir),
         *(f"  {key:<22} {history[-1][key]:.6g}" for key in HEADLINE if key in history[-1]),
         f"total time {sum(h.get('time/step', 0.0) for h in history):.1f} s; outputs in {run_dir}: "
         "metrics.jsonl, metrics.csv, reward_curve.png, resolved_config.yaml",
@@ -76,6 +79,7 @@ def _plot_rewards(history: list[dict[str, float]], path: Path, *, title: str) ->
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, mean, marker="o", label="mean reward")
     ax.fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    plot_validation(ax, path.parent)  # trainer.val_every's curve, when the run validated
     ax.set_xlabel("step")
     ax.set_ylabel("reward")
     ax.set_title(title)

@@ -49,6 +49,14 @@ class StageTimer:
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
 
 
+class NoValidation:
+    def start(self, start_step: int) -> None:
+        pass
+
+    def after(self, step: int) -> dict[str, float]:
+        return {}
+
+
 class RLTrainer:
     def __init__(
         self,
@@ -72,6 +80,7 @@ class RLTrainer:
         self.stop_requested = False
         self.agree = agree  # the backend's: True everywhere once any controller's flag is set
         self.algorithm = algorithm  # rl3d.algos.Algorithm: estimator, policy loss, hooks
+        self.validation = NoValidation()  # or rl3d.controller.validation.Validator (trainer.val_every)
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
@@ -81,8 +90,9 @@ class RLTrainer:
         previous = signal.signal(signal.SIGUSR1, self._on_signal)
         try:
             self.roles.actor.call("reshard")  # the first generation needs generation shards
+            self.validation.start(self.start_step)  # trainer.val_before_train: logged as step 0
             for step in range(self.start_step + 1, self.cfg.trainer.total_steps + 1):
-                metrics = self.run_step(step)
+                metrics = self.run_step(step) | self.validation.after(step)  # val/* when due
                 self.history.append(metrics)
                 for sink in self.sinks:
                     sink.log(step, metrics)

@@ -51,7 +51,7 @@ class JsonlMetricsWriter:
 
 
 def drop_rows_after(run_dir: str | os.PathLike, step: int) -> int:
-    """Keep only rows up to `step` in ``metrics.jsonl`` and ``metrics.csv`` of `run_dir`.
+    """Keep only rows up to `step` in ``metrics.jsonl``, ``metrics.csv`` and ``validation.csv``.
 
     A resumed run continues from its checkpoint's step; rows a killed run logged after it would
     otherwise sit next to the new run's rows for the same steps. Each file is rewritten to a
@@ -65,7 +65,13 @@ def drop_rows_after(run_dir: str | os.PathLike, step: int) -> int:
         kept = [line for line in lines if line.strip() and _step_of_json(line) <= step]
         dropped += len([line for line in lines if line.strip()]) - len(kept)
         _replace_text(jsonl, "".join(kept))
-    csv_path = run_dir / "metrics.csv"
+    for csv_path in (run_dir / "metrics.csv", run_dir / "validation.csv"):  # validation's: step 0 on
+        dropped += _drop_csv_rows(csv_path, step)
+    return dropped
+
+
+def _drop_csv_rows(csv_path: Path, step: int) -> int:
+    dropped = 0
     if csv_path.is_file():
         import csv
         import io
