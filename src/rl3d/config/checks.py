@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rl3d.config.async_rollout import ROLLOUT_POOL, check_async_rollout
 from rl3d.config.errors import ConfigError
 from rl3d.config.reward_model import check_reward_models
 from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
@@ -20,6 +21,7 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
     def fail(key: str, message: str) -> ConfigError:
         return ConfigError(message, key=key, source=source_of(key))
 
+    check_async_rollout(cfg, fail)
     _check_layouts(cfg, fail)
     _check_batches(cfg, fail)
     _check_roles(cfg, fail)
@@ -40,10 +42,13 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
     pools = role_pools(cfg)
     for pool in pools:  # each pool's layout is its role's `parallel` section
         t, p = pool.layout.t, pool.layout.p
-        section = ACTOR if pool.name == ACTOR else role_spec(cfg, pool.name).key
+        if pool.name == ROLLOUT_POOL:  # the separate generation pool: rollout.pool.tp
+            section = "rollout.pool"
+        else:
+            section = ACTOR if pool.name == ACTOR else role_spec(cfg, pool.name).key
         if spec.num_query_groups % t:
             raise fail(
-                f"{section}.parallel.tp",
+                f"{section}.tp" if pool.name == ROLLOUT_POOL else f"{section}.parallel.tp",
                 f"tp={t} must divide the model's {spec.num_query_groups} KV heads ({spec.name})",
             )
         if spec.num_layers % p:

@@ -4,8 +4,9 @@ The actor's pool comes first (world ranks 0 .. p*t*d - 1) and hosts the actor, i
 engine and every colocated role, in the actor's layout. A critic or reference with
 `colocate: false` (or a recipe's own role, `roles.<name>.colocate: false`) gets its own pool,
 in its own `parallel` layout, on the ranks after it, in role-table order (critic, reference,
-then the recipe's roles; `rl3d.config.roles`). Both backends build from this one list: under
-torchrun each pool becomes its own torch.distributed world
+then the recipe's roles; `rl3d.config.roles`); with `rollout.placement: separate` the
+generation pool comes last (`rl3d.config.async_rollout`). Both backends build from this one
+list: under torchrun each pool becomes its own torch.distributed world
 (`rl3d.single_controller.spmd_pools`), under Ray its own placement group and world.
 
     actor tp=2 dp=1, critic own pool tp=1 dp=2  ->  actor: ranks 0-1, critic: ranks 2-3
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from rl3d.config.async_rollout import ROLLOUT_POOL, is_separate
 from rl3d.config.roles import ACTOR, role_table
 from rl3d.config.schema import ParallelConfig, RL3DConfig
 from rl3d.parallel.layout import ParallelLayout
@@ -42,4 +44,8 @@ def role_pools(cfg: RL3DConfig) -> list[Pool]:
             pools = [
                 replace(p, roles=(*p.roles, role.name)) if role.pool_with in p.roles else p for p in pools
             ]
+    if is_separate(cfg):  # generation on its own pool, last: every trainer-side rank comes first
+        gen = cfg.rollout.pool
+        end = pools[-1].offset + pools[-1].size
+        pools.append(Pool(ROLLOUT_POOL, ParallelLayout(1, gen.tp, gen.dp), end, (ROLLOUT_POOL,)))
     return pools

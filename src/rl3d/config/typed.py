@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import keyword
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -84,10 +85,16 @@ def _convert(value: Any, tp: Any, key: str, source_of: SourceOf) -> Any:
     raise AssertionError(f"unsupported config field type {tp!r} at {key}")
 
 
+def yaml_key(field_name: str) -> str:
+    """A field named after a Python keyword plus "_" (`async_`) is spelled without it in YAML."""
+    bare = field_name.removesuffix("_")
+    return bare if bare != field_name and keyword.iskeyword(bare) else field_name
+
+
 def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "", source_of: SourceOf) -> T:
     """Build dataclass `cls` from `data`, rejecting unknown keys and missing required ones."""
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {yaml_key(f.name): f for f in dataclasses.fields(cls)}  # by YAML key
     dotted = (lambda name: f"{prefix}.{name}") if prefix else (lambda name: name)
     for name in data:
         if name not in fields:
@@ -97,7 +104,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "", source
     kwargs = {}
     for name, field in fields.items():
         if name in data:
-            kwargs[name] = _convert(data[name], hints[name], dotted(name), source_of)
+            kwargs[field.name] = _convert(data[name], hints[field.name], dotted(name), source_of)
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise ConfigError("missing required key", key=dotted(name), source=source_of(prefix) or None)
     try:
@@ -110,7 +117,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, prefix: str = "", source
 def to_dict(obj: Any) -> Any:
     """The plain-data form of a config (for writing the resolved YAML)."""
     if dataclasses.is_dataclass(obj):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        return {yaml_key(f.name): to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
     if isinstance(obj, list | tuple):
         return [to_dict(v) for v in obj]
     if isinstance(obj, dict):

@@ -194,8 +194,16 @@ def role_groups(cfg: RL3DConfig, backend: Backend) -> RoleGroups:
     return RoleGroups(table, {r.name: backend.group(r.name) for r in table}, backend.reward_group())
 
 
-def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: RunData) -> RLTrainer:
-    """The controller around the role groups: KL controller, resume, metric sinks, hooks."""
+def assemble_trainer(
+    cfg: RL3DConfig,
+    run_dir: Path,
+    backend: Backend,
+    data: RunData,
+    *,
+    make: Callable[..., RLTrainer] = RLTrainer,
+) -> RLTrainer:
+    """The controller around the role groups: KL controller, resume, metric sinks, hooks.
+    `make` builds it (`AsyncTrainer` with a separate rollout pool)."""
     from rl3d import algos
     from rl3d.config.tracking import trackers_of
     from rl3d.config.typed import to_dict
@@ -222,7 +230,7 @@ def assemble_trainer(cfg: RL3DConfig, run_dir: Path, backend: Backend, data: Run
     progress = Progress(
         cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
     )
-    trainer = RLTrainer(
+    trainer = make(
         cfg,
         role_groups(cfg, backend),
         sampler=PromptBatches(data.sampler),

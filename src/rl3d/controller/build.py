@@ -15,6 +15,7 @@ from typing import Any
 import torch.distributed as dist
 
 from rl3d.config import LoadedConfig, RL3DConfig
+from rl3d.config.async_rollout import is_separate
 from rl3d.config.pools import role_pools
 from rl3d.controller.assemble import RankFiles, assemble_trainer, build_data
 from rl3d.controller.rank import RankWorkers, build_rank_workers, load_rank_files, save_rank_files
@@ -75,6 +76,10 @@ def build_trainer(loaded: LoadedConfig, run_dir: Path) -> RLTrainer:
 
     cfg = loaded.config
     pools = role_pools(cfg)
+    if is_separate(cfg):  # generation on its own pool (rl3d.controller.async_trainer)
+        from rl3d.controller.async_trainer import build_async
+
+        return build_async(loaded, run_dir, pools)
     pool, channel = pools[0], None
     if len(pools) > 1:
         pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.launch.timeout_s)

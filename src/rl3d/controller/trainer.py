@@ -89,7 +89,7 @@ class RLTrainer:
     def fit(self) -> list[dict[str, float]]:
         previous = signal.signal(signal.SIGUSR1, self._on_signal)
         try:
-            self.roles.actor.call("reshard")  # the first generation needs generation shards
+            self.publish_weights(self.start_step)  # the first generation needs generation shards
             self.validation.start(self.start_step)  # trainer.val_before_train: logged as step 0
             for step in range(self.start_step + 1, self.cfg.trainer.total_steps + 1):
                 metrics = self.run_step(step) | self.validation.after(step)  # val/* when due
@@ -134,7 +134,7 @@ class RLTrainer:
         with t("update_actor"):
             metrics |= self.roles.actor.call("update_actor", batch) or {}
         with t("reshard"):
-            metrics |= self.roles.actor.call("reshard")
+            metrics |= self.publish_weights(step)
         self.kl_ctl.update(current_kl=metrics.get("kl/actor_ref_k1", 0.0), num_steps=len(batch))
         metrics["kl/coef"] = float(self.kl_ctl.value)
         metrics |= self.algorithm.after_update(batch)  # e.g. Safe-RLHF's multiplier steps
@@ -147,6 +147,11 @@ class RLTrainer:
         )
         self.hooks.call("on_step_end", step=step, batch=batch, metrics=metrics)
         return metrics
+
+    def publish_weights(self, version: int) -> dict[str, float]:
+        """Make policy `version` (after `version` updates) the one that generates: reshard in
+        place here; a separate rollout pool is sent it (`rl3d.controller.async_trainer`)."""
+        return self.roles.actor.call("reshard")
 
     def generate(self, step: int, metrics: dict[str, float]) -> DataBatch:
         """Sample prompts, roll out, score, in rounds until the step has its prompts: the

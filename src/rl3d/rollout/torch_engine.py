@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -90,6 +90,10 @@ class TorchRolloutEngine:
         self.cache: KVCache | None = None
         self._rope_table: RopeTable | None = None
         self.stats = GenerationStats()
+        # Partial rollouts (a separate rollout pool, `rl3d.workers.rollout_worker`): called with
+        # the step index before each forward that makes a token's logits (0: the prefill); it may
+        # `load_weights` new ones, which the rest of the generation then uses.
+        self.before_forward: Callable[[int], None] | None = None
         if weights is not None:
             self.load_weights(weights)
 
@@ -203,6 +207,10 @@ class TorchRolloutEngine:
         key_valid[:, :width] = cols >= pad[:, None]
         positions = (cols - pad[:, None]).clamp(min=0)
         mask = causal_mask(key_valid, 0, width, w.dtype)
+        hook = self.before_forward
+        if hook is not None:
+            hook(0)
+            w = self.weights
         logits = forward(w, tokens, rope.gather(positions), cache, 0, mask, self.tp)
         self.stats.prefill_rows += num_prompts
         self.stats.prefill_tokens += num_prompts * width
@@ -259,6 +267,9 @@ class TorchRolloutEngine:
             key_bias[:, :, slot] = 0.0  # the new token sees itself and all real tokens before it
             mask = key_bias[:, :, : slot + 1].flatten(0, 1)[:, None]
             rope_step = rope_decode.index_select(0, positions[:, step])
+            if hook is not None:  # a safe point: the next token's logits come from what it loads
+                hook(step + 1)
+                w = self.weights
             logits = decode_forward(w, tok, rope_step, swap, cache, slot, mask, self.tp)
             self.stats.decode_steps += 1
             self.stats.decode_rows += len(active)

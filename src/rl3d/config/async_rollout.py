@@ -1,0 +1,96 @@
+"""Where generation runs and how far it may run ahead: `rollout.placement`, `rollout.pool`,
+`rollout.async`.
+
+- `placement: colocated` (default): the actor's ranks generate, the 3D-HybridEngine reshards
+  in place between training and generation (the synchronous loop).
+- `placement: separate`: generation runs on its own resource pool of `rollout.pool.tp *
+  rollout.pool.dp` ranks (the world ranks after every other pool), holding a torch rollout
+  engine in its own generation layout (t_g = `pool.tp`, `pool.dp` generation-DP ranks). After
+  each update the training ranks send the actor's weights there (`rl3d.weight_sync`).
+- `async.max_staleness` (separate only): how many policy versions a token may lag behind the
+  policy that trains on it. 0 is synchronous (the rollout pool waits for the newest weights);
+  1 lets the pool generate step k+1's samples while the trainer updates on step k's.
+- `async.partial_rollouts`: a generation still running when new weights arrive continues with
+  them (swapped between decode steps; each token records the version that produced it),
+  instead of finishing on the old ones.
+
+YAML spells the section `async` (a Python keyword: the field is `async_`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from rl3d.config.errors import FieldError
+
+if TYPE_CHECKING:
+    from rl3d.config.schema import RL3DConfig
+
+Placement = Literal["colocated", "separate"]
+ROLLOUT_POOL = "rollout"  # the name of the separate generation pool
+
+
+@dataclass(frozen=True, kw_only=True)
+class RolloutPoolConfig:
+    """The separate rollout pool's generation layout: `tp` ranks per engine (generation TP),
+    `dp` engines, each generating its share of a step's prompts."""
+
+    tp: int = 1
+    dp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("tp", "dp"):
+            if getattr(self, name) <= 0:
+                raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.dp
+
+
+@dataclass(frozen=True, kw_only=True)
+class AsyncRolloutConfig:
+    max_staleness: int = 0  # policy versions a token may lag behind (0 = synchronous)
+    partial_rollouts: bool = True  # swap in new weights mid-generation
+    bucket_mb: float = 64.0  # weight-sync bucket size (one send per bucket and rollout rank)
+    timeout_s: float = 600.0  # a pool waiting longer than this for the other ends the job
+
+    def __post_init__(self) -> None:
+        if self.max_staleness < 0:
+            raise FieldError("max_staleness", f"must be >= 0, got {self.max_staleness}")
+        for name in ("bucket_mb", "timeout_s"):
+            if getattr(self, name) <= 0:
+                raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
+
+
+def is_separate(cfg: RL3DConfig) -> bool:
+    return cfg.rollout.placement == "separate"
+
+
+def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) -> None:
+    """Cross-section checks (before any process group starts); `fail(key, message)`."""
+    ro, al = cfg.rollout, cfg.algorithm
+    if not is_separate(cfg):
+        if ro.async_.max_staleness > 0:
+            raise fail(
+                "rollout.async.max_staleness",
+                f"= {ro.async_.max_staleness} needs rollout.placement: separate (a colocated "
+                "rollout shares the trainer's ranks, so it cannot run ahead)",
+            )
+        return
+    if ro.engine != "torch":
+        raise fail("rollout.engine", f"placement: separate runs the torch engine, got {ro.engine!r}")
+    if cfg.launch.backend != "spmd":
+        raise fail("launch.backend", "rollout.placement: separate runs under spmd (torchrun) so far")
+    if al.dynamic_sampling or al.adv_estimator == "remax":
+        key = "algorithm.dynamic_sampling" if al.dynamic_sampling else "algorithm.adv_estimator"
+        raise fail(key, "needs extra rollout rounds in a step, which placement: separate does not run")
+    if getattr(cfg.trainer, "validates", False):
+        raise fail(
+            "trainer.val_every", "validation generates on the actor's ranks, not with placement: separate"
+        )
+    t, t_g = cfg.actor.parallel.tp, ro.pool.tp
+    if t % t_g and t_g % t:
+        raise fail("rollout.pool.tp", f"tp={t_g} must divide or be a multiple of actor.parallel.tp={t}")

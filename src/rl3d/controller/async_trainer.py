@@ -1,0 +1,270 @@
+"""The RL loop with a separate rollout pool (`rollout.placement: separate`, see
+`rl3d.config.async_rollout`).
+
+Under torchrun the world splits into one world per pool (`split_world`); the rollout pool comes
+last. Its ranks run `RolloutPoolRunner`: generate step k's samples as soon as the newest
+policy they hold is at most `max_staleness` versions behind the one that will train on them
+(version k - 1), and hand them over; meanwhile they take in every new version the trainer
+sends. The other ranks run `AsyncTrainer`, the same `RLTrainer` loop whose generate stage
+takes the finished samples instead of generating, and whose reshard stage sends the updated
+weights to the rollout pool instead of resharding in place.
+
+Old log-probs of stale samples are the current actor's (as in the colocated loop: recomputed,
+or the update's own detached log-probs when one update covers the step): PPO's trust region is
+then around the policy being updated (decoupled PPO, as AReaL), and the behaviour policy,
+whose log-probs the engine recorded per token (maybe over two versions with partial
+rollouts), enters only through `algorithm.rollout_correction` (TIS: min(pi_old/pi_rollout, C)).
+Recomputing also keeps pi_old one policy, where the engine's log-probs mix versions.
+
+Checkpoints hold the trainer's position (the prompts of every step it trained on); samples in
+flight are not saved. On resume the rollout pool starts again from that position, so the
+prompts of a step that was in flight are generated again and trained on once: nothing lost,
+nothing used twice (the trainer checks each step's prompts against its own sampler).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from rl3d.config import LoadedConfig
+from rl3d.config.async_rollout import ROLLOUT_POOL
+from rl3d.config.roles import ACTOR
+from rl3d.controller.trainer import RLTrainer
+from rl3d.single_controller.async_link import AsyncLink, AsyncLinkError
+from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.dispatch import MODES, Dispatch, Slot
+
+logger = logging.getLogger(__name__)
+GEN = MODES[Dispatch.GENERATION_COMPUTE]
+
+
+def step_uids(step: int, n: int) -> list[int]:
+    return [step * 1_000_000 + i for i in range(n)]  # the colocated loop's, round 0
+
+
+class AsyncTrainer(RLTrainer):
+    """`RLTrainer` on the training ranks of a run with a separate rollout pool."""
+
+    def __init__(
+        self,
+        *args: Any,
+        link: AsyncLink,
+        send: Callable[[], Any],
+        rollout_ranks: list[int],
+        sync_bytes: int,
+        rank: int,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        self.link, self.send, self.rollout_ranks = link, send, rollout_ranks
+        self.sync_bytes, self.rank = sync_bytes, rank
+        self.max_staleness = self.cfg.rollout.async_.max_staleness
+
+    def fit(self) -> list[dict[str, float]]:
+        if self.rank == 0:
+            self.link.put_start(self.start_step, self.sampler.sampler.state_dict())
+        try:
+            return super().fit()
+        except BaseException as err:
+            self.link.fail(f"training rank {self.rank} failed: {type(err).__name__}: {err}")
+            raise
+        finally:
+            if self.rank == 0:
+                self.link.stop()
+
+    def publish_weights(self, version: int) -> dict[str, float]:
+        """Send policy `version` (after `version` updates) to the rollout pool, unless no step
+        is left to use it."""
+        if version >= self.cfg.trainer.total_steps:
+            return {"weight_sync/bytes": 0.0, "weight_sync/seconds": 0.0}
+        if self.rank == 0:
+            self.link.announce_weights(version)
+        stats = self.send()
+        return {"weight_sync/bytes": float(self.sync_bytes), "weight_sync/seconds": stats.seconds}
+
+    def generate(self, step: int, metrics: dict[str, float]) -> DataBatch:
+        from rl3d.workers.rollout_worker import check_staleness, staleness_metrics
+
+        expected = self.sampler.next_batch()  # the trainer's own copy of the prompt order
+        start = time.perf_counter()
+        parts = self.link.get_parts(step, len(self.rollout_ranks), self.rollout_ranks)
+        waited = time.perf_counter() - start
+        batch = GEN.collect([(slot, out) for slot, out, _ in parts], "mean")
+        got, want = sorted(set(batch["index"])), sorted(set(expected["index"]))
+        if got != want:
+            raise AsyncLinkError(
+                f"step {step}: the rollout pool generated prompts {got}, the trainer expected {want}"
+            )
+        check_staleness(batch, step, self.max_staleness)
+        metrics |= staleness_metrics(batch, step)
+        metrics["async/wait_trainer_s"] = waited
+        metrics["async/wait_rollout_s"] = max(info["wait_rollout_s"] for *_, info in parts)
+        metrics["async/rollout_generate_s"] = max(info["generate_s"] for *_, info in parts)
+        if self.rank == 0 and step - 2 > self.start_step:
+            self.link.drop_parts(step - 2, len(self.rollout_ranks))
+        batch = self.score(batch, metrics)
+        metrics["generate/rounds"] = 1
+        return batch
+
+
+class RolloutPoolRunner:
+    """The loop of a rollout-pool rank (its `fit` returns no metrics)."""
+
+    def __init__(self, cfg, worker, sampler, link: AsyncLink, world_rank: int):
+        self.cfg, self.worker, self.sampler, self.link = cfg, worker, sampler, link
+        self.world_rank = world_rank
+
+    def fit(self) -> list[dict[str, float]]:
+        try:
+            self._loop()
+        except BaseException as err:
+            rank = self.worker.pool_rank
+            self.link.fail(
+                f"rollout pool rank {rank} (world rank {self.world_rank}) failed: {type(err).__name__}: {err}"
+            )
+            raise
+        return []
+
+    def _loop(self) -> None:
+        cfg, worker, link = self.cfg, self.worker, self.link
+        timeout, staleness = cfg.rollout.async_.timeout_s, cfg.rollout.async_.max_staleness
+        start = link.get_start()
+        self.sampler.sampler.load_state_dict(start["sampler"])
+        first = start["step"] + 1
+        if not worker.wait_for(first - 1, timeout):
+            return
+        slot = Slot(worker.dp_rank, cfg.rollout.pool.dp, worker.tp_rank == 0)
+        for step in range(first, cfg.trainer.total_steps + 1):
+            waited = time.perf_counter()
+            if not worker.wait_for(step - 1 - staleness, timeout):  # the staleness bound
+                return
+            waited = time.perf_counter() - waited
+            prompts = self.sampler.next_batch()
+            prompts.set("uid", step_uids(step, len(prompts)))
+            began = time.perf_counter()
+            part = worker.generate(GEN.split(prompts, slot), step=step * 16)
+            info = {"wait_rollout_s": waited, "generate_s": time.perf_counter() - began}
+            if slot.collects:
+                link.put_part(step, worker.dp_rank, (slot, part, info))
+            if link.stopped():
+                return
+        while not link.stopped():  # the trainer may still send versions before its last step
+            if not worker.poll():
+                time.sleep(0.01)
+
+
+def build_async(loaded: LoadedConfig, run_dir: Path, pools: list) -> Any:
+    """This rank's side of a run with a separate rollout pool: `AsyncTrainer` on the training
+    ranks, `RolloutPoolRunner` on the rollout pool's."""
+    from rl3d.controller.assemble import assemble_trainer, build_data
+    from rl3d.controller.build import SPMDBackend
+    from rl3d.controller.rank import build_rank_workers
+    from rl3d.models.bootstrap import init_megatron
+    from rl3d.single_controller.spmd_pools import ControllerChannel, split_world
+    from rl3d.weight_sync import WeightBridge, plan_weight_sync, send_weights
+    from rl3d.workers.rollout_worker import DTYPES
+
+    cfg = loaded.config
+    pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.launch.timeout_s)
+    store, world_rank = channel.store, channel.rank
+    actor, rollout = pools[0], pools[-1]
+    assert rollout.name == ROLLOUT_POOL, pools
+    ro = cfg.rollout.async_
+    data = build_data(cfg)
+    dtype = DTYPES[cfg.model.dtype]
+    plan = plan_weight_sync(
+        data.spec,
+        actor.layout,
+        gen_tp=cfg.rollout.pool.tp,
+        gen_dp=cfg.rollout.pool.dp,
+        bytes_per_element=dtype.itemsize,
+        bucket_bytes=int(ro.bucket_mb * 2**20),
+    )
+    device = _device(cfg)
+    bridge = None
+    if pool.name in (ACTOR, ROLLOUT_POOL):
+        local = world_rank - pool.offset
+        bridge = WeightBridge(
+            store,
+            rank=local if pool.name == ACTOR else actor.size + local,
+            num_train=actor.size,
+            num_rollout=rollout.size,
+            device=device,
+            timeout_s=ro.timeout_s,
+        )
+    if pool.name == ROLLOUT_POOL:
+        from rl3d.controller.assemble import PromptBatches
+        from rl3d.workers.rollout_worker import RolloutWorker
+
+        local = world_rank - pool.offset
+        link = AsyncLink(store, timeout_s=ro.timeout_s, who=f"rollout pool rank {local}")
+        pad = getattr(data.tokenizer, "pad_token_id", None)
+        worker = RolloutWorker(
+            cfg,
+            data.spec,
+            pad_token_id=0 if pad is None else pad,
+            pool_rank=local,
+            bridge=bridge,
+            plan=plan,
+            link=link,
+            device=device,
+        )
+        logger.info("rollout pool rank %d: %s", local, plan.describe())
+        return RolloutPoolRunner(cfg, worker, PromptBatches(data.sampler), link, world_rank)
+
+    train_pools = pools[:-1]
+    trainer_channel = None
+    if len(train_pools) > 1:  # critic/reference pools too: the controller's channel without the rollout pool
+        trainer_channel = ControllerChannel(
+            dist.PrefixStore("trainer/", store), world_rank, rollout.offset, channel.timeout_s
+        )
+    groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
+    rank = build_rank_workers(
+        cfg,
+        data.spec,
+        groups,
+        data.tokenizer,
+        pools=train_pools,
+        pool=pool,
+        run_dir=run_dir,
+        sync=trainer_channel.barrier if trainer_channel else lambda: None,
+    )
+    actor_worker = rank.workers.get(ACTOR)
+
+    def send():
+        if actor_worker is None:  # a critic/reference rank: not part of the transfer
+            return _NoSync
+        return send_weights(bridge, plan, actor_worker.role.global_shards(), world_rank - actor.offset)
+
+    link = AsyncLink(store, timeout_s=ro.timeout_s, who=f"training rank {world_rank}")
+    backend = SPMDBackend(cfg, rank, data.tokenizer, trainer_channel)
+
+    def make(*args, **kwargs):
+        return AsyncTrainer(
+            *args,
+            link=link,
+            send=send,
+            rollout_ranks=list(rollout.ranks),
+            sync_bytes=plan.total_bytes,
+            rank=world_rank,
+            **kwargs,
+        )
+
+    logger.info("%s", plan.describe())
+    return assemble_trainer(cfg, run_dir, backend, data, make=make)
+
+
+class _NoSync:
+    seconds = 0.0
+
+
+def _device(cfg) -> str:
+    from rl3d.utils.device import resolve_device
+
+    return resolve_device(cfg.launch.device)

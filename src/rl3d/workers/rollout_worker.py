@@ -1,0 +1,168 @@
+"""The rollout worker of a separate rollout pool (`rollout.placement: separate`).
+
+It holds a torch rollout engine in the pool's generation layout (t_g = `rollout.pool.tp`) and
+no training state. Weights arrive from the actor's training ranks (`rl3d.weight_sync`), each set
+a *policy version* (the number of optimizer updates behind it). With partial rollouts the
+engine asks, before each forward that makes a token's logits, whether a newer version has been
+announced; if so it receives and loads it there and the generation goes on with it (the KV
+cache of the tokens before stays as the old weights computed it: the log-probs the engine
+records are the ones it really sampled from, which is what the rollout correction needs).
+Every token records the version of the logits it was sampled from (`policy_version`, [B, R]).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+import torch.distributed as dist
+
+from rl3d.config import RL3DConfig
+from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
+from rl3d.single_controller.batch import DataBatch
+from rl3d.weight_sync import SyncPlan, WeightBridge, receive_weights
+
+logger = logging.getLogger(__name__)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+POLICY_VERSION = "policy_version"
+
+
+class RolloutWorker:
+    def __init__(
+        self,
+        cfg: RL3DConfig,
+        spec,
+        *,
+        pad_token_id: int,
+        pool_rank: int,
+        bridge: WeightBridge,
+        plan: SyncPlan,
+        link: AsyncLink,
+        device,
+    ):
+        from rl3d.rollout import build_rollout_engine
+
+        pool = cfg.rollout.pool
+        self.cfg, self.spec, self.pad_token_id = cfg, spec, pad_token_id
+        self.pool_rank, self.bridge, self.plan, self.link = pool_rank, bridge, plan, link
+        self.tp_rank, self.dp_rank = pool_rank % pool.tp, pool_rank // pool.tp
+        self.tp_group = None
+        if pool.tp > 1:  # every rank makes every group (new_group is collective over the pool)
+            for dp in range(pool.dp):
+                group = dist.new_group(list(range(dp * pool.tp, (dp + 1) * pool.tp)))
+                if dp == self.dp_rank:
+                    self.tp_group = group
+        self.engine = build_rollout_engine(
+            cfg.rollout,
+            spec=spec,
+            group=self.tp_group,
+            pad_token_id=pad_token_id,
+            model_path=cfg.model.hf_path,
+            device=device,
+            dtype=cfg.model.dtype,
+            seed=cfg.trainer.seed,
+        )
+        self.dtype = DTYPES[cfg.model.dtype]
+        self.partial = cfg.rollout.async_.partial_rollouts
+        self.engine.before_forward = self._before_forward
+        self.version = -1
+        self.sync_seconds = 0.0
+        self._chunk_versions: list[list[int]] = []
+
+    # -- weights -------------------------------------------------------------------------------
+    def _announced(self, version: int) -> bool:
+        ready = self.link.weights_announced(version)
+        if self.tp_group is None:
+            return ready
+        flag = torch.tensor([int(ready)])  # the TP ranks of one engine swap at the same step
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.tp_group)
+        return bool(flag.item())
+
+    def poll(self) -> bool:
+        """Receive the next version if the trainer announced it; True if weights changed."""
+        if not self._announced(self.version + 1):
+            return False
+        weights, stats = receive_weights(self.bridge, self.plan, self.pool_rank, dtype=self.dtype)
+        self.engine.load_weights(weights)
+        self.version += 1
+        self.sync_seconds += stats.seconds
+        logger.debug(
+            "rollout rank %d: policy version %d (%d bytes)", self.pool_rank, self.version, stats.bytes
+        )
+        return True
+
+    def wait_for(self, version: int, timeout_s: float) -> bool:
+        """Block until this rank holds `version` or newer; False if the trainer stopped."""
+        deadline = time.monotonic() + timeout_s
+        while self.version < version:
+            if self.poll():
+                continue
+            if self.link.stopped():
+                return False
+            if time.monotonic() > deadline:
+                raise AsyncLinkError(
+                    f"rollout pool rank {self.pool_rank}: policy version {version} did not come "
+                    f"within {timeout_s:.0f} s"
+                )
+            time.sleep(POLL_S)
+        return True
+
+    def _before_forward(self, step: int) -> None:
+        if step == 0:
+            self._chunk_versions.append([])
+        if self.partial or step == 0:
+            self.poll()
+        self._chunk_versions[-1].append(self.version)
+
+    # -- generation ----------------------------------------------------------------------------
+    def generate(self, prompts: DataBatch, *, step: int) -> DataBatch | None:
+        """This rank's share of a step's prompts, like `ActorRolloutWorker.generate_sequences`
+        (same seeds, same rows), plus `policy_version` per token."""
+        from rl3d.rollout import SamplingParams
+        from rl3d.workers.roles import ActorRolloutWorker
+
+        if not len(prompts):
+            return None
+        ro = self.cfg.rollout
+        params = SamplingParams(
+            temperature=ro.temperature,
+            top_p=ro.top_p,
+            top_k=ro.top_k,
+            max_new_tokens=ro.max_new_tokens,
+            stop_token_ids=tuple(ro.stop_token_ids),
+            n=ro.n,
+            seed=self.cfg.trainer.seed * 100003 + step * 1009 + self.dp_rank,
+        )
+        self._chunk_versions = []
+        out = self.engine.generate(list(prompts["prompt_ids"]), params)
+        logps = out.token_logprobs(raw=out.raw_logprobs is not None)
+        responses, index = out.responses(), out.prompt_index.tolist()
+        rows_per_chunk = max(1, self.engine.max_batch_rows // params.n) * params.n
+        versions = [self._chunk_versions[j // rows_per_chunk][: len(responses[j])] for j in range(len(out))]
+        order = sorted(range(len(out)), key=lambda j: index[j])  # stable, as the actor's sort
+        rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in order]
+        batch = ActorRolloutWorker._to_batch(self, prompts, rows)  # the colocated rows, exactly
+        version_BR = torch.full(batch["responses"].shape, self.version, dtype=torch.long)
+        for i, j in enumerate(order):
+            version_BR[i, : len(versions[j])] = torch.tensor(versions[j], dtype=torch.long)
+        batch.set(POLICY_VERSION, version_BR)
+        return batch
+
+
+def staleness_metrics(batch: DataBatch, step: int) -> dict[str, float]:
+    """Token staleness at train step `step` (the trainer then holds policy version step - 1)."""
+    mask = batch["response_mask"].bool()
+    stale = (step - 1) - batch[POLICY_VERSION][mask]
+    if not stale.numel():
+        return {"async/staleness_mean": 0.0, "async/staleness_max": 0.0}
+    return {"async/staleness_mean": float(stale.float().mean()), "async/staleness_max": float(stale.max())}
+
+
+def check_staleness(batch: DataBatch, step: int, max_staleness: int) -> None:
+    worst = staleness_metrics(batch, step)["async/staleness_max"]
+    if worst > max_staleness:
+        raise AsyncLinkError(
+            f"step {step}: a token is {worst:.0f} policy versions old, over rollout.async.max_staleness "
+            f"= {max_staleness}"
+        )
