@@ -16,6 +16,7 @@ from rl3d.algos.core import scores_to_token_rewards
 from rl3d.algos.kl import kl_k1, kl_penalty_rewards
 from rl3d.algos.reward_shaping import overlong_penalty
 from rl3d.single_controller.batch import DataBatch
+from rl3d.tools.trajectory import trajectory_metrics
 
 _HPARAMS = ("gamma", "lam", "whiten", "norm_by_std")
 
@@ -106,6 +107,8 @@ def response_stats(batch: DataBatch) -> dict[str, float]:
         "response/length_max": lengths.max().item(),
         "response/stop_fraction": sum(f == "stop" for f in batch["finish_reason"]) / len(batch),
     }
+    if "trajectory" in batch:  # multi-turn rollouts: tool calls, errors, turns, observation share
+        stats |= trajectory_metrics(batch["trajectory"])
     if "old_logp" not in batch:  # skipped on policy (actor.recompute_old_logp): the loss reports
         return stats
     rollout = batch["rollout_logp"][batch["response_mask"].bool()]

@@ -17,10 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from rl3d.config.agent import MultiTurnConfig
 from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig
 from rl3d.config.errors import FieldError
-from rl3d.config.validation import ValidationFields
 from rl3d.config.reward_model import RewardModelConfig
+from rl3d.config.validation import ValidationFields
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -202,6 +203,7 @@ class RolloutConfig:
     # precision than training makes the rollout-training mismatch that rollout_correction fixes
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # rl3d.config.agent
     placement: Placement = "colocated"  # or separate: its own pool (rl3d.config.async_rollout)
     pool: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     async_: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)  # YAML: `async`

@@ -163,3 +163,6 @@ def get_synthetic_task(name: str) -> SyntheticTask:
         known = sorted(SYNTHETIC_TASKS)
         raise ValueError(f"unknown synthetic task {name!r}{suggest(name, known)}; known: {', '.join(known)}")
     return SYNTHETIC_TASKS[name]
+
+
+from rl3d.data import tool_task as _tool_task  # noqa: E402,F401  registers tool_multiply

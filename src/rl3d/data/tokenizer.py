@@ -16,6 +16,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from rl3d.utils.imports import import_object, is_import_path
+
 PAD_ID = 0
 EOS_ID = 1
 SYMBOL_BASE = 16  # first id a synthetic task may use in a prompt
@@ -68,13 +70,16 @@ class SyntheticTokenizer:
 
 
 def load_tokenizer(path: str | None, *, vocab_size: int) -> Any:
-    """An HF tokenizer from the local directory `path`, or a `SyntheticTokenizer(vocab_size)`.
+    """An HF tokenizer from the local directory `path`, a class named ``"package.module:Class"``
+    built with `vocab_size`, or a `SyntheticTokenizer(vocab_size)`.
 
     Nothing is downloaded (`local_files_only=True`). A tokenizer without a pad token gets its
     EOS token as pad, the usual choice for decoder-only models.
     """
     if path is None:
         return SyntheticTokenizer(vocab_size)
+    if is_import_path(path):  # a tokenizer class of a synthetic task, e.g. rl3d.data.tool_task:ToolTokenizer
+        return import_object(path, what="tokenizer")(vocab_size)
     from transformers import AutoTokenizer
 
     if not Path(path).is_dir():

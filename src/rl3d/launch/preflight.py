@@ -138,7 +138,7 @@ def _check_data(check: _Check) -> None:
 
     cfg = check.cfg
     tokenizer = cfg.data.tokenizer
-    if tokenizer and not Path(tokenizer).exists() and not check.absent_ok:
+    if tokenizer and ":" not in tokenizer and not Path(tokenizer).exists() and not check.absent_ok:
         raise check.fail("data.tokenizer", f"{tokenizer}: no such file or directory")
     if not cfg.data.train_files:
         return

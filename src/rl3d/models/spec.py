@@ -86,6 +86,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
         ModelSpec("tiny-llama", 2, 64, 176, 8, 4, 256, max_position_embeddings=512),
         ModelSpec("tiny-llama-mha", 2, 64, 128, 4, 4, 256, max_position_embeddings=512),
         ModelSpec("tiny-llama-odd-vocab", 2, 64, 128, 8, 2, 250, max_position_embeddings=512),
+        ModelSpec("tiny-llama-v32", 2, 64, 176, 8, 4, 32, max_position_embeddings=512),  # tool task
         ModelSpec(
             "tiny-qwen2",
             2,

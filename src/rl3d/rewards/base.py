@@ -35,6 +35,9 @@ class RewardInput:
     response_text: str
     answer: Any
     finish_reason: str  # "stop" | "length"
+    # multi-turn rollouts (rollout.multi_turn): turns, tool calls, observations and counts
+    # (`rl3d.rollout.agent_loop.Trajectory.record`); None for single-turn responses
+    trajectory: dict[str, Any] | None = None
 
 
 RewardFn = Callable[[RewardInput], float]

@@ -1,11 +1,11 @@
 """The Python sandbox's child: run as a script by ``python -I -S -B``, stdlib only.
 
-It reads the code from stdin, then, before the code runs: sets the resource limits, moves into
-the scratch directory, and installs an audit hook (`sys.addaudithook`, which cannot be removed)
-that refuses writes outside the scratch directory, socket creation (when asked), starting
-processes, signalling other processes, and ctypes. The hook is a best-effort guard for honest
-model code; the hard limits are the rlimits, the network namespace and the parent's kill of the
-whole session.
+It reads the code from stdin, then, before the code runs: moves into the scratch directory,
+drops root to the uid it is given, sets the resource limits, and installs an audit hook
+(`sys.addaudithook`, which cannot be removed) that refuses writes outside the scratch
+directory, socket creation (when asked), starting processes, signalling other processes, and
+ctypes. The hook is a best-effort guard for honest model code; the hard limits are the uid,
+the rlimits, the network namespace and the parent's kill of the whole session.
 """
 
 import json
@@ -107,11 +107,23 @@ def _make_hook(scratch: str, block_network: bool):
     return hook
 
 
+def _drop_privileges(uid) -> None:
+    """Run as root: become `uid` (gid the same number), with no supplementary groups."""
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit("sandbox: could not drop privileges")
+
+
 def main() -> int:
     settings = json.loads(sys.argv[1])
     code = sys.stdin.read()
     scratch = os.path.realpath(settings["scratch"])
     os.chdir(scratch)
+    _drop_privileges(settings.get("drop_to"))
     _set_limits(settings)
     sys.dont_write_bytecode = True
     sys.addaudithook(_make_hook(scratch, settings["block_network"]))

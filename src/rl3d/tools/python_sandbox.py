@@ -4,6 +4,8 @@ Each call:
 - makes a fresh scratch directory (the child's cwd) and removes it afterwards;
 - starts ``python -I -S -B`` (isolated: no user site, no PYTHON* env, no site-packages, no
   .pyc writes) in a new session, with an empty environment, the code on stdin;
+- run as root, the child drops to an unprivileged uid/gid (``user``, 65534 = nobody, no
+  supplementary groups) after entering its network namespace, and owns only the scratch dir;
 - the child (`_sandbox_child`) sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and RLIMIT_CORE before the
   code runs, and installs an audit hook refusing writes outside the scratch directory, starting
   or signalling processes, ctypes, and (``block_sockets``) socket creation;
@@ -16,7 +18,7 @@ Each call:
 - stdout keeps its first `max_output_chars`, stderr its last (where a traceback ends).
 
 Calls are blocking and thread-safe (no ``preexec_fn``): an agent loop runs them in a thread pool.
-Not a boundary against hostile code running as root (it can still read files); it keeps honest
+Not a boundary against hostile code (it can read what ``nobody`` may read); it keeps honest
 but buggy model code from hurting the trainer.
 """
 
@@ -55,6 +57,8 @@ class SandboxConfig:
     max_output_chars: int = 4096
     network: str = "auto"  # auto | namespace | audit (see the module docstring)
     block_sockets: bool = True  # the audit hook refuses socket creation, on top of any namespace
+    # the uid/gid the child drops to when the trainer runs as root (65534: nobody); None stays root
+    user: int | None = 65534
 
     def __post_init__(self) -> None:
         for key in ("cpu_seconds", "wall_seconds", "memory_mb", "file_mb", "max_output_chars"):
@@ -64,6 +68,8 @@ class SandboxConfig:
             raise ValueError(f"tools.python.network must be one of {_NETWORK_MODES}, got {self.network!r}")
         if self.network == "namespace" and network_namespace_prefix() is None:
             raise ValueError("tools.python.network is 'namespace' but `unshare --net` does not work here")
+        if self.user is not None and not 0 < self.user < 2**32 - 1:
+            raise ValueError(f"tools.python.user must be a uid > 0 or None, got {self.user!r}")
         if self.network == "audit" and not self.block_sockets:
             raise ValueError("tools.python: network 'audit' with block_sockets false leaves the network open")
 
@@ -81,6 +87,35 @@ def network_namespace_prefix() -> tuple[str, ...] | None:
             continue
         if probe.returncode == 0:
             return (unshare, *flags)
+    return None
+
+
+def _others_can_read(path: str) -> bool:
+    """Whether a user with no rights of its own can reach and read `path` (o+x on every parent)."""
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    for i in range(2, len(parts)):
+        if not os.stat(os.sep.join(parts[:i])).st_mode & 0o001:
+            return False
+    return bool(os.stat(path).st_mode & 0o004)
+
+
+@functools.cache
+def unprivileged_interpreter() -> str | None:
+    """A Python whose standard library an unprivileged uid can read: this one, else the system's
+    ``python3`` (a trainer's Python often lives under a home directory closed to others)."""
+    for candidate in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
+        if not candidate:
+            continue
+        try:
+            probe = subprocess.run(
+                [candidate, "-I", "-S", "-c", "import os, json; print(os.__file__); print(json.__file__)"],
+                capture_output=True, text=True, timeout=30, check=True,
+            )  # fmt: skip
+            if all(_others_can_read(f) for f in [candidate, *probe.stdout.split()]):
+                return candidate
+        except (OSError, subprocess.SubprocessError):
+            continue
     return None
 
 
@@ -129,14 +164,28 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
     if config.network in ("auto", "namespace"):
         prefix = network_namespace_prefix() or ()
     scratch = tempfile.mkdtemp(prefix="rl3d-sandbox-")
+    # root outside a user namespace drops to `user`; in one (`--map-root-user`) only uid 0 exists
+    drop_to = (
+        config.user if config.user is not None and os.geteuid() == 0 and "--user" not in prefix else None
+    )
+    python = sys.executable
+    if drop_to is not None:
+        python = unprivileged_interpreter()
+        if python is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise RuntimeError(
+                "sandbox: no Python whose standard library uid nobody can read; set user: null"
+            )
+        os.chown(scratch, drop_to, drop_to)  # the code may write its scratch dir, nothing of root's
     settings = {
+        "drop_to": drop_to,
         "scratch": scratch,
         "cpu_seconds": max(1, math.ceil(config.cpu_seconds)),
         "memory_bytes": config.memory_mb << 20,
         "file_bytes": config.file_mb << 20,
         "block_network": config.block_sockets,
     }
-    argv = [*prefix, sys.executable, "-I", "-S", "-B", CHILD_SCRIPT, json.dumps(settings)]
+    argv = [*prefix, python, "-I", "-S", "-B", CHILD_SCRIPT, json.dumps(settings)]
     try:
         proc = subprocess.Popen(
             argv,

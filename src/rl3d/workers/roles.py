@@ -176,6 +176,13 @@ class ActorRolloutWorker(_LogProbMixin):
         self.pad_token_id = pad_token_id
         self.weights = None
         self.policy_loss = algos.policy_loss_of(cfg.algorithm)
+        self.agent = None  # multi-turn rollouts with tools (rollout.multi_turn, issue 25)
+        if cfg.rollout.multi_turn.enabled:
+            from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
+
+            mt = cfg.rollout.multi_turn
+            tools = mt.build_tools()
+            self.agent = AgentLoop(self.engine, ctx.tokenizer, tools, AgentLoopConfig.from_config(mt))
 
     def dispatch_info(self) -> DispatchInfo:
         return _megatron_info(
@@ -212,6 +219,8 @@ class ActorRolloutWorker(_LogProbMixin):
             params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
         if not len(prompts):
             return None
+        if self.agent is not None:
+            return self._multi_turn(prompts, params)
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
         # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
         logps = out.token_logprobs(raw=out.raw_logprobs is not None)
@@ -219,6 +228,16 @@ class ActorRolloutWorker(_LogProbMixin):
         rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in range(len(out))]
         rows.sort(key=lambda r: r[0])  # stable: a prompt's responses keep the engine's order
         return self._to_batch(prompts, rows)
+
+    def _multi_turn(self, prompts: DataBatch, params) -> DataBatch:
+        """The agent loop's trajectories as a batch: observation tokens are in the context
+        (`attention_mask` 1) but outside the loss (`response_mask` 0, `rollout_logp` 0)."""
+        trajectories = self.agent.generate(list(prompts["prompt_ids"]), params)  # prompt-major
+        rows = [(t.prompt_index, t.response_ids, t.raw_logprobs, t.finish_reason) for t in trajectories]
+        batch = self._to_batch(prompts, rows)
+        for i, t in enumerate(trajectories):
+            batch["response_mask"][i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.long)
+        return batch.set("trajectory", [t.record() for t in trajectories])
 
     @register(Dispatch.ONE_TO_ALL)
     def release_generation(self) -> None:
@@ -412,6 +431,7 @@ class RewardWorker:
                 response_text=self.tokenizer.decode(batch["response_ids"][i], skip_special_tokens=True),
                 answer=batch["answer"][i],
                 finish_reason=batch["finish_reason"][i],
+                trajectory=batch["trajectory"][i] if "trajectory" in batch else None,
             )
             for i in range(len(batch))
         ]

@@ -89,8 +89,11 @@ def test_write_outside_scratch_refused(tmp_path, code):
     existing = tmp_path / "keep"
     existing.mkdir()
     (existing / "f").write_text("kept")
-    _, result = run(code.format(target=target, existing=str(existing)))
+    # the audit hook refuses even for root (user: null); as nobody the OS may refuse first
+    _, result = run(code.format(target=target, existing=str(existing)), user=None)
     assert not result.ok and "outside the scratch directory" in result.error, result
+    _, result = run(code.format(target=target, existing=str(existing)))
+    assert not result.ok, result
     assert not os.path.exists(target)
     assert sorted(p.name for p in existing.iterdir()) == ["f"]
     assert (existing / "f").read_text() == "kept"
@@ -213,3 +216,33 @@ def test_slow_call_does_not_stall_others():
         assert [f.result()[1].text for f in fast] == ["0\n", "2\n", "4\n"]
         assert time.monotonic() - start < 2.5 or not slow.done()
         assert slow.result()[1].timed_out
+
+
+root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the privilege drop happens only under root")
+
+
+@root_only
+def test_runs_as_nobody_and_owns_only_the_scratch_dir(tmp_path):
+    secret = tmp_path / "secret"
+    secret.write_text("root only")
+    secret.chmod(0o600)
+    code = (
+        "import os\n"
+        "print(os.getuid(), os.getgid(), os.getgroups())\n"
+        "open('mine.txt', 'w').write('ok'); print(open('mine.txt').read())\n"
+        f"open({str(secret)!r}).read()\n"
+    )
+    raw, result = run(code)
+    assert raw.stdout.splitlines() == ["65534 65534 []", "ok"]
+    assert "PermissionError" in result.error  # reading is allowed by the hook, refused by the OS
+
+
+@root_only
+def test_user_none_stays_root():
+    raw, result = run("import os; print(os.getuid())", user=None)
+    assert result.ok and raw.stdout.strip() == "0"
+
+
+def test_bad_user_refused():
+    with pytest.raises(ValueError, match="tools.python.user"):
+        SandboxConfig(user=0)
