@@ -196,7 +196,6 @@ def run(cfg: RMJobConfig, run_dir: Path) -> dict[str, float]:
     from rl3d.models.spec import spec_of
     from rl3d.parallel import ParallelLayout
     from rl3d.workers.megatron_role import MegatronRole
-    from rl3d.workers.roles import DTYPES
 
     par, rank = cfg.parallel, dist.get_rank()
     spec = spec_of(cfg.model)
@@ -217,7 +216,7 @@ def run(cfg: RMJobConfig, run_dir: Path) -> dict[str, float]:
         spec,
         groups,
         role="critic",
-        params_dtype=DTYPES[cfg.model.dtype],
+        params_dtype=getattr(torch, cfg.model.dtype),
         optim=cfg.optim,
         total_steps=steps,
         seed=cfg.trainer.seed,

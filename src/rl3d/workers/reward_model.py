@@ -163,7 +163,6 @@ class RewardModelWorker:
 
     def __init__(self, ctx, *, kind: str = "reward"):
         from rl3d.config.reward_model import resolve_weights_dir
-        from rl3d.workers.roles import DTYPES
 
         assert kind in ("reward", "cost"), kind
         cfg = ctx.cfg
@@ -172,7 +171,7 @@ class RewardModelWorker:
         weights = resolve_weights_dir(self.section.path)
         spec = reward_model_spec(weights)
         self.role = load_reward_model(
-            spec, ctx.groups, weights, dtype=DTYPES[cfg.model.dtype], seed=cfg.trainer.seed
+            spec, ctx.groups, weights, dtype=getattr(torch, cfg.model.dtype), seed=cfg.trainer.seed
         )
         logger.info("%s model from %s (%s)", kind, weights, spec.name)
 
@@ -194,9 +193,11 @@ class RewardModelWorker:
                 LAST: P + resp_mask.sum(-1) - 1,
             }
         )
+        n = len(batch)  # micro-batches must split this rank's share evenly: the largest that does
+        micro = max(d for d in range(1, min(self.section.micro_batch_size, n) + 1) if n % d == 0)
         outs = self.role.run_forward(
             seqs,
-            self.section.micro_batch_size,
+            micro,
             lambda o, m: (torch.zeros(()), {"s": last_token_scores(o, m)}),
         )
         return None if outs is None else torch.cat([o["s"] for o in outs]).cpu()
