@@ -3,7 +3,7 @@ timeout becomes a `ReshardError` that names the group and the ranks it waited fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -19,9 +19,17 @@ class ReshardError(RuntimeError):
 class CommCounter:
     recv_bytes: int = 0
     send_bytes: int = 0
+    # logical bytes received from each sender: with the nodes, the bytes each link carried
+    recv_from: dict[int, int] = field(default_factory=dict)
 
     def reset(self) -> None:
         self.recv_bytes = self.send_bytes = 0
+        self.recv_from = {}
+
+    def received(self, src: int, nbytes: int) -> None:
+        self.recv_bytes += nbytes
+        if nbytes:
+            self.recv_from[src] = self.recv_from.get(src, 0) + nbytes
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -58,7 +66,9 @@ class CountedComm:
                         dist.broadcast(chunks[src], src=src, group=group.handle)
         except (RuntimeError, dist.DistBackendError) as err:
             raise self._fail("all-gather", group, err) from err
-        self.counter.recv_bytes += sum(_nbytes(chunks[m]) for m in group.ranks if m != self.rank)
+        for m in group.ranks:
+            if m != self.rank:
+                self.counter.received(m, _nbytes(chunks[m]))
         self.counter.send_bytes += _nbytes(mine) * (group.size - 1)
 
     def broadcast(self, group: Group, tensor: torch.Tensor, src: int) -> None:
@@ -69,7 +79,7 @@ class CountedComm:
         if src == self.rank:
             self.counter.send_bytes += _nbytes(tensor) * (group.size - 1)
         else:
-            self.counter.recv_bytes += _nbytes(tensor)
+            self.counter.received(src, _nbytes(tensor))
 
     def send(self, group: Group, tensor: torch.Tensor, dst: int) -> None:
         try:
@@ -83,4 +93,23 @@ class CountedComm:
             dist.recv(tensor, src=src, group=group.handle)
         except (RuntimeError, dist.DistBackendError) as err:
             raise self._fail(f"receive from rank {src}", group, err) from err
-        self.counter.recv_bytes += _nbytes(tensor)
+        self.counter.received(src, _nbytes(tensor))
+
+    def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: int = 0) -> None:
+        """Point to point over the world, all at once: `sends[dst]` goes to world rank dst,
+        `recvs[src]` is filled from world rank src (one message per pair and tag)."""
+        works = []
+        try:
+            works += [dist.irecv(t, src=src, tag=tag) for src, t in recvs.items()]
+            works += [dist.isend(t, dst=dst, tag=tag) for dst, t in sends.items()]
+            for work in works:
+                work.wait()
+        except (RuntimeError, dist.DistBackendError) as err:
+            peers = sorted(set(sends) | set(recvs))
+            raise ReshardError(
+                f"rank {self.rank}: point-to-point exchange with ranks {peers} did not complete "
+                f"(timeout {self.timeout_s:g}s): {err}"
+            ) from err
+        for src, t in recvs.items():
+            self.counter.received(src, _nbytes(t))
+        self.counter.send_bytes += sum(_nbytes(t) for t in sends.values())

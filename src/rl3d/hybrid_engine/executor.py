@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rl3d.hybrid_engine.comm import CountedComm, ReshardError
+from rl3d.hybrid_engine.nodes import NodeMap
 from rl3d.hybrid_engine.params import ParamInfo, model_params, stages_of
 from rl3d.hybrid_engine.plan import Collective, StrategyPlan, plan_transition
 from rl3d.hybrid_engine.strategy import get_strategy
@@ -40,6 +41,7 @@ class TransitionStats:
     peak_param_bytes: int  # generation weights' distinct storage (buffers + reused shards)
     seconds: float
     verified: bool
+    recv_from: dict[int, int] = field(default_factory=dict)  # sender -> logical bytes received
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -63,12 +65,15 @@ class Resharder:
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cpu",
         kernel_backend: str | None = None,
+        nodes: NodeMap | None = None,
     ):
         self.spec, self.groups, self.strategy = spec, groups, strategy
         self.impl = get_strategy(strategy)()
         self.gen, self.train = groups.gen, groups.gen.train
         self.params = params if params is not None else model_params(spec, train_tp=self.train.t)
         self.by_name = {p.name: p for p in self.params}
+        self.index_of = {p.name: i for i, p in enumerate(self.params)}
+        self.nodes = nodes  # which ranks share a node (strategies that route per node)
         self.bucket_bytes = max(1, int(bucket_mb * 2**20))
         self.verify = verify
         self.rank = groups.rank
@@ -85,6 +90,7 @@ class Resharder:
             dtype=dtype_name,
             strategies=(strategy,),
             params=self.params,
+            nodes=nodes,
         ).strategies[strategy]
 
     # -- what strategies build on --------------------------------------------------------------
@@ -160,6 +166,51 @@ class Resharder:
             buffers += [buf] if buf is not None else []
         return views, buffers
 
+    @staticmethod
+    def is_replicated(param: ParamInfo) -> bool:
+        return param.kind is ShardKind.REPLICATED
+
+    def run_phases(self, plan: StrategyPlan, train) -> tuple[dict[tuple[int, int], torch.Tensor], list]:
+        """Run the plan's point-to-point phases in order. Returns what this rank received, by
+        piece key (param index, holder's TP rank or -1 when replicated), and the buffers."""
+        from rl3d.hybrid_engine.hierarchical import piece_key
+        from rl3d.ops import pack_bucket
+
+        me, tp = self.rank, self.train.t
+        got: dict[tuple[int, int], torch.Tensor] = {}
+        buffers = []
+
+        def key(holder: int, i: int) -> tuple[int, int]:
+            return piece_key(i, self.is_replicated(self.params[i]), self.train.coords(holder).tp)
+
+        for k, phase in enumerate(plan.phases):
+            sends, recvs, landed = {}, {}, []
+            for t in phase:
+                if me not in (t.src, t.dst):
+                    continue
+                params = [(h, self.params[i]) for h, i in t.pieces]
+                numel = sum(self.piece_numel(t.unit, p) for _, p in params)
+                buf = torch.empty(numel, dtype=self.dtype, device=self.device)
+                if t.src == me:
+                    own = [
+                        train[p.name] if h == me else got[key(h, self.index_of[p.name])] for h, p in params
+                    ]
+                    pack_bucket(own, out=buf, backend=self.kernel_backend)
+                    sends[t.dst] = buf
+                else:
+                    recvs[t.src] = buf
+                    landed.append((buf, t.pieces))
+            self.comm.exchange(sends, recvs, tag=k)
+            for buf, pieces in landed:
+                cursor = 0
+                for h, i in pieces:
+                    p = self.params[i]
+                    n = self.piece_numel("shard", p)
+                    got[key(h, i)] = buf[cursor : cursor + n].view(shard_shape(p, tp))
+                    cursor += n
+                buffers.append(buf)
+        return got, buffers
+
     def weights(self, pieces, full, buffers, gen_tp_rank, gen_tp_as_train: bool = False) -> GenerationWeights:
         return GenerationWeights(
             spec=self.spec,
@@ -201,6 +252,11 @@ class Resharder:
                         comm.recv(group, flat(numel[src]), src=src)
             else:
                 comm.broadcast(group, flat(numel[ranks[0]]), src=ranks[0])
+        for k, phase in enumerate(self.plan.phases):
+            sizes = {t: sum(self.piece_numel(t.unit, self.params[i]) for _, i in t.pieces) for t in phase}
+            sends = {t.dst: flat(n) for t, n in sizes.items() if t.src == me}
+            recvs = {t.src: flat(n) for t, n in sizes.items() if t.dst == me}
+            comm.exchange(sends, recvs, tag=k)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return comm.counter.recv_bytes
@@ -243,6 +299,7 @@ class Resharder:
             weights.storage_bytes() if weights is not None else 0,
             seconds,
             self.verify,
+            dict(self.comm.counter.recv_from),
         )
         return weights
 

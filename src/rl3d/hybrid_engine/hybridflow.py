@@ -68,17 +68,25 @@ class HybridFlow(Strategy):
         for r in range(ctx.train.world_size):
             own, need = ctx.train_segs(r), ctx.gen_segs(r)
             ranks.append(RankCost(r, recv[r], send[r], ctx.nbytes(need), ctx.nbytes(own - need)))
-        return StrategyPlan(self.name, ctx.gen.d_g, ranks, collectives)
+        plan = StrategyPlan(self.name, ctx.gen.d_g, ranks, collectives)
+        ctx._cache[("plan", self.name)] = plan  # hybridflow_hier routes this same plan per node
+        return plan
 
     def execute(self, plan, engine, train, zero_shards):
-        gen, me = engine.gen, engine.rank
-        c = gen.coords(me)
-        my_tp = engine.train.coords(me).tp
         views, buffers = engine.gather_all(plan, train, copy_own=False)
-        pieces = {}
-        for p in engine.stage_params(c.pp_g, gen.p_g):
-            stage = stages_of(p, engine.spec.num_layers, engine.train.p)[0]
-            tps = [my_tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
-            holders = [engine.train.rank_of(pp=stage, dp=c.dp, tp=i) for i in tps]
-            pieces[p.name] = [train[p.name] if h == me else views[(h, p.name)] for h in holders]
-        return engine.weights(pieces, {}, buffers, c.tp_g)
+        return assemble(engine, train, lambda h, p: views[(h, p.name)], buffers)
+
+
+def assemble(engine, train: dict, received, buffers: list):
+    """This rank's generation weights from its own training shards (in place) and the pieces
+    `received(holder, param)` it got from the other members of its micro-DP group."""
+    gen, me = engine.gen, engine.rank
+    c = gen.coords(me)
+    my_tp = engine.train.coords(me).tp
+    pieces = {}
+    for p in engine.stage_params(c.pp_g, gen.p_g):
+        stage = stages_of(p, engine.spec.num_layers, engine.train.p)[0]
+        tps = [my_tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
+        holders = [engine.train.rank_of(pp=stage, dp=c.dp, tp=i) for i in tps]
+        pieces[p.name] = [train[p.name] if h == me else received(h, p) for h in holders]
+    return engine.weights(pieces, {}, buffers, c.tp_g)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Container
 from dataclasses import dataclass, field
 from statistics import mean
 
+from rl3d.hybrid_engine.nodes import LinkBytes, NodeMap, link_bytes
 from rl3d.hybrid_engine.params import ParamInfo, SegmentTable, model_params, stages_of
 from rl3d.hybrid_engine.strategy import STRATEGIES, get_strategy
 from rl3d.models.spec import ModelSpec
@@ -81,11 +82,27 @@ class Collective:
 
 
 @dataclass(frozen=True)
+class Transfer:
+    """Point to point: `src` sends `dst` the pieces `(holder, param index)` in one message.
+
+    A piece is `holder`'s training shard (`unit="shard"`): `src` either is the holder or got
+    the piece in an earlier phase (a node's fetcher relaying what it fetched to its node-mates)."""
+
+    src: int
+    dst: int
+    unit: str
+    pieces: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class StrategyPlan:
     strategy: str
     d_g: int
     ranks: list[RankCost]
     collectives: list[Collective]
+    # point-to-point phases run after the collectives, one phase after another (hierarchical gather)
+    phases: tuple[tuple[Transfer, ...], ...] = ()
+    links: dict | None = None  # LinkBytes.to_json() on the strategy's nodes, where it plans them
 
     @property
     def comm_bytes_max(self) -> int:
@@ -113,6 +130,7 @@ class StrategyPlan:
             "peak_param_bytes": self.peak_param_bytes,
             "redundant_bytes": self.redundant_bytes,
             "num_ranks": len(self.ranks),
+            **({"links": self.links} if self.links is not None else {}),
         }
 
 
@@ -125,6 +143,7 @@ class PlanContext:
     dtype_bytes: int
     params: list[ParamInfo]
     table: SegmentTable
+    nodes: NodeMap | None = None  # the caller's nodes (hierarchical strategies); None: 8 per node
     _cache: dict = field(default_factory=dict)
 
     @property
@@ -173,28 +192,49 @@ class PlanContext:
 
     def piece_bytes(self, unit: str, index: int, member: int) -> int:
         if unit == "shard":
-            key = ("shard", index, self.train.coords(member).tp)
+            tp = member % self.train.t  # megatron order: tp is the fastest axis
+            key = ("shard", index, tp)
             if key not in self._cache:
-                self._cache[key] = self.nbytes(self.table.shard(index, key[2], self.train.t))
+                self._cache[key] = self.nbytes(self.table.shard(index, tp, self.train.t))
             return self._cache[key]
         numel = self.params[index].numel
         if unit == "zero_chunk":
             numel = -(-numel // self.train.world_size)
         return numel * self.dtype_bytes
 
-    def traffic(self, collectives: list[Collective]) -> tuple[dict[int, int], dict[int, int]]:
-        """(received, sent) bytes per rank when `collectives` run: the executor's own count."""
-        recv: dict[int, int] = defaultdict(int)
-        send: dict[int, int] = defaultdict(int)
+    def traffic(
+        self, collectives: list[Collective], phases: tuple[tuple[Transfer, ...], ...] = ()
+    ) -> tuple[dict[int, int], dict[int, int]]:
+        """(received, sent) bytes per rank when `collectives` and then `phases` run: the
+        executor's own count."""
+        return rank_traffic(self.pair_traffic(collectives, phases))
+
+    def pair_traffic(
+        self, collectives: list[Collective], phases: tuple[tuple[Transfer, ...], ...] = ()
+    ) -> dict[tuple[int, int], int]:
+        """{(sender, receiver): bytes}: logical traffic, what each receiver gets from each sender."""
+        pairs: dict[tuple[int, int], int] = defaultdict(int)
         for c in collectives:
             for group, contrib in zip(c.groups, c.contributions):
                 out = {m: sum(self.piece_bytes(c.unit, i, m) for i in contrib.get(m, ())) for m in group}
-                receivers = c.receivers(group)
-                for m in group:
-                    if m in receivers:
-                        recv[m] += sum(out[x] for x in group if x != m)
-                    send[m] += out[m] * sum(1 for x in receivers if x != m)
-        return recv, send
+                for dst in c.receivers(group):
+                    for src in group:
+                        if src != dst and out[src]:
+                            pairs[(src, dst)] += out[src]
+        for phase in phases:
+            for t in phase:
+                pairs[(t.src, t.dst)] += sum(self.piece_bytes(t.unit, i, h) for h, i in t.pieces)
+        return dict(pairs)
+
+
+def rank_traffic(pairs: dict[tuple[int, int], int]) -> tuple[dict[int, int], dict[int, int]]:
+    """(received, sent) bytes per rank of {(sender, receiver): bytes}."""
+    recv: dict[int, int] = defaultdict(int)
+    send: dict[int, int] = defaultdict(int)
+    for (src, dst), nbytes in pairs.items():
+        recv[dst] += nbytes
+        send[src] += nbytes
+    return recv, send
 
 
 def shard_contributions(
@@ -241,6 +281,15 @@ class TransitionPlan:
         """(training shard bytes, generation shard bytes) of a rank."""
         return self._ctx.nbytes(self._ctx.train_segs(rank)), self._ctx.nbytes(self._ctx.gen_segs(rank))
 
+    def link_bytes(self, strategy: str, nodes: NodeMap) -> LinkBytes:
+        """The bytes `strategy`'s plan moves over each link when ranks sit on `nodes`."""
+        s = self.strategies[strategy]
+        return link_bytes(self._ctx.pair_traffic(s.collectives, s.phases), nodes)
+
+    def pair_bytes(self, strategy: str) -> dict[tuple[int, int], int]:
+        s = self.strategies[strategy]
+        return self._ctx.pair_traffic(s.collectives, s.phases)
+
     def to_json(self) -> dict:
         return {
             "model": self.spec.name,
@@ -263,9 +312,12 @@ def plan_transition(
     dtype: str = "bfloat16",
     strategies: tuple[str, ...] | None = None,
     params: list[ParamInfo] | None = None,
+    nodes: NodeMap | None = None,
 ) -> TransitionPlan:
     """Plan the train -> generate transition with the given strategies (default: every one
-    registered). Raises ValueError on an impossible layout or an unknown strategy."""
+    registered). `nodes` groups ranks into nodes for the strategies that plan per node (the
+    hierarchical gather); the others ignore it. Raises ValueError on an impossible layout, an
+    unknown strategy, or nodes that leave a rank out."""
     gen = GenerationLayout.from_training(train, t_g, p_g)
     if spec.num_layers % train.p:
         raise ValueError(f"pipeline size p={train.p} must divide the {spec.num_layers} layers of {spec.name}")
@@ -274,6 +326,8 @@ def plan_transition(
     names = tuple(STRATEGIES) if strategies is None else strategies
     classes = {name: get_strategy(name) for name in names}
     params = params if params is not None else model_params(spec, train_tp=train.t)
-    ctx = PlanContext(spec, gen, DTYPE_BYTES[dtype], params, SegmentTable(params, train.t))
+    if nodes is not None and not nodes.covers(range(train.world_size)):
+        raise ValueError(f"nodes {nodes.to_json()} leave out some of the {train.world_size} training ranks")
+    ctx = PlanContext(spec, gen, DTYPE_BYTES[dtype], params, SegmentTable(params, train.t), nodes)
     plans = {name: cls().plan(ctx) for name, cls in classes.items()}
     return TransitionPlan(spec, gen, ctx.dtype_bytes, params, plans, ctx)

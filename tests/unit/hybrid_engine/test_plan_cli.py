@@ -28,7 +28,7 @@ def run_json(capsys, *args):
 
 def test_json_contract_for_70b(capsys):
     out = run_json(capsys, "--model", "llama2-70b", "--train", "4,8,4", "--gen", "8,1")
-    assert set(out["strategies"]) == {"hybridflow", "hybridflow_v", "ds_chat", "openrlhf"}
+    assert set(out["strategies"]) == {"hybridflow", "hybridflow_v", "ds_chat", "openrlhf", "hybridflow_hier"}
     for name, s in out["strategies"].items():
         assert STRATEGY_FIELDS <= set(s) and s["strategy"] == name and s["d_g"] == 4
     hf, ds = out["strategies"]["hybridflow"], out["strategies"]["ds_chat"]

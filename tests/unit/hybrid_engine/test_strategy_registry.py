@@ -24,7 +24,7 @@ def test_production_registers_only_hybridflow_and_bench_adds_the_baselines_witho
     )
     assert lines == [
         "['hybridflow']",
-        "['hybridflow', 'hybridflow_v', 'ds_chat', 'openrlhf']",
+        "['hybridflow', 'hybridflow_v', 'ds_chat', 'openrlhf', 'hybridflow_hier']",
         "False",
     ]
 
@@ -44,7 +44,7 @@ def test_rank_bytes_are_the_traffic_of_the_plans_collectives(model, train, t_g, 
     plan = plan_transition(get_model_spec(model), ParallelLayout(*train), t_g, p_g)
     assert list(plan.strategies) == list(STRATEGIES)
     for s in plan.strategies.values():
-        recv, send = plan._ctx.traffic(s.collectives)
+        recv, send = plan._ctx.traffic(s.collectives, s.phases)
         assert {r.rank: (r.recv_bytes, r.send_bytes) for r in s.ranks} == {
             r.rank: (recv[r.rank], send[r.rank]) for r in s.ranks
         }, s.strategy
