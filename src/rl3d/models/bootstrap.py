@@ -71,6 +71,15 @@ def _own_group(groups: list[list[int]], rank: int) -> list[int]:
     return next(sorted(g) for g in groups if rank in g)
 
 
+def _world_timeout_s(device) -> float:
+    """The world's collective timeout (`launch.timeout_s`), for megatron's groups too: with
+    megatron's default (30 min) a node lost mid-step hangs the job that long."""
+    try:
+        return dist.group.WORLD._get_backend(device).options._timeout.total_seconds()
+    except (AttributeError, RuntimeError):  # a backend without options: megatron's default
+        return 30 * 60.0
+
+
 def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups:
     """Build megatron's process groups for `layout` on an initialised torch.distributed world."""
     if not dist.is_initialized():
@@ -93,6 +102,7 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
         pipeline_model_parallel_size=layout.p,
         order="tp-cp-ep-dp-pp",
         create_gloo_process_groups=True,
+        distributed_timeout_minutes=_world_timeout_s(device) / 60,
     )
     rank = dist.get_rank()
     coords = layout.coords(rank)

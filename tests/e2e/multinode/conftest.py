@@ -33,3 +33,15 @@ def make_sim_nodes():
 @pytest.fixture
 def sim_nodes(make_sim_nodes) -> SimNodes:
     return make_sim_nodes(2)
+
+
+@pytest.fixture(scope="session")
+def single_node_metrics(tmp_path_factory) -> dict[int, dict]:
+    """The GRPO quickstart's metrics by step, as 1 node x 2 ranks with `rl3d train` (spmd)."""
+    from multinode_helpers import QUICK
+    from train_helpers import GRPO, metrics_by_step, run_train
+
+    run_dir = tmp_path_factory.mktemp("single_node") / "run"
+    proc = run_train(GRPO, run_dir, *QUICK)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return metrics_by_step(run_dir)
