@@ -66,11 +66,44 @@ def _fit_samples(device, dtype, world: int) -> list[tuple[int, int, float]]:
     return samples
 
 
+def _links(engine, plan, strategy: str, nodes) -> dict:
+    """Bytes counted on each link (every rank's bytes per sender, gathered) next to the planned."""
+    from rl3d.hybrid_engine.nodes import link_bytes
+
+    everyone: list = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, engine.last_stats.recv_from)
+    counted = {(src, dst): b for dst, got in enumerate(everyone) for src, b in (got or {}).items()}
+    train_world = plan.train.world_size
+    if any(max(pair) >= train_world for pair in counted):
+        return {}  # rollout ranks sit on no node of the training layout
+    got, planned = link_bytes(counted, nodes), plan.link_bytes(strategy, nodes)
+    return {"links": got.to_json(), "planned_links": planned.to_json(), "links_match": got == planned}
+
+
 def measured_worker(
-    rank, world, model, layout, t_g, p_g, strategies, repeats, warmup, verify, bucket_mb, dtype_name
+    rank,
+    world,
+    model,
+    layout,
+    t_g,
+    p_g,
+    strategies,
+    repeats,
+    warmup,
+    verify,
+    bucket_mb,
+    dtype_name,
+    nodes=None,
+    overlap_step_s=None,
 ):
-    """Runs on every rank (spawned, or under torchrun); returns rank 0's results."""
+    """Runs on every rank (spawned, or under torchrun); returns rank 0's results.
+
+    `nodes` (lists of ranks) groups the training ranks into nodes: hierarchical strategies
+    route by them, and every strategy reports the bytes counted on each link next to the
+    planned. `overlap_step_s` adds the measured overlap of hybridflow with a simulated optimizer
+    step of that many seconds (`rl3d.bench.overlap`)."""
     from rl3d.hybrid_engine.executor import Resharder
+    from rl3d.hybrid_engine.nodes import NodeMap
     from rl3d.hybrid_engine.params import model_params, stages_of
     from rl3d.hybrid_engine.weights import SeededFullModel, training_shards, zero_shards
     from rl3d.models.spec import get_model_spec
@@ -101,10 +134,15 @@ def measured_worker(
         if rank < n
         else {}
     )
-    plan = plan_transition(spec, train, t_g, p_g, dtype=dtype_name, strategies=tuple(strategies))
+    node_map = NodeMap.of(nodes) if nodes is not None else None
+    plan = plan_transition(
+        spec, train, t_g, p_g, dtype=dtype_name, strategies=tuple(strategies), nodes=node_map
+    )
     results = {}
     for strategy in strategies:
-        engine = Resharder(spec, groups, strategy=strategy, bucket_mb=bucket_mb, dtype=dtype, device=device)
+        engine = Resharder(
+            spec, groups, strategy=strategy, bucket_mb=bucket_mb, dtype=dtype, device=device, nodes=node_map
+        )
         kwargs = {"zero_shards": zero} if get_strategy(strategy).needs_zero_shards else {}
 
         def once(engine=engine, kwargs=kwargs):
@@ -116,12 +154,22 @@ def measured_worker(
         times = [_timed(once, device, cpu) for _ in range(warmup + repeats)][warmup:]
         recv = torch.tensor([engine.last_stats.recv_bytes], dtype=torch.int64, device=device)
         dist.all_reduce(recv, op=dist.ReduceOp.MAX)
+        links = _links(engine, plan, strategy, node_map) if node_map is not None else {}
+        calls = torch.tensor([engine.last_stats.calls], dtype=torch.int64, device=device)
+        dist.all_reduce(calls, op=dist.ReduceOp.MAX)
         raw_cpu: list[float] = []
         raw = [_timed(engine.raw_transfer, device, raw_cpu) for _ in range(warmup + repeats)][warmup:]
         verified = False
         if verify:
             checker = Resharder(
-                spec, groups, strategy=strategy, bucket_mb=bucket_mb, verify=True, dtype=dtype, device=device
+                spec,
+                groups,
+                strategy=strategy,
+                bucket_mb=bucket_mb,
+                verify=True,
+                dtype=dtype,
+                device=device,
+                nodes=node_map,
             )
             checker.to_generation(shards, **kwargs)  # raises ReshardError on any mismatch
             verified = True
@@ -134,9 +182,23 @@ def measured_worker(
             "cpu_seconds": statistics.median(cpu[warmup:]),
             "raw_cpu_seconds": statistics.median(raw_cpu[warmup:]),
             "all_seconds": times,
+            "calls_max": int(calls.item()),
+            **links,
         }
     fit = _fit_samples(device, dtype, dist.get_world_size())
-    return {"strategies": results, "fit_samples": fit, "device": str(device), "world": dist.get_world_size()}
+    out = {"strategies": results, "fit_samples": fit, "device": str(device), "world": dist.get_world_size()}
+    if node_map is not None:
+        out["nodes"] = node_map.to_json()
+    if overlap_step_s is not None:
+        from rl3d.bench.overlap import measure_overlap
+
+        engine = Resharder(
+            spec, groups, strategy="hybridflow", bucket_mb=bucket_mb, dtype=dtype, device=device
+        )
+        out["overlap"] = measure_overlap(
+            engine, shards, overlap_step_s, repeats=repeats, warmup=warmup, device=device
+        )
+    return out
 
 
 def run_measured(
@@ -152,8 +214,17 @@ def run_measured(
     verify=False,
     bucket_mb=64.0,
     dtype="float32",
+    gpus_per_node=None,
+    nodes=None,
+    overlap_step_s=None,
 ) -> dict:
-    """Under torchrun: run in this process group. Otherwise spawn the ranks on this machine."""
+    """Under torchrun: run in this process group. Otherwise spawn the ranks on this machine.
+
+    Nodes: `nodes` (lists of training ranks, any grouping) or `gpus_per_node` (ranks 0..k-1 on
+    node 0, ...); the JSON then has "nodes" and, per strategy, "links" (bytes counted on each
+    link: "intra", "inter_in", "inter_out" per node, "inter_total", "node_bytes_max"),
+    "planned_links" and "links_match". On one machine the nodes are simulated: every link is
+    the same loopback, so only the bytes, not the times, tell the links apart."""
     strategies = tuple(STRATEGIES) if strategies is None else tuple(strategies)
     n = layout[0] * layout[1] * layout[2]
     separate = [s for s in strategies if get_strategy(s).uses_rollout_ranks]
@@ -164,7 +235,23 @@ def run_measured(
             f"--world {world} does not fit: training {layout} needs {n} ranks"
             + (f" plus {n} rollout ranks for {', '.join(separate)}" if rollout else "")
         )
-    args = (layout, t_g, p_g, tuple(strategies), repeats, warmup, verify, bucket_mb, dtype)
+    if nodes is None and gpus_per_node is not None:
+        from rl3d.hybrid_engine.nodes import NodeMap
+
+        nodes = NodeMap.contiguous(n, gpus_per_node).to_json()
+    args = (
+        layout,
+        t_g,
+        p_g,
+        tuple(strategies),
+        repeats,
+        warmup,
+        verify,
+        bucket_mb,
+        dtype,
+        nodes,
+        overlap_step_s,
+    )
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         if not dist.is_initialized():
             init_process_group(resolve_device("auto"), timeout_s=1800)

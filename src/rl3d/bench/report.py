@@ -46,6 +46,35 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         help="modeled mode: Fig. 14's layouts (7B 8,1->2,1; 13B 8,1->4,1; 34B 8,4->8,1; "
         "70B 8,8->8,1) on 8-128 GPUs",
     )
+    tr.add_argument(
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        help="measured mode: simulated nodes of K ranks (0..K-1, K..2K-1, ...); bytes per link in the JSON",
+    )
+    tr.add_argument("--nodes", default=None, help="measured mode: nodes as rank lists, e.g. '0,3;1,2'")
+    tr.add_argument(
+        "--overlap",
+        action="store_true",
+        help="measured mode: hybridflow overlapped with a simulated optimizer step vs plain, side by side",
+    )
+    tr.add_argument("--step-ms", type=float, default=200.0, help="--overlap: the optimizer step per rank")
+    tr.add_argument(
+        "--fit-overhead",
+        action="store_true",
+        help="measured mode: fit each executor's per-call and per-byte cost; writes --overhead-fit",
+    )
+    tr.add_argument(
+        "--overhead",
+        choices=("nccl", "measured"),
+        default="nccl",
+        help="modeled mode: per-call cost from NCCL 2.18.1's tuning table, or fitted on the gloo executors",
+    )
+    tr.add_argument(
+        "--overhead-fit",
+        default=None,
+        help="the fit's JSON (default benchmarks/transition/overhead_fit.json)",
+    )
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--out", default=None, help="results folder (default results/transition/<name>)")
     from rl3d.bench.rollout import add_rollout_arguments
@@ -145,6 +174,9 @@ def _write_measured(result: dict, out: Path) -> str:
         f"bandwidth {bandwidth / GB:.2f} GB/s, R^2 {r2:.3f}"
     )
     _plot_measured(rows, out / "transition.png")
+    from rl3d.bench.extras import measured_extras
+
+    lines += measured_extras(result, out)
     return "\n".join(lines)
 
 
@@ -193,7 +225,16 @@ def run_bench(args: argparse.Namespace) -> str:
         cluster = Cluster(nics_per_node=args.nics_per_node)
         result = run_modeled(models, cluster, paper_layouts=args.paper_layouts)
         name = ("fig14_" if args.paper_layouts else "") + "+".join(models)
+        if args.overhead == "measured":
+            from rl3d.bench.overhead import DEFAULT_FIT_PATH, apply_overhead, load_fit
+
+            apply_overhead(result, load_fit(args.overhead_fit or DEFAULT_FIT_PATH))
+            name += "_measured_overhead"
         writer = _write_modeled
+    elif args.fit_overhead:
+        from rl3d.bench.extras import run_fit_overhead
+
+        return run_fit_overhead(args)
     else:
         from rl3d.bench.measured import run_measured
 
@@ -215,6 +256,9 @@ def run_bench(args: argparse.Namespace) -> str:
             verify=args.verify,
             bucket_mb=args.bucket_mb,
             dtype=args.dtype,
+            gpus_per_node=args.gpus_per_node,
+            nodes=_node_lists(args.nodes),
+            overlap_step_s=args.step_ms / 1e3 if args.overlap else None,
         )
         result["model"], result["layout"] = args.model, {"train": layout, "gen": (t_g, p_g)}
         name, writer = args.model, _write_measured
@@ -235,4 +279,16 @@ def _contract(mode: str, result: dict) -> dict:
 
         return contract(result)
     keys = ("seconds", "bytes_max", "planned_bytes_max", "verified", "raw_seconds")
-    return {"strategies": {s: {k: v[k] for k in keys} for s, v in result["strategies"].items()}}
+    keys += ("calls_max", "links", "planned_links", "links_match")  # links: with --gpus-per-node/--nodes
+    out = {"strategies": {s: {k: v[k] for k in keys if k in v} for s, v in result["strategies"].items()}}
+    out |= {k: result[k] for k in ("nodes", "overlap") if k in result}
+    return out
+
+
+def _node_lists(text: str | None) -> list[list[int]] | None:
+    if text is None:
+        return None
+    try:
+        return [[int(r) for r in node.split(",")] for node in text.split(";")]
+    except ValueError:
+        raise ValueError(f"--nodes expects rank lists like '0,1;2,3', got {text!r}") from None

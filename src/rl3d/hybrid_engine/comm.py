@@ -19,11 +19,12 @@ class ReshardError(RuntimeError):
 class CommCounter:
     recv_bytes: int = 0
     send_bytes: int = 0
+    calls: int = 0  # collective or point-to-point calls this rank issued
     # logical bytes received from each sender: with the nodes, the bytes each link carried
     recv_from: dict[int, int] = field(default_factory=dict)
 
     def reset(self) -> None:
-        self.recv_bytes = self.send_bytes = 0
+        self.recv_bytes = self.send_bytes = self.calls = 0
         self.recv_from = {}
 
     def received(self, src: int, nbytes: int) -> None:
@@ -52,28 +53,47 @@ class CountedComm:
             f"(waited for ranks {others}, timeout {self.timeout_s:g}s): {err}"
         )
 
-    def all_gather_v(self, group: Group, chunks: dict[int, torch.Tensor]) -> None:
+    def all_gather_v(self, group: Group, chunks: dict[int, torch.Tensor], async_op: bool = False) -> list:
         """Member m's chunk goes to every member's `chunks[m]` (the sender's own entry is its
-        input). Equal sizes use one all-gather; unequal sizes one broadcast per sender."""
+        input). Equal sizes use one all-gather; unequal sizes one broadcast per sender. With
+        `async_op` the calls are only started: pass the returned works to `wait`."""
         sizes = {m: chunks[m].numel() for m in group.ranks}
         mine = chunks[self.rank]
+        works = []
         try:
             if len(set(sizes.values())) == 1 and mine.numel() > 0:
-                dist.all_gather([chunks[m] for m in group.ranks], mine, group=group.handle)
+                works.append(
+                    dist.all_gather(
+                        [chunks[m] for m in group.ranks], mine, group=group.handle, async_op=async_op
+                    )
+                )
+                self.counter.calls += 1
             else:
                 for src in group.ranks:
                     if sizes[src]:
-                        dist.broadcast(chunks[src], src=src, group=group.handle)
+                        works.append(
+                            dist.broadcast(chunks[src], src=src, group=group.handle, async_op=async_op)
+                        )
+                        self.counter.calls += 1
         except (RuntimeError, dist.DistBackendError) as err:
             raise self._fail("all-gather", group, err) from err
         for m in group.ranks:
             if m != self.rank:
                 self.counter.received(m, _nbytes(chunks[m]))
         self.counter.send_bytes += _nbytes(mine) * (group.size - 1)
+        return works if async_op else []
+
+    def wait(self, works: list, group: Group) -> None:
+        try:
+            for work in works:
+                work.wait()
+        except (RuntimeError, dist.DistBackendError) as err:
+            raise self._fail("all-gather", group, err) from err
 
     def broadcast(self, group: Group, tensor: torch.Tensor, src: int) -> None:
         try:
             dist.broadcast(tensor, src=src, group=group.handle)
+            self.counter.calls += 1
         except (RuntimeError, dist.DistBackendError) as err:
             raise self._fail("broadcast", group, err) from err
         if src == self.rank:
@@ -84,6 +104,7 @@ class CountedComm:
     def send(self, group: Group, tensor: torch.Tensor, dst: int) -> None:
         try:
             dist.send(tensor, dst=dst, group=group.handle)
+            self.counter.calls += 1
         except (RuntimeError, dist.DistBackendError) as err:
             raise self._fail(f"send to rank {dst}", group, err) from err
         self.counter.send_bytes += _nbytes(tensor)
@@ -91,6 +112,7 @@ class CountedComm:
     def recv(self, group: Group, tensor: torch.Tensor, src: int) -> None:
         try:
             dist.recv(tensor, src=src, group=group.handle)
+            self.counter.calls += 1
         except (RuntimeError, dist.DistBackendError) as err:
             raise self._fail(f"receive from rank {src}", group, err) from err
         self.counter.received(src, _nbytes(tensor))
@@ -104,6 +126,7 @@ class CountedComm:
             works += [dist.isend(t, dst=dst, tag=tag) for dst, t in sends.items()]
             for work in works:
                 work.wait()
+            self.counter.calls += len(works)
         except (RuntimeError, dist.DistBackendError) as err:
             peers = sorted(set(sends) | set(recvs))
             raise ReshardError(

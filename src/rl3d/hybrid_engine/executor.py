@@ -42,6 +42,7 @@ class TransitionStats:
     seconds: float
     verified: bool
     recv_from: dict[int, int] = field(default_factory=dict)  # sender -> logical bytes received
+    calls: int = 0  # collective and point-to-point calls this rank issued
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -79,6 +80,7 @@ class Resharder:
         self.rank = groups.rank
         self.comm = CountedComm(self.rank, groups.timeout_s)
         self.last_stats: TransitionStats | None = None
+        self._on_bucket = None  # set for one overlapped call (see `to_generation`)
         self.dtype, self.device = dtype, torch.device(device)
         self.kernel_backend = kernel_backend  # None: RL3D_KERNEL_BACKEND, else auto
         dtype_name = str(dtype).removeprefix("torch.")
@@ -138,7 +140,11 @@ class Resharder:
         element = torch.empty((), dtype=dtype).element_size()
         cuts = {m: bucket_bounds(numels[m], self.bucket_bytes // element) for m in ranks}
         rounds = max(len(c) for c in cuts.values())
+        pending = []  # with an update hook: (works, chunks) in flight while later buckets update
         for k in range(rounds):
+            if self._on_bucket is not None:  # the optimizer updates this bucket, then it moves
+                lo, hi = cuts[self.rank][k] if k < len(cuts[self.rank]) else (0, 0)
+                self._on_bucket(lists[self.rank][lo:hi])
             chunks = {}
             for m in ranks:
                 lo, hi = cuts[m][k] if k < len(cuts[m]) else (0, 0)
@@ -154,7 +160,14 @@ class Resharder:
                     pack_bucket(
                         [train[p.name] for p in lists[m][lo:hi]], out=chunks[m], backend=self.kernel_backend
                     )
-            self.comm.all_gather_v(group, chunks)
+            if self._on_bucket is None:
+                self.comm.all_gather_v(group, chunks)
+            else:
+                pending.append((self.comm.all_gather_v(group, chunks, async_op=True), chunks))
+        if self._on_bucket is not None:
+            self._on_bucket(None)  # the rest of the step, while the last buckets move
+        for works, _ in pending:
+            self.comm.wait(works, group)
         return views, buffer
 
     def gather_all(self, plan: StrategyPlan, train, *, copy_own: bool):
@@ -263,13 +276,35 @@ class Resharder:
 
     # -- entry point ---------------------------------------------------------------------------
     def to_generation(
-        self, train: dict[str, torch.Tensor], *, zero_shards: dict[str, torch.Tensor] | None = None
+        self,
+        train: dict[str, torch.Tensor],
+        *,
+        zero_shards: dict[str, torch.Tensor] | None = None,
+        on_bucket=None,
     ) -> GenerationWeights | None:
         """Build this rank's generation weights (collective: every rank calls it).
 
         `train` maps global parameter names to this rank's training shards (empty on rollout-only
         ranks); a strategy that starts from ZeRO-3 partitions takes them as `zero_shards`.
-        Returns None on ranks that end up with no generation weights."""
+        Returns None on ranks that end up with no generation weights.
+
+        `on_bucket(params)` overlaps the transition with the optimizer step: it is called with
+        the parameters of this rank's next bucket and must return once their update is done;
+        the bucket's all-gather then starts in the background while the next bucket updates.
+        Once a collective's buckets are all started it is called with None: update whatever
+        is left, while they finish. Without it (the default) every all-gather runs to
+        completion before the next starts, exactly as before."""
+        if on_bucket is not None and not self.impl.overlaps_buckets:
+            raise ValueError(
+                f"{self.strategy} cannot overlap with the optimizer step (no bucketed all-gather)"
+            )
+        self._on_bucket = on_bucket
+        try:
+            return self._to_generation(train, zero_shards)
+        finally:
+            self._on_bucket = None
+
+    def _to_generation(self, train, zero_shards) -> GenerationWeights | None:
         for name, t in (zero_shards or train).items():
             if t.dtype != self.dtype or t.device != self.device:
                 raise ReshardError(
@@ -300,6 +335,7 @@ class Resharder:
             seconds,
             self.verify,
             dict(self.comm.counter.recv_from),
+            self.comm.counter.calls,
         )
         return weights
 

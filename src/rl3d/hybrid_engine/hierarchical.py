@@ -105,6 +105,7 @@ def nodes_of(ctx: PlanContext) -> NodeMap:
 @register_strategy
 class HybridFlowHier(HybridFlow):  # hybridflow's pieces, routed per node
     name = "hybridflow_hier"
+    overlaps_buckets = False  # point-to-point phases, not bucketed all-gathers
 
     def plan(self, ctx: PlanContext) -> StrategyPlan:
         base = ctx._cache.get(("plan", "hybridflow")) or super().plan(ctx)

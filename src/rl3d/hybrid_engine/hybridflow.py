@@ -29,6 +29,7 @@ def _same_tp_subgroups(ctx: PlanContext, groups: list[list[int]]) -> list[list[i
 @register_strategy
 class HybridFlow(Strategy):
     name = "hybridflow"
+    overlaps_buckets = True
 
     def plan(self, ctx: PlanContext) -> StrategyPlan:
         groups = ctx.gen.micro_dp_groups()

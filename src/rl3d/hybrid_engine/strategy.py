@@ -26,6 +26,8 @@ class Strategy:
     uses_rollout_ranks: ClassVar[bool] = False
     # Starts from the ZeRO-3 partition of the weights instead of the Megatron TP shards.
     needs_zero_shards: ClassVar[bool] = False
+    # Runs its transfer as bucketed all-gathers that can start while the optimizer step goes on.
+    overlaps_buckets: ClassVar[bool] = False
 
     def plan(self, ctx: PlanContext) -> StrategyPlan:
         raise NotImplementedError
