@@ -48,6 +48,10 @@ def export_run(
     problem = verify(found[step])
     if problem:
         raise ValueError(f"checkpoint of step {step} is damaged: {problem}")
+    if (found[step] / "reward_model").is_dir():  # a reward-model job's (rl3d.controller.rm_train)
+        from rl3d.workers.reward_model import export_reward_model_hf
+
+        return step, export_reward_model_hf(found[step] / "reward_model", dst)
     path = export_hf(
         found[step] / ACTOR, spec_of(model), dst, source=model.hf_path, max_shard_bytes=max_shard_bytes
     )

@@ -217,3 +217,40 @@ class RewardModelWorker:
         metrics = {f"{prefix}/rule_mean": float(rule.mean()), f"{prefix}/model_mean": float(model.mean())}
         out = DataBatch({key: combined, rule_key: rule, f"{prefix}_model": model})
         return out, metrics
+
+
+# -- HF export -----------------------------------------------------------------------------------
+
+_SEQ_CLS = {"llama": "LlamaForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification"}
+
+
+def export_reward_model_hf(weights_dir: str | Path, dst: str | Path) -> Path:
+    """A reward-model weight directory as an HF `*ForSequenceClassification` directory with one
+    label (the value head as `score.weight`), what TRL and OpenRLHF load as a reward model; HF
+    reads the score at the last non-pad token, as rl3d does. One process, written atomically."""
+    from safetensors.torch import load_file, save_file
+
+    from rl3d.models.convert import HF_EXTRA, McoreReader, atomic_output, copy_extras
+    from rl3d.models.hf_mapping import tensor_maps
+
+    weights_dir, dst = Path(weights_dir), Path(dst)
+    with McoreReader(weights_dir) as reader, atomic_output(dst) as out:
+        meta = reader.meta
+        if meta.model_type not in _SEQ_CLS:
+            raise ValueError(f"{weights_dir}: no HF sequence-classification class for {meta.model_type!r}")
+        tensors = {}
+        for tmap in tensor_maps(meta.spec, meta.padded_vocab):
+            if tmap.mcore == "output_layer.weight":  # a reward model has no LM head
+                continue
+            for name, tensor in zip(tmap.hf, tmap.to_hf(reader.full(tmap.mcore)), strict=True):
+                tensors[name] = tensor.contiguous()
+        tensors["score.weight"] = load_file(str(weights_dir / HEAD_FILE))["weight"].contiguous()
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        if (weights_dir / HF_EXTRA).is_dir():
+            copy_extras(weights_dir / HF_EXTRA, out)  # tokenizer files, when the model had them
+        config = dict(meta.hf_config)
+        config |= {"architectures": [_SEQ_CLS[meta.model_type]], "num_labels": 1}
+        config["id2label"], config["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
+        (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    logger.info("exported reward model %s as HF directory %s", weights_dir, dst)
+    return dst

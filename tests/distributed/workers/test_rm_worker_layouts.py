@@ -1,7 +1,8 @@
 """The reward-model worker scores the same responses alike in every layout: a model saved at
 tp=1 (a random tiny Llama with a scaled-up value head, so scores are O(1)) is loaded by
 `RewardModelWorker` at tp=1, tp=2 and pp=2 on gloo ranks, and its scores of one batch (prompts
-and responses of mixed lengths, an empty response among them) agree within 1e-5."""
+and responses of mixed lengths, an empty response among them) agree within 1e-5. Its HF export
+(`rl3d export`: LlamaForSequenceClassification) scores them alike too."""
 
 from pathlib import Path
 
@@ -75,9 +76,9 @@ def _score_in(groups, weights):
 @pytest.mark.distributed
 def test_reward_model_scores_agree_across_layouts(tmp_path):
     weights = tmp_path / "rm"
-    (ref,) = run_distributed(_save_random_model, 1, str(weights), timeout_s=120)  # scored at tp=1
-    tp2 = run_distributed(_score, 2, str(weights), 1, 2, timeout_s=120)
-    pp2 = run_distributed(_score, 2, str(weights), 2, 1, timeout_s=120)
+    (ref,) = run_distributed(_save_random_model, 1, str(weights), timeout_s=300)  # scored at tp=1
+    tp2 = run_distributed(_score, 2, str(weights), 1, 2, timeout_s=300)
+    pp2 = run_distributed(_score, 2, str(weights), 2, 1, timeout_s=300)
     assert pp2[0] is None  # the first stage has no scores; the last stage's ranks all do
     assert tp2[0] == tp2[1]  # the value head is replicated over TP
     ref_scores, ref_metrics = ref
@@ -85,3 +86,20 @@ def test_reward_model_scores_agree_across_layouts(tmp_path):
     for scores, metrics in (tp2[0], pp2[1]):
         assert max(abs(a - b) for a, b in zip(scores, ref_scores, strict=True)) < 1e-5
         assert metrics["reward/rule_mean"] == pytest.approx(0.5)
+    _hf_export_scores_alike(weights, tmp_path / "hf", ref_scores)
+
+
+def _hf_export_scores_alike(weights, dst, ref_scores):
+    """`rl3d export`'s form of a reward model, an HF LlamaForSequenceClassification, gives the
+    same scores (each sequence unpadded; fp32, a different attention kernel: within 1e-4)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from rl3d.workers.reward_model import export_reward_model_hf
+
+    export_reward_model_hf(weights, dst)
+    model = AutoModelForSequenceClassification.from_pretrained(dst, dtype=torch.float32).eval()
+    batch = _batch()
+    for i, ref in enumerate(ref_scores):
+        ids = batch["input_ids"][i][batch["attention_mask"][i].bool()]
+        with torch.no_grad():
+            assert abs(model(ids[None]).logits.item() - ref) < 1e-4
