@@ -119,6 +119,7 @@ def _plot(path: Path, name: str, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global GOAL_FIRST, GOAL_LAST, GOAL_TRAIN_S  # another recipe's promise (the tool demo's: README)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every seed's run")
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes/quickstart_cpu_grpo.yaml")
@@ -127,10 +128,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/demo")
     parser.add_argument("--runs", type=Path, default=None, help="run directories (default: a temp dir)")
     parser.add_argument("--note", default="", help="a line for the table's file (the machine, its load)")
+    parser.add_argument("--goal-first", type=float, default=GOAL_FIRST, help="a seed's first-20 mean at most")
+    parser.add_argument("--goal-last", type=float, default=GOAL_LAST, help="a seed's last-20 mean at least")
+    parser.add_argument("--goal-train-s", type=float, default=GOAL_TRAIN_S, help="training seconds at most")
     args = parser.parse_args(argv)
+    GOAL_FIRST, GOAL_LAST, GOAL_TRAIN_S = args.goal_first, args.goal_last, args.goal_train_s
     runs = args.runs or Path(tempfile.mkdtemp(prefix="rl3d-demo-sweep-"))
     command = shlex.join(
         ["python", "benchmarks/demo_sweep.py", "--name", args.name, "--seeds", *map(str, args.seeds)]
+        + (
+            ["--recipe", str(args.recipe.resolve().relative_to(ROOT))]
+            if args.recipe.name != "quickstart_cpu_grpo.yaml"
+            else []
+        )
+        + [
+            f"--{k}={v:g}"
+            for k, v, d in (
+                ("goal-first", GOAL_FIRST, 0.6),
+                ("goal-last", GOAL_LAST, 0.9),
+                ("goal-train-s", GOAL_TRAIN_S, 120.0),
+            )
+            if v != d
+        ]
         + args.overrides
     )
     rows = []

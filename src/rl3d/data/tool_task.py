@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from rl3d.data.synthetic import SYNTHETIC_TASKS, SyntheticTask
 from rl3d.data.tokenizer import EOS_ID, PAD_ID
+from rl3d.tools.calculator import CalculatorError, evaluate
 
 CALL_TEXT = '<tool_call>{"name": "calculator", "arguments": {"expression": "'
 CALL_END_TEXT = '"}}</tool_call>'
@@ -139,18 +140,24 @@ def _match(text: str, gold: str) -> float:
     return sum(x == y for x, y in zip(text, gold)) / max(len(text), len(gold))
 
 
-CREDIT_CALL, CREDIT_OPERANDS, CREDIT_ANSWER = 0.2, 0.3, 0.5
+CREDIT_CALL, CREDIT_VALID, CREDIT_OPERANDS, CREDIT_ANSWER = 0.1, 0.1, 0.3, 0.5
 
 
 def score_turns(a: int, b: int, turns: Sequence[tuple[str, str | None]]) -> float:
-    """The reward of a trajectory for ``a*b``: 0.2 when its first turn calls the calculator, 0.3
-    times how much of that call's expression equals ``"a*b"`` (characters in place), 0.5 times
-    how much of the final answer (the last turn, when it makes no call) equals the product. Only
-    the exact product earns the whole 0.5: the tool's result, copied."""
+    """The reward of a trajectory for ``a*b``, in [0, 1]: when its first turn calls the calculator,
+    0.1, plus 0.1 when the expression is valid arithmetic, plus 0.3 times how much of it equals
+    ``"a*b"`` (characters in place); and 0.5 times how much of the final answer (the last turn,
+    when it makes no call) equals the product. Only the exact product earns the whole 0.5: the
+    tool's result, copied."""
     expression = call_expression(turns[0][0]) if turns else None
     score = 0.0
     if expression is not None:
-        score += CREDIT_CALL + CREDIT_OPERANDS * _match(expression.strip(), f"{a}*{b}")
+        try:
+            evaluate(expression, max_digits=40)
+            valid = True
+        except CalculatorError:
+            valid = False
+        score += CREDIT_CALL + CREDIT_VALID * valid + CREDIT_OPERANDS * _match(expression.strip(), f"{a}*{b}")
     last = turns[-1][0] if turns else ""
     answer = last.strip()
     if answer and CALL_TEXT not in last and CALL_END_TEXT not in last:

@@ -247,3 +247,36 @@ def test_rows_stay_prompt_major_and_seeded(t_budget):
     a, b = loop.generate(prompts, params), loop.generate(prompts, params)
     assert [t.prompt_index for t in a] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert [t.response_ids for t in a] == [t.response_ids for t in b]
+
+
+def test_policy_logprobs_of_multi_turn_trajectories_match_an_independent_forward():
+    """Random weights (far from uniform), real calculator: the log-probs the engine reported for
+    each policy token, in contexts holding earlier turns and observations, equal HF
+    transformers' log_softmax over the whole prompt + response in one forward (fp32, the
+    single-turn tolerance of test_rollout_torch_engine)."""
+    from test_rollout_torch_engine import LOGPROB_TOL, hf_reference, megatron_model
+
+    spec, _, full = megatron_model("tiny-llama-v32", seed=2)
+    loop = AgentLoop(
+        TorchRolloutEngine(spec, full),
+        TOK,
+        ToolBox([Calculator()]),
+        AgentLoopConfig(max_turns=4, max_observation_tokens=6),
+    )
+    prompts = [prompt("="), TOK.encode("4213*7789="), TOK.encode("5*6=")]
+    trajs = loop.generate(prompts, SamplingParams(max_new_tokens=48, stop_token_ids=(EOS,), n=4, seed=11))
+    model = hf_reference(spec, full)
+    multi_turn = worst = 0
+    for t in trajs:
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        ref = torch.log_softmax(logits[len(t.prompt_ids) - 1 : -1], -1).gather(
+            -1, ids[0, len(t.prompt_ids) :, None]
+        )[:, 0]
+        mask = torch.tensor(t.mask, dtype=torch.bool)
+        worst = max(worst, (torch.tensor(t.raw_logprobs) - ref)[mask].abs().max().item())
+        assert (torch.tensor(t.raw_logprobs)[~mask] == 0).all()  # observations: never used
+        multi_turn += 0 in t.mask and 1 in t.mask[t.mask.index(0) :]  # policy tokens after an observation
+    assert worst <= LOGPROB_TOL, worst
+    assert multi_turn >= 2, [t.turns for t in trajs]
