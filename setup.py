@@ -48,7 +48,7 @@ TRANSFORMER_ENGINE = "transformer-engine[core_cu13,pytorch]>=2.9,<2.12"
 # Experiment trackers beside TensorBoard (`logging.trackers`; rl3d.config.tracking names this
 # extra when one is missing). In [dev] too, so CI runs their tests: about 70 s more install
 # from an empty pip cache (README). mlflow-skinny: the tracking client without the server.
-TRACK = ["wandb>=0.19", "mlflow-skinny>=2.10"]
+TRACK = ["wandb>=0.20", "mlflow-skinny>=2.10"]  # wandb: reinit="create_new"
 
 setup(
     name="rl3d",

@@ -6,6 +6,7 @@ bit for bit those of a run without validation, on both backends (slow)."""
 import csv
 import importlib.util
 import json
+import time
 
 import pytest
 from train_helpers import GRPO, assert_same_metrics, metrics_by_step, run_train
@@ -68,6 +69,9 @@ def test_validation_metrics_curve_and_trackers(val_run, monkeypatch):
         from rl3d.logging.trackers import read_wandb_file
 
         (run_file,) = (val_run / "wandb").glob("offline-run-*/run-*.wandb")
+        deadline = time.monotonic() + 60  # wandb's service may finish writing after the run exits
+        while len(read_wandb_file(run_file)[1]) < len(steps) and time.monotonic() < deadline:
+            time.sleep(0.2)
         config, history = read_wandb_file(run_file)
         assert config["trainer"]["val_every"] == 2 and config["rollout"]["n"] == 4
         assert [r["_step"] for r in history] == [0, 1, 2, 3]

@@ -27,7 +27,7 @@ class ValidationFields:
     val_n: int | None = None
     # None: every row of data.val_files, or a synthetic split of SYNTHETIC_VAL_PROMPTS
     val_num_prompts: int | None = None
-    val_pass_threshold: float = 1.0  # a sampled response passes when its score >= this
+    val_pass_threshold: float = 1.0  # a sample passes when its rule score (reward.fn) >= this
 
     def __post_init__(self) -> None:
         if self.val_every < 0:

@@ -9,7 +9,8 @@ reward group, and logs with that step's metrics:
   rule's, `val/rule_score_*`, and with a cost `val/cost_*`);
 - `val/pass_at_{k}` for each k of `trainer.val_pass_k`: the unbiased pass@k (Chen et al. 2021,
   "Evaluating Large Language Models Trained on Code") from the n samples of each prompt, a
-  sample passing when its score >= `trainer.val_pass_threshold`, averaged over prompts;
+  sample passing when its score >= `trainer.val_pass_threshold`, averaged over prompts. The
+  score is the rule reward's (`reward.fn`): with a learned reward model, `rule_score`;
 - `val/response_length_greedy`, `val/response_length_sampled`; `time/validation`.
 
 Validation leaves training exactly as it would have been without it: it only calls worker-group
@@ -179,7 +180,8 @@ class Validator:
                     if key in batch:
                         out[key] += batch[key].tolist()
                 out["length"] += batch["response_mask"].sum(-1).tolist()
-                for index, score in zip(batch["index"], batch["score"].tolist(), strict=True):
+                passed_on = batch["rule_score"] if "rule_score" in batch else batch["score"]
+                for index, score in zip(batch["index"], passed_on.tolist(), strict=True):
                     by_prompt[int(index)].append(score)
         out["by_prompt"] = by_prompt
         return out

@@ -142,7 +142,10 @@ def read_wandb_file(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[
     """(config, history rows) of an offline run file `run-*.wandb`, each record decoded with
     wandb's own protobuf `Record` (wandb ships no reader of its own any more). The file is a
     LevelDB log: a 7-byte header (":W&B", magic, version), then chunks (checksum, length, kind:
-    1 whole, 2 first, 3 middle, 4 last) that never straddle a 32 KiB block."""
+    1 whole, 2 first, 3 middle, 4 last) that never straddle a 32 KiB block.
+
+    wandb's service writes the file on its own schedule: it can still be growing for a moment
+    after `run.finish()` returns (the records read so far are returned)."""
     import json
     import struct
 
@@ -161,6 +164,8 @@ def read_wandb_file(path: str | os.PathLike) -> tuple[dict[str, Any], list[dict[
         if kind == 0:  # zero padding at the end of a block
             pos += left
             continue
+        if pos + _WANDB_HEADER + length > len(data):  # a chunk still being written
+            break
         pending += data[pos + _WANDB_HEADER : pos + _WANDB_HEADER + length]
         pos += _WANDB_HEADER + length
         if kind in (2, 3):

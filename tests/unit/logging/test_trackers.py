@@ -2,6 +2,7 @@
 by the trackers' own libraries; a tracker whose package is missing fails at config load."""
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,9 @@ def test_wandb_offline_run_is_written_and_read_back(tmp_path, monkeypatch):
     _log(writer)
     files = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 1 and files[0].parent == writer.directory
+    deadline = time.monotonic() + 60  # wandb's service may still be writing after finish()
+    while len(read_wandb_file(files[0])[1]) < len(ROWS) and time.monotonic() < deadline:
+        time.sleep(0.2)
     config, history = read_wandb_file(files[0])
     assert config["trainer"] == {"seed": 3, "val_pass_k": [1, 4]} and config["model"]["name"] == "tiny-llama"
     assert [(row["_step"], row["reward/score_mean"]) for row in history] == [(1, 0.25), (2, 0.75)]
