@@ -31,8 +31,9 @@ def test_tool_recipe_logs_tool_metrics_and_matching_logprobs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_tool_recipe_learns(seed, tmp_path):
-    """The demo's promise for the tool task (README): over 200 steps the mean reward of the last
-    20 is clearly above the first 20, and the policy's calls stop failing."""
+    """The tool demo's promise (README): over 200 steps the mean reward of the last 20 steps is
+    clearly above the first 20 (the policy learns to open its answer with a valid calculator
+    call; benchmarks/demo/tool_multiply.md: 0.048-0.057 -> 0.212-0.248 over seeds 1-3)."""
     run_dir = tmp_path / "run"
     proc = run_train(TOOL, run_dir, f"trainer.seed={seed}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -41,4 +42,4 @@ def test_tool_recipe_learns(seed, tmp_path):
     first = statistics.fmean(r["reward/score_mean"] for r in steps[:20])
     last = statistics.fmean(r["reward/score_mean"] for r in steps[-20:])
     print(f"seed {seed}: first-20 {first:.3f} last-20 {last:.3f}")
-    assert first <= 0.15 and last >= 0.2 and last - first >= 0.1, (first, last)
+    assert first <= 0.15 and last >= 0.18 and last - first >= 0.1, (first, last)
