@@ -9,7 +9,8 @@
 Each node has its own network namespace (address 10.213.0.<i+1>/24 on its `eth0`, a veth whose
 other end sits on a bridge in the root namespace), its own hostname (each command runs in a UTS
 namespace of its own that carries the node's name) and an /etc/hosts that names every node
-(`ip netns exec` binds /etc/netns/<ns>/hosts over /etc/hosts). The root namespace gets no
+(/etc/netns/<ns>/hosts, bound over /etc/hosts in a mount namespace of the command's own, as
+`ip netns exec` would). The root namespace gets no
 address on the bridge and nothing is routed, so the nodes reach each other and nothing else.
 
 `rate_mbit` shapes each node's egress with `tbf` (rate and burst), so every byte between two
@@ -60,8 +61,8 @@ def netns_unavailable_reason() -> str | None:
     reason = None
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         reason = "simulated nodes need root (network namespaces, veth pairs, tc)"
-    elif shutil.which("ip") is None or shutil.which("unshare") is None:
-        reason = "simulated nodes need `ip` (iproute2) and `unshare` (util-linux)"
+    elif not all(shutil.which(tool) for tool in ("ip", "unshare", "nsenter")):
+        reason = "simulated nodes need `ip` (iproute2), `unshare` and `nsenter` (util-linux)"
     else:
         probe = f"{PREFIX}{os.getpid():x}kprobe"
         made = _ip("netns", "add", probe, check=False)
@@ -153,9 +154,11 @@ class SimNode:
 
     def command(self, argv: list[str]) -> list[str]:
         """`argv` as run on this node: its network namespace, hosts file and hostname."""
-        set_name = 'hostname "$0" && exec "$@"'
-        in_netns = ["ip", "netns", "exec", self.netns]
-        return [*in_netns, "unshare", "--uts", "sh", "-c", set_name, self.hostname, *argv]
+        # not `ip netns exec`: it remounts /sys, without the cgroup fs that slurmd needs
+        setup = 'mount --bind "$1" /etc/hosts && hostname "$0" && shift && exec "$@"'
+        hosts = str(HOSTS_DIR / self.netns / "hosts")
+        enter = ["nsenter", f"--net={NETNS_DIR / self.netns}", "unshare", "--mount", "--uts"]
+        return [*enter, "sh", "-c", setup, self.hostname, hosts, *argv]
 
     def popen(self, argv: list[str], **kwargs) -> subprocess.Popen:
         """Start `argv` on this node (in a session of its own); `SimNodes.close()` ends it."""

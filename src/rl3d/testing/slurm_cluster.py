@@ -115,19 +115,29 @@ class LocalSlurmCluster:
         os.chmod(self.root / "munge", 0o711)  # munged insists the socket's folder is not world-writable
         self._start_munge()
         self.conf.write_text(self._slurm_conf())
-        self._run([_sbin("slurmctld"), "-f", str(self.conf)])
-        self._run([_sbin("slurmd"), "-f", str(self.conf)])
+        self._start_daemons()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            proc = subprocess.run(
-                ["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env, timeout=30
-            )
-            if proc.returncode == 0 and proc.stdout.strip().startswith("idle"):
+            proc = self.client(["sinfo", "-h", "-N", "-o", "%t"])  # a line per node
+            states = proc.stdout.split()
+            if proc.returncode == 0 and len(states) == self.num_nodes and set(states) == {"idle"}:
                 return
             time.sleep(0.25)
         logs = self.daemon_logs(15)
         self.stop()
         raise SlurmClusterError(f"the local SLURM node never became idle within {timeout_s:.0f}s\n{logs}")
+
+    def _start_daemons(self) -> None:
+        self._run([_sbin("slurmctld"), "-f", str(self.conf)])
+        self._run([_sbin("slurmd"), "-f", str(self.conf)])
+
+    @property
+    def num_nodes(self) -> int:
+        return 1
+
+    def client(self, argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+        """Run a SLURM client command (sbatch, squeue, ...) where it reaches slurmctld."""
+        return subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout)
 
     def stop(self) -> None:
         for name, pid in self._recorded_pids().items():
@@ -146,9 +156,7 @@ class LocalSlurmCluster:
     # -- jobs ----------------------------------------------------------------------------
     def job_fields(self, job_id: str) -> dict[str, str]:
         """`scontrol show job` as a dict (JobState, ExitCode, Restarts, ...); {} when unknown."""
-        proc = subprocess.run(
-            ["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True, env=self.env
-        )
+        proc = self.client(["scontrol", "show", "job", "-o", str(job_id)])
         if proc.returncode != 0:
             return {}
         fields = {}
@@ -171,7 +179,8 @@ class LocalSlurmCluster:
 
     def daemon_logs(self, lines: int = 30) -> str:
         """The tails of slurmctld's and slurmd's logs, for a failing test's message."""
-        return "\n".join(self._tail(self.root / "log" / n, lines) for n in ("slurmctld.log", "slurmd.log"))
+        logs = sorted((self.root / "log").glob("slurm*.log"))  # slurmctld, then each slurmd
+        return "\n".join(self._tail(path, lines) for path in logs)
 
     # -- internals -----------------------------------------------------------------------
     def _start_munge(self) -> None:
@@ -192,8 +201,11 @@ class LocalSlurmCluster:
         )
 
     def _slurm_conf(self) -> str:
+        return "\n".join(self._conf_lines()) + "\n"
+
+    def _conf_lines(self) -> list[str]:
         r = self.root
-        lines = [
+        return [
             "ClusterName=rl3dtest",
             f"SlurmctldHost={self.host}(127.0.0.1)",
             f"SlurmctldPort={_free_port()}",
@@ -223,7 +235,6 @@ class LocalSlurmCluster:
             f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
         ]
-        return "\n".join(lines) + "\n"
 
     def _run(self, cmd: list[str]) -> None:
         proc = subprocess.run(cmd, capture_output=True, text=True, env=self.env, timeout=60)

@@ -1,0 +1,82 @@
+"""`rl3d slurm RECIPE --nodes 2` on a real SLURM cluster of two simulated nodes: slurmctld and
+a slurmd on node0, a slurmd on node1, munge shared. The generated sbatch script's srun starts
+one torchrun per node, the c10d rendezvous crosses nodes, and the GRPO quickstart as 2 nodes x
+1 rank trains as 1 node x 2 ranks. A node that loses its link mid-run fails the job, and
+`rl3d slurm status` says why."""
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from multinode_helpers import QUICK
+from train_helpers import GRPO, ROOT, assert_same_metrics, metrics_by_step, train_env
+
+from rl3d.launch.slurm import read_job_id
+from rl3d.testing.netns import SimNodes, netns_unavailable_reason
+from rl3d.testing.netns_slurm import NetnsSlurmCluster
+from rl3d.testing.slurm_cluster import slurm_unavailable_reason
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.distributed]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = netns_unavailable_reason() or slurm_unavailable_reason(install=True)
+    if reason:
+        pytest.skip(f"no multi-node SLURM cluster: {reason}")
+    root = Path(tempfile.mkdtemp(prefix="rl3d-slurm2-"))  # not under basetemp (see tests/e2e/slurm)
+    with SimNodes(2) as nodes:
+        slurm = NetnsSlurmCluster(root / "cluster", nodes)
+        slurm.start()
+        try:
+            yield slurm
+        finally:
+            slurm.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def run_root(cluster, request) -> Path:
+    path = cluster.root.parent / "runs" / re.sub(r"\W", "_", request.node.name)
+    path.mkdir(parents=True)
+    yield path
+    queued = cluster.client(["squeue", "-h", "-o", "%i"]).stdout.split()
+    for job_id in queued:
+        cluster.client(["scancel", job_id])
+
+
+def rl3d_slurm(cluster, *args: str) -> subprocess.CompletedProcess:
+    """`rl3d slurm ARGS` on node0 (the login node)."""
+    env = {**train_env(), "SLURM_CONF": str(cluster.conf)}
+    argv = [sys.executable, "-m", "rl3d.cli", "slurm", *args]
+    return cluster.nodes[0].run(argv, env=env, cwd=ROOT, timeout=120)
+
+
+def submit(cluster, run_dir: Path, *overrides: str) -> str:
+    proc = rl3d_slurm(cluster, str(GRPO), "--nodes", "2", f"trainer.run_dir={run_dir}", *overrides)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "submitted job" in proc.stdout and "2 node(s) x 1 ranks" in proc.stdout, proc.stdout
+    return read_job_id(run_dir)
+
+
+def logs(cluster, run_dir: Path) -> str:
+    parts = [f"--- {p.name}\n{p.read_text()[-2500:]}" for p in sorted((run_dir / "slurm/logs").glob("*.log"))]
+    return "\n".join(parts) + "\n" + cluster.daemon_logs(15)
+
+
+def test_quickstart_on_two_nodes_trains_like_one_node(cluster, run_root, single_node_metrics):
+    run_dir = run_root / "run"
+    job_id = submit(cluster, run_dir, *QUICK)
+    state = cluster.wait_for_job(job_id, timeout_s=240)
+    assert state == "COMPLETED", logs(cluster, run_dir)
+    assert cluster.job_fields(job_id)["NodeList"] == "node[0-1]"
+    for i in range(2):  # one torchrun per node, each on its own host
+        node_log = (run_dir / f"slurm/logs/job{job_id}-r0-node{i}.log").read_text()
+        assert f"rl3d node {i}/2 on node{i}:" in node_log and f"preflight on node{i}: ok" in node_log
+    assert_same_metrics(single_node_metrics, metrics_by_step(run_dir), exact=True)
+    status = rl3d_slurm(cluster, "status", str(run_dir))
+    assert f"job      {job_id}  COMPLETED  exit 0:0" in status.stdout, status.stdout
