@@ -1,6 +1,7 @@
 """The reward-model job end to end, briefly: `rl3d train` on the RM recipe (torchrun, megatron
 at tp=2, synthetic preference parquet) logs train and held-out metrics and writes a complete
-checkpoint; a PPO recipe then loads it as `reward.model` and scores every rollout with it."""
+checkpoint; a PPO recipe then loads it as `reward.model`, in its own pool of 2 DP ranks beside
+the actor's 2, and scores every rollout with it."""
 
 import json
 
@@ -36,7 +37,12 @@ def test_rm_job_writes_metrics_and_a_checkpoint_that_ppo_loads(tmp_path):
     assert (rm_dir / "rm_curve.csv").read_text().splitlines()[0] == "step,val_accuracy,val_margin,val_loss"
 
     ppo_dir = tmp_path / "ppo"
-    proc = run_train(PPO_RM, ppo_dir, "trainer.total_steps=2", f"reward.model.path={rm_dir}")
+    own_pool = [
+        "reward.model.colocate=false",
+        "reward.model.parallel={tp: 1, dp: 2}",
+        "launch.nproc_per_node=4",
+    ]
+    proc = run_train(PPO_RM, ppo_dir, "trainer.total_steps=2", f"reward.model.path={rm_dir}", *own_pool)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for row in metrics_by_step(ppo_dir).values():
         assert 0 <= row["reward/rule_mean"] <= 1  # the hidden rule, logged only
