@@ -150,3 +150,17 @@ def test_val_files_are_read_like_train_files(tmp_path):
         "trainer.val_num_prompts=2",
     )
     assert len(validation_prompts(limited, tokenizer, [])) == 2
+
+
+def test_a_resumed_run_drops_the_validation_rows_after_its_step(tmp_path):
+    from rl3d.controller.validation import VAL_CSV, read_validation_csv
+    from rl3d.logging import drop_rows_after
+
+    rows = "step,val/score_greedy\n0,0.5\n2,0.6\n4,0.7\n"
+    (tmp_path / VAL_CSV).write_text(rows)
+    assert drop_rows_after(tmp_path, 3) == 1  # the killed run validated step 4 after the checkpoint
+    assert read_validation_csv(tmp_path) == [
+        {"step": 0.0, "val/score_greedy": 0.5},
+        {"step": 2.0, "val/score_greedy": 0.6},
+    ]
+    assert read_validation_csv(tmp_path / "elsewhere") == []
