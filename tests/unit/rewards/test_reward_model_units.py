@@ -115,6 +115,13 @@ def test_own_pool_model_needs_a_layout_and_a_world_that_fits():
         PPO_RM,
         ["reward.model.colocate=false", "reward.model.parallel={tp: 1, dp: 2}", "launch.nproc_per_node=4"],
     ).config
+    with pytest.raises(
+        ConfigError, match=r"reward\.model\.parallel\.tp: tp=3 must divide the model's 4 KV heads"
+    ):
+        load_config(
+            PPO_RM,
+            ["reward.model.colocate=false", "reward.model.parallel={tp: 3}", "launch.nproc_per_node=5"],
+        )
     from rl3d.config.pools import role_pools
 
     assert [(p.name, p.size) for p in role_pools(cfg)] == [("actor", 2), ("reward_model", 2)]
