@@ -110,6 +110,8 @@ def check_rm_job(cfg: RMJobConfig, fail) -> None:
             "launch.nproc_per_node",
             f"world size {cfg.launch.world_size} does not match parallel tp*pp*dp = {par.world_size}",
         )
+    if cfg.launch.backend != "spmd":
+        raise fail("launch.backend", "the reward-model job runs under torchrun: use spmd")
     rm = cfg.rm
     if rm.batch_size % (par.dp * rm.micro_batch_size):
         raise fail(
