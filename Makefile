@@ -63,6 +63,11 @@ bench: $(STAMP)
 	$(BIN)/rl3d bench transition --mode measured --model llama2-70b-shape-1/64 --train 1,4,2 --gen 2,1
 	$(BIN)/rl3d bench transition --mode measured --model llama2-70b-shape-1/32 --train 1,4,2 --gen 2,1 \
 	  --strategies hybridflow,hybridflow_v,ds_chat
+	$(BIN)/rl3d bench transition --mode measured --model llama2-7b-shape-1/32 --train 2,2,2 --gen 2,1 \
+	  --strategies hybridflow,hybridflow_hier --gpus-per-node 4 --overlap --step-ms 200 --bucket-mb 1 --verify
+	$(BIN)/rl3d bench transition --mode measured --fit-overhead --overhead-fit results/transition/overhead_fit.json
+	$(BIN)/rl3d bench transition --mode modeled --paper-layouts --overhead measured \
+	  --overhead-fit results/transition/overhead_fit.json
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

@@ -32,7 +32,7 @@ FIT_LAYOUT = ((1, 2, 1), 1, 1)  # 2 training ranks (+2 rollout ranks for openrlh
 FIT_MODELS = ("llama2-7b-shape-1/64", "llama2-7b-shape-1/32", "llama2-13b-shape-1/64")
 FIT_BUCKETS_MB = (0.125, 0.5, 2.0)
 FIT_STRATEGIES = ("hybridflow", "hybridflow_v", "ds_chat", "openrlhf")
-DEFAULT_FIT_PATH = Path("benchmarks/transition/overhead_fit.json")
+DEFAULT_FIT_PATH = Path("benchmarks/transition/overhead/overhead_fit.json")
 
 
 def fit_worker(rank, world, models, buckets_mb, strategies, repeats, dtype_name):

@@ -73,7 +73,7 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     tr.add_argument(
         "--overhead-fit",
         default=None,
-        help="the fit's JSON (default benchmarks/transition/overhead_fit.json)",
+        help="the fit's JSON (default benchmarks/transition/overhead/overhead_fit.json)",
     )
     tr.add_argument("--json", action="store_true", help="print one JSON object")
     tr.add_argument("--out", default=None, help="results folder (default results/transition/<name>)")
