@@ -52,7 +52,9 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="measured mode: simulated nodes of K ranks (0..K-1, K..2K-1, ...); bytes per link in the JSON",
     )
-    tr.add_argument("--nodes", default=None, help="measured mode: nodes as rank lists, e.g. '0,3;1,2'")
+    tr.add_argument(
+        "--node-ranks", default=None, help="measured mode: simulated nodes as rank lists, e.g. '0,3;1,2'"
+    )
     tr.add_argument(
         "--overlap",
         action="store_true",
@@ -257,7 +259,7 @@ def run_bench(args: argparse.Namespace) -> str:
             bucket_mb=args.bucket_mb,
             dtype=args.dtype,
             gpus_per_node=args.gpus_per_node,
-            nodes=_node_lists(args.nodes),
+            nodes=_node_lists(args.node_ranks),
             overlap_step_s=args.step_ms / 1e3 if args.overlap else None,
         )
         result["model"], result["layout"] = args.model, {"train": layout, "gen": (t_g, p_g)}
@@ -279,7 +281,7 @@ def _contract(mode: str, result: dict) -> dict:
 
         return contract(result)
     keys = ("seconds", "bytes_max", "planned_bytes_max", "verified", "raw_seconds")
-    keys += ("calls_max", "links", "planned_links", "links_match")  # links: with --gpus-per-node/--nodes
+    keys += ("calls_max", "links", "planned_links", "links_match")  # links: with --gpus-per-node/--node-ranks
     out = {"strategies": {s: {k: v[k] for k in keys if k in v} for s, v in result["strategies"].items()}}
     out |= {k: result[k] for k in ("nodes", "overlap") if k in result}
     return out
@@ -291,4 +293,4 @@ def _node_lists(text: str | None) -> list[list[int]] | None:
     try:
         return [[int(r) for r in node.split(",")] for node in text.split(";")]
     except ValueError:
-        raise ValueError(f"--nodes expects rank lists like '0,1;2,3', got {text!r}") from None
+        raise ValueError(f"--node-ranks expects rank lists like '0,1;2,3', got {text!r}") from None

@@ -59,8 +59,8 @@ def test_measured_links_and_overlap_on_two_simulated_nodes(capsys, tmp_path):
 
 
 def test_bad_nodes_flag_names_it(capsys):
-    assert main([*MEASURED, "--nodes", "0,x"]) == 2
-    assert "--nodes expects rank lists" in capsys.readouterr().err
+    assert main([*MEASURED, "--node-ranks", "0,x"]) == 2
+    assert "--node-ranks expects rank lists" in capsys.readouterr().err
 
 
 def test_measured_world_must_fit_the_layout(capsys):
