@@ -258,7 +258,7 @@ TORCHRUN_PID=""
 trap '[ -n "$TORCHRUN_PID" ] && pkill -USR1 -P "$TORCHRUN_PID"' USR1
 (
   trap '' USR1
-  exec "$PYTHON" -m torch.distributed.run \\
+  exec "$PYTHON" -m rl3d.launch.torchrun \\
     --nnodes="$SLURM_NNODES" --nproc-per-node={spec.nproc_per_node} --max-restarts=0 \\
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" \\
     {entry} "$RESOLVED"

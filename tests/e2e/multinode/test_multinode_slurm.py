@@ -12,13 +12,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from multinode_helpers import QUICK
+from multinode_helpers import QUICK, TIMEOUT_S, metrics_lines, wait_until
 from train_helpers import GRPO, ROOT, assert_same_metrics, metrics_by_step, train_env
 
 from rl3d.launch.slurm import read_job_id
 from rl3d.testing.netns import SimNodes, netns_unavailable_reason
-from rl3d.testing.netns_slurm import NetnsSlurmCluster
-from rl3d.testing.slurm_cluster import slurm_unavailable_reason
+from rl3d.testing.netns_slurm import SLURMD_TIMEOUT_S, NetnsSlurmCluster
+from rl3d.testing.slurm_cluster import TERMINAL_STATES, slurm_unavailable_reason
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.distributed]
 
@@ -80,3 +80,24 @@ def test_quickstart_on_two_nodes_trains_like_one_node(cluster, run_root, single_
     assert_same_metrics(single_node_metrics, metrics_by_step(run_dir), exact=True)
     status = rl3d_slurm(cluster, "status", str(run_dir))
     assert f"job      {job_id}  COMPLETED  exit 0:0" in status.stdout, status.stdout
+
+
+def test_node_losing_its_link_fails_the_job_and_status_says_why(cluster, run_root):
+    run_dir = run_root / "fault"
+    overrides = ("--no-requeue", "trainer.total_steps=400", "checkpoint.save_every=0")
+    job_id = submit(cluster, run_dir, *overrides, f"launch.timeout_s={TIMEOUT_S}")
+    running = lambda: cluster.job_fields(job_id).get("JobState") not in TERMINAL_STATES
+    wait_until(lambda: metrics_lines(run_dir) >= 1, running, lambda: logs(cluster, run_dir), timeout_s=240)
+    cluster.nodes.set_link(1, up=False)  # node1's cable pulled mid-run
+    try:
+        # the ranks give up after TIMEOUT_S; SLURM declares node1 down after SLURMD_TIMEOUT_S
+        state = cluster.wait_for_job(job_id, timeout_s=TIMEOUT_S + SLURMD_TIMEOUT_S + 90)
+    finally:
+        cluster.nodes.set_link(1, up=True)
+    assert state in ("FAILED", "NODE_FAIL"), logs(cluster, run_dir)
+    status = rl3d_slurm(cluster, "status", str(run_dir)).stdout
+    assert f"job      {job_id}  {state}" in status, status
+    # the node logs' tails: the rank that timed out, and the node and rank torchrun names
+    assert "rank 0 failed: RuntimeError:" in status and f"{TIMEOUT_S * 1000}ms" in status, status
+    assert "torchrun on node0: rank(s) [0] exited with an error" in status, status
+    print(status)  # noqa: T201
