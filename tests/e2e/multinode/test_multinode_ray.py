@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from multinode_helpers import QUICK, wait_until
+from multinode_helpers import QUICK, TIMEOUT_S, metrics_lines, wait_all, wait_until
 from train_helpers import GRPO, assert_same_metrics, metrics_by_step, train_command, train_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.distributed]
@@ -62,3 +62,21 @@ def test_ray_backend_spans_two_nodes_and_matches_spmd(sim_nodes, single_node_met
     assert_same_metrics(single_node_metrics, metrics_by_step(run_dir), exact=True)
     where = sim_nodes[0].run([sys.executable, "-c", WHERE, head], env=env)
     assert where.stdout.strip() == str(sorted(n.address for n in sim_nodes)), where.stdout + where.stderr
+
+
+def test_link_down_mid_run_stops_the_ray_driver_naming_the_rank(sim_nodes, tmp_path):
+    env, head = ray_cluster(sim_nodes, tmp_path)
+    run_dir = tmp_path / "run"
+    two_nodes = ("launch.backend=ray", f"launch.ray_address={head}", "launch.nnodes=2")
+    two_nodes += ("launch.nproc_per_node=1", f"launch.timeout_s={TIMEOUT_S}", "trainer.total_steps=400")
+    out = open(tmp_path / "driver.out", "w")
+    cmd = train_command(GRPO, run_dir, *two_nodes, "checkpoint.save_every=0")
+    driver = sim_nodes[0].popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    text = lambda: (tmp_path / "driver.out").read_text()[-5000:]
+    wait_until(lambda: metrics_lines(run_dir) >= 1, lambda: driver.poll() is None, text, timeout_s=240)
+    sim_nodes.set_link(1, up=False)  # node1's cable pulled mid-run
+    [(code, seconds)] = wait_all([driver], timeout_s=TIMEOUT_S + 120)
+    print(f"driver ended {seconds:.0f} s after the link went down, status {code}\n{text()}")  # noqa: T201
+    assert code == 1, text()
+    failed = [line for line in text().splitlines() if "run failed:" in line]
+    assert failed and "rank" in failed[-1], text()
