@@ -39,7 +39,12 @@ def hierarchize(
     ctx: PlanContext, collectives: list[Collective], nodes: NodeMap
 ) -> tuple[tuple[Transfer, ...], ...]:
     """Route what `collectives` (all-gathers of training shards) deliver as two point-to-point
-    phases: direct or network fetches, then the fetchers' fan-out inside each node."""
+    phases: direct or network fetches, then the fetchers' fan-out inside each node.
+
+    Routing works on blocks: the pieces one member sends in one collective, all replicated or
+    all sharded, are identified by (their parameter indices, the sender's TP rank or -1). Two
+    senders of the same block send the same bytes. A block that mixes replicated and sharded
+    parameters, or that its receiver partly holds, is split into one block per piece."""
     t = ctx.train.t
     replicated = [ctx.replicated(i) for i in range(len(ctx.params))]
 
@@ -52,45 +57,73 @@ def hierarchize(
         own[r] = {key(i, r) for i in ctx.train_params(r)}
         for k in own[r]:
             held_on[(k, nodes.node_of(r))].append(r)
-    needs: dict[int, dict[tuple[int, int], tuple[int, int]]] = defaultdict(dict)
+
+    Block = tuple[tuple[int, ...], int]
+    block_keys: dict[Block, list[tuple[int, int]]] = {}
+
+    def blocks_of(src: int, indices: tuple[int, ...]) -> list[tuple[Block, tuple[int, ...]]]:
+        kinds = {replicated[i] for i in indices}
+        if len(kinds) == 1:
+            out = [((indices, -1 if replicated[indices[0]] else src % t), indices)]
+        else:
+            out = [(((i,), key(i, src)[1]), (i,)) for i in indices]
+        for b, idx in out:
+            if b not in block_keys:
+                block_keys[b] = [key(i, src) for i in idx]
+        return out
+
+    needs: dict[int, dict[Block, tuple[int, tuple[int, ...]]]] = defaultdict(dict)
     for c in collectives:
         assert c.unit == "shard", f"hierarchical gather routes training shards, not {c.unit}"
         for group, contrib in zip(c.groups, c.contributions):
-            sent = {src: [(key(i, src), (src, i)) for i in contrib.get(src, ())] for src in group}
+            sent = {src: blocks_of(src, tuple(contrib[src])) for src in group if contrib.get(src)}
             for dst in c.receivers(group):
                 mine, wants = own.get(dst, set()), needs[dst]
-                for src in group:
-                    for k, piece in sent[src] if src != dst else ():
-                        if k not in mine and k not in wants:
-                            wants[k] = piece
+                for src, blocks in sent.items():
+                    if src == dst:
+                        continue
+                    for b, idx in blocks:
+                        if b in wants:
+                            continue
+                        if mine.isdisjoint(block_keys[b]):
+                            wants[b] = (src, idx)
+                            continue
+                        for i in idx:  # partly held: only the pieces it lacks
+                            if key(i, src) not in mine:
+                                single = ((i,), key(i, src)[1])
+                                block_keys.setdefault(single, [key(i, src)])
+                                wants.setdefault(single, (src, (i,)))
+    block_bytes: dict[Block, int] = {}
     first: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     relay: dict[tuple[int, int], list[tuple[int, int]]] = defaultdict(list)
     for n, members in enumerate(nodes.nodes):
-        wanted: dict[tuple[int, int], list[int]] = defaultdict(list)
+        wanted: dict[Block, list[int]] = defaultdict(list)
         for m in sorted(members):
-            for k in needs.get(m, {}):
-                wanted[k].append(m)
+            for b in needs.get(m, {}):
+                wanted[b].append(m)
         fetched: dict[int, int] = defaultdict(int)
-        for k in sorted(wanted):
-            needers = wanted[k]
-            local = held_on.get((k, n))
+        for b in sorted(wanted):
+            needers, keys = wanted[b], block_keys[b]
+            local = [h for h in held_on.get((keys[0], n), ()) if own[h].issuperset(keys)]
             if local:  # a node-mate holds it: straight over the intra-node fabric
                 for j, dst in enumerate(needers):
                     src = local[j % len(local)]
-                    first[(src, dst)].append((src, k[0]))
+                    first[(src, dst)] += [(src, i) for i in b[0]]
                 continue
             fetcher = min(needers, key=lambda m: (fetched[m], m))
-            holder, i = needs[fetcher][k]
-            fetched[fetcher] += ctx.piece_bytes("shard", i, holder)
-            first[(holder, fetcher)].append((holder, i))
+            holder, idx = needs[fetcher][b]
+            if b not in block_bytes:
+                block_bytes[b] = sum(ctx.piece_bytes("shard", i, holder) for i in idx)
+            fetched[fetcher] += block_bytes[b]
+            pieces = [(holder, i) for i in idx]
+            first[(holder, fetcher)] += pieces
             for dst in needers:
                 if dst != fetcher:
-                    relay[(fetcher, dst)].append((holder, i))
+                    relay[(fetcher, dst)] += pieces
 
     def phase(moves) -> tuple[Transfer, ...]:
         return tuple(
-            Transfer(src, dst, "shard", tuple(sorted(pieces, key=lambda x: (x[1], x[0]))))
-            for (src, dst), pieces in sorted(moves.items())
+            Transfer(src, dst, "shard", tuple(pieces)) for (src, dst), pieces in sorted(moves.items())
         )
 
     return tuple(p for p in (phase(first), phase(relay)) if p)

@@ -221,9 +221,19 @@ class PlanContext:
                     for src in group:
                         if src != dst and out[src]:
                             pairs[(src, dst)] += out[src]
+        shard_bytes: dict[tuple[int, int], int] = {}  # (index, tp): a large hierarchical plan's hot path
         for phase in phases:
             for t in phase:
-                pairs[(t.src, t.dst)] += sum(self.piece_bytes(t.unit, i, h) for h, i in t.pieces)
+                if t.unit != "shard":
+                    pairs[(t.src, t.dst)] += sum(self.piece_bytes(t.unit, i, h) for h, i in t.pieces)
+                    continue
+                total = 0
+                for h, i in t.pieces:
+                    nbytes = shard_bytes.get((i, h % self.train.t))
+                    if nbytes is None:
+                        nbytes = shard_bytes[(i, h % self.train.t)] = self.piece_bytes("shard", i, h)
+                    total += nbytes
+                pairs[(t.src, t.dst)] += total
         return dict(pairs)
 
 
