@@ -239,7 +239,7 @@ def test_a_multi_character_close_tag_cuts_the_turn_after_it():
     assert t.finish_reason == "stop"
 
 
-@pytest.mark.parametrize("t_budget", [40])
+@pytest.mark.parametrize("t_budget", [16])
 def test_rows_stay_prompt_major_and_seeded(t_budget):
     loop = make_loop()
     prompts = [prompt("="), prompt("-"), prompt("?")]
