@@ -1,7 +1,7 @@
 """`rl3d slurm`: write an sbatch script into the run directory and submit it.
 
     rl3d slurm RECIPE [--nodes K] [--gpus-per-node G] [--partition P] [--account A] [--time T]
-                      [--container-image IMG] [--[no-]requeue] [--dry-run] [overrides]
+                      [--container-image IMG] [--[no-]requeue] [--dry-run] [--overwrite] [overrides]
     rl3d slurm status RUN_DIR
     rl3d slurm cancel RUN_DIR
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rl3d.config import load_config, run_dir_of, write_resolved_config
-from rl3d.launch.preflight import preflight
+from rl3d.launch.preflight import clear_run_dir, preflight
 from rl3d.launch.slurm_job import missing_inputs
 from rl3d.launch.slurm_script import (
     BATCH_NAME,
@@ -72,6 +72,10 @@ def _add_options(parser: argparse.ArgumentParser, *, defaults: bool = True) -> N
     )  # fmt: skip
     add("--python", default=unset, help="python on the compute nodes (default: this one)")
     add("--dry-run", action="store_true", default=False if defaults else unset, help="write and print only")
+    add(
+        "--overwrite", action="store_true", default=False if defaults else unset,
+        help="delete an earlier run's outputs in the run dir first (as `rl3d train --overwrite`)",
+    )  # fmt: skip
 
 
 def add_slurm_arguments(parser: argparse.ArgumentParser) -> None:
@@ -258,7 +262,11 @@ def write_job(recipe: str, overrides: list[str], args: argparse.Namespace, *, en
         _echo(f"rl3d slurm: warning: {line} does not exist here; the job checks again on its nodes", err=True)
     preflight(loaded, absent_ok=True)  # what exists here is checked now, the rest on the nodes
     if not args.dry_run:
-        _check_cluster(spec)
+        _check_cluster(spec)  # refuses a run dir whose job is still queued or running
+        if getattr(args, "overwrite", False) and spec.run_dir.is_dir():
+            removed = clear_run_dir(spec.run_dir)
+            if removed:
+                _echo(f"overwrite: removed {', '.join(removed)} of the earlier run")
     spec.log_dir.mkdir(parents=True, exist_ok=True)
     write_resolved_config(loaded, spec.slurm_dir)
     batch = spec.slurm_dir / BATCH_NAME
