@@ -16,16 +16,18 @@ def _window(rows, key, part):
 
 
 def test_ppo_against_the_learned_reward_model_raises_the_hidden_rule(tmp_path):
-    """RM held-out pair accuracy >= 0.9; PPO (150 steps, seed 1) raises parity_repeat's mean by
-    >= 0.2 from its first 20 steps to its last 20 (measured: 0.53 -> 0.93)."""
+    """RM held-out pair accuracy >= 0.9; PPO (120 steps, seed 1) raises parity_repeat's mean by
+    >= 0.2 from its first 20 steps to its last 20 (150 steps of 3 seeds: 0.51-0.53 -> 0.93-0.97,
+    benchmarks/rm)."""
     rm_dir = tmp_path / "rm"
-    proc = run_train(ROOT / "recipes/quickstart_cpu_rm.yaml", rm_dir, "trainer.total_steps=200")
+    proc = run_train(ROOT / "recipes/quickstart_cpu_rm.yaml", rm_dir, "trainer.total_steps=150")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((rm_dir / "rm_summary.json").read_text())["val/accuracy"] >= 0.9
     ppo_dir = tmp_path / "ppo"
-    proc = run_train(ROOT / "recipes/quickstart_cpu_ppo_rm.yaml", ppo_dir, f"reward.model.path={rm_dir}")
+    recipe = ROOT / "recipes/quickstart_cpu_ppo_rm.yaml"
+    proc = run_train(recipe, ppo_dir, f"reward.model.path={rm_dir}", "trainer.total_steps=120")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    rows = [metrics_by_step(ppo_dir)[s] for s in range(1, 151)]
+    rows = [metrics_by_step(ppo_dir)[s] for s in range(1, 121)]
     first, last = _window(rows, "reward/rule_mean", "first"), _window(rows, "reward/rule_mean", "last")
     assert last - first >= 0.2, (first, last)
 
@@ -35,7 +37,7 @@ def test_safe_rlhf_with_a_learned_cost_model_meets_the_hidden_constraint(tmp_pat
     0 in the model's units) brings the rule's mean cost (random policy ~0.45) under 0.25 while
     the reward (parity_repeat) does not collapse."""
     cm_dir = tmp_path / "cm"
-    proc = run_train(ROOT / "recipes/quickstart_cpu_cm.yaml", cm_dir, "trainer.total_steps=150")
+    proc = run_train(ROOT / "recipes/quickstart_cpu_cm.yaml", cm_dir, "trainer.total_steps=100")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((cm_dir / "rm_summary.json").read_text())["val/accuracy"] >= 0.9
     run_dir = tmp_path / "safe"
