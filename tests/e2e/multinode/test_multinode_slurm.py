@@ -2,7 +2,8 @@
 a slurmd on node0, a slurmd on node1, munge shared. The generated sbatch script's srun starts
 one torchrun per node, the c10d rendezvous crosses nodes, and the GRPO quickstart as 2 nodes x
 1 rank trains as 1 node x 2 ranks. A node that loses its link mid-run fails the job, and
-`rl3d slurm status` says why."""
+`rl3d slurm status` says why; with --requeue the job comes back when the node does, and
+resumes from its last checkpoint."""
 
 import re
 import shutil
@@ -80,6 +81,11 @@ def test_quickstart_on_two_nodes_trains_like_one_node(cluster, run_root, single_
     assert_same_metrics(single_node_metrics, metrics_by_step(run_dir), exact=True)
     status = rl3d_slurm(cluster, "status", str(run_dir))
     assert f"job      {job_id}  COMPLETED  exit 0:0" in status.stdout, status.stdout
+    # --overwrite: the next job in this run dir starts over (its ranks would refuse a mix)
+    again = rl3d_slurm(cluster, str(GRPO), "--nodes", "2", "--overwrite", f"trainer.run_dir={run_dir}")
+    assert again.returncode == 0 and "overwrite: removed " in again.stdout, again.stdout + again.stderr
+    assert "metrics.jsonl" in again.stdout and read_job_id(run_dir) != job_id
+    cluster.client(["scancel", read_job_id(run_dir)])
 
 
 def test_node_losing_its_link_fails_the_job_and_status_says_why(cluster, run_root):
@@ -101,3 +107,30 @@ def test_node_losing_its_link_fails_the_job_and_status_says_why(cluster, run_roo
     assert "rank 0 failed: RuntimeError:" in status and f"{TIMEOUT_S * 1000}ms" in status, status
     assert "torchrun on node0: rank(s) [0] exited with an error" in status, status
     print(status)  # noqa: T201
+
+
+def test_job_requeued_after_a_node_failure_resumes_when_the_node_returns(cluster, run_root):
+    run_dir = run_root / "requeue"
+    overrides = ("--requeue", "trainer.total_steps=8", "checkpoint.save_every=1")
+    job_id = submit(cluster, run_dir, *overrides, f"launch.timeout_s={TIMEOUT_S}")
+    running = lambda: cluster.job_fields(job_id).get("JobState") not in TERMINAL_STATES
+    wait_until(lambda: metrics_lines(run_dir) >= 2, running, lambda: logs(cluster, run_dir), timeout_s=240)
+    cluster.nodes.set_link(1, up=False)
+
+    def requeued() -> bool:
+        fields = cluster.job_fields(job_id)
+        return fields.get("Restarts", "0") != "0" and fields.get("JobState") == "PENDING"
+
+    try:
+        wait_until(requeued, lambda: True, lambda: logs(cluster, run_dir), timeout_s=TIMEOUT_S + 150)
+    finally:
+        cluster.nodes.set_link(1, up=True)  # the node returns; slurmd re-registers (ReturnToService=2)
+    before = metrics_by_step(run_dir)
+    # a requeued job waits for its BeginTime (about two minutes): release it now
+    cluster.client(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+    state = cluster.wait_for_job(job_id, timeout_s=240)
+    assert state == "COMPLETED", logs(cluster, run_dir)
+    after = metrics_by_step(run_dir)
+    assert sorted(after) == list(range(1, 9))
+    assert after[1] == before[1]  # resumed from its checkpoint, not restarted: step 1 not run again
+    assert (run_dir / f"slurm/logs/job{job_id}-r1-node1.log").exists()
