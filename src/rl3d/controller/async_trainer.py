@@ -137,6 +137,7 @@ class RolloutPoolRunner:
         start = link.get_start()
         self.sampler.sampler.load_state_dict(start["sampler"])
         first = start["step"] + 1
+        worker.version = first - 2  # the trainer sends its current policy (a resumed one: not 0) first
         if not worker.wait_for(first - 1, timeout):
             return
         slot = Slot(worker.dp_rank, cfg.rollout.pool.dp, worker.tp_rank == 0)

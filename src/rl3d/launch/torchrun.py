@@ -79,6 +79,18 @@ def _watch(stuck_after_s: float, poll_s: float = 0.5) -> None:
         time.sleep(poll_s)
 
 
+def _write_exits(failures: dict) -> None:
+    """Each failed rank's exit code, into `RL3D_RANK_EXITS` when `rl3d train` set it: a rank
+    killed by a signal leaves no error line of its own, so the launcher names it from these."""
+    path = os.environ.get("RL3D_RANK_EXITS")
+    if path:
+        import json
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({str(rank): failure.exitcode for rank, failure in failures.items()}, f)
+
+
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
@@ -90,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(parse_args(sys.argv[1:] if argv is None else argv))
     except ChildFailedError as err:
+        _write_exits(err.failures)
         failed = sorted(err.failures)  # global ranks; the node names them on several nodes
         print(f"torchrun on {socket.gethostname()}: rank(s) {failed} exited with an error", file=sys.stderr)  # noqa: T201
         return 1

@@ -75,17 +75,48 @@ def launch_train(
         return 0
     import subprocess
 
-    for stale in (run_dir_of(loaded.config) / "logs").glob("failed_rank*.txt"):  # an earlier run's
-        stale.unlink()
-    code = subprocess.call(command, env={**os.environ, PREFLIGHT_DONE_ENV: "1"})
+    log_dir = run_dir_of(loaded.config) / "logs"
+    for stale in [*log_dir.glob("failed_rank*.txt"), log_dir / RANK_EXITS]:  # an earlier run's
+        stale.unlink(missing_ok=True)
+    env = {**os.environ, PREFLIGHT_DONE_ENV: "1", "RL3D_RANK_EXITS": str(log_dir / RANK_EXITS)}
+    code = subprocess.call(command, env=env)
     if code:
-        emit("rl3d: run failed: " + first_rank_failure(run_dir_of(loaded.config) / "logs", code))
+        from rl3d.config.pools import role_pools
+
+        emit("rl3d: run failed: " + first_rank_failure(log_dir, code, pools=role_pools(loaded.config)))
     return code
 
 
-def first_rank_failure(log_dir: Path, code: int) -> str:
-    """The line of the rank that failed first (by time: the others usually fail in a collective
-    after it), or what torchrun's exit status says."""
+RANK_EXITS = "rank_exits.json"  # in the run's logs/: torchrun's exit code of each failed rank
+
+
+def _killed_rank(log_dir: Path, pools: list) -> str | None:
+    import json
+    import signal
+
+    from rl3d.config.pools import pool_of
+
+    path = log_dir / RANK_EXITS
+    if not path.exists():
+        return None
+    exits = {int(r): c for r, c in json.loads(path.read_text()).items()}
+    killed = sorted(r for r, c in exits.items() if c is not None and c < 0 and -c != signal.SIGTERM)
+    if not killed:
+        return None
+    rank = killed[0]
+    pool, name = pool_of(pools, rank), signal.Signals(-exits[rank]).name
+    where = f"{pool.name} pool, its rank {rank - pool.offset}"
+    return f"world rank {rank} ({where}) was killed by {name} (see {log_dir})"
+
+
+def first_rank_failure(log_dir: Path, code: int, pools: list | None = None) -> str:
+    """The rank that died by a signal (other than torchrun's SIGTERM: it left no line of its own,
+    and the others' errors follow from it), named with its pool; else the line of the rank that
+    failed first (by time: the others usually fail in a collective after it); else what
+    torchrun's exit status says."""
+    killed = _killed_rank(log_dir, pools) if pools else None
+    if killed:
+        return killed
     failures = sorted(log_dir.glob("failed_rank*.txt"), key=lambda p: p.stat().st_mtime)
     if failures:
         return failures[0].read_text().strip()

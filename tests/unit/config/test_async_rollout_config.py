@@ -1,0 +1,56 @@
+"""`rollout.placement`, `rollout.pool` and `rollout.async`: parsed (the YAML key `async` is the
+field `async_`), placed as the last pool, and every bad combination refused at validation with
+the key named."""
+
+import pytest
+
+import yaml
+from rl3d.config import ConfigError, load_config
+from rl3d.config.pools import role_pools
+from rl3d.config.typed import to_dict
+
+ASYNC = "recipes/quickstart_cpu_grpo_async.yaml"
+SYNC = "recipes/quickstart_cpu_grpo.yaml"
+
+
+def test_async_recipe_parses_and_places_the_rollout_pool_last():
+    cfg = load_config(
+        ASYNC, ["reference.enabled=true", "reference.colocate=false", "launch.nproc_per_node=3"]
+    ).config
+    assert cfg.rollout.placement == "separate" and cfg.rollout.async_.max_staleness == 1
+    pools = role_pools(cfg)
+    assert [(p.name, p.offset, p.size) for p in pools] == [
+        ("actor", 0, 1),
+        ("reference", 1, 1),
+        ("rollout", 2, 1),
+    ]
+    written = to_dict(cfg)["rollout"]
+    assert "async" in written and "async_" not in written
+    assert written["async"]["max_staleness"] == 1
+    yaml.safe_dump(written)  # plain data
+
+
+def test_defaults_keep_the_colocated_loop():
+    cfg = load_config(SYNC, []).config
+    assert cfg.rollout.placement == "colocated" and cfg.rollout.async_.max_staleness == 0
+    assert [p.name for p in role_pools(cfg)] == ["actor"]
+
+
+@pytest.mark.parametrize(
+    "recipe,overrides,key",
+    [
+        (SYNC, ["rollout.async.max_staleness=1"], "rollout.async.max_staleness"),
+        (ASYNC, ["rollout.async.max_staleness=-1"], "rollout.async.max_staleness"),
+        (ASYNC, ["rollout.async.bogus=1"], "rollout.async.bogus"),
+        (ASYNC, ["rollout.placement=elsewhere"], "rollout.placement"),
+        (ASYNC, ["launch.backend=ray"], "launch.backend"),
+        (ASYNC, ["launch.nproc_per_node=3"], "launch.nproc_per_node"),
+        (ASYNC, ["rollout.pool.tp=3", "launch.nproc_per_node=4"], "rollout.pool.tp"),
+        (ASYNC, ["rollout.pool.dp=0"], "rollout.pool.dp"),
+        (ASYNC, ["algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling"),
+    ],
+)
+def test_bad_async_settings_name_the_key(recipe, overrides, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, overrides)
+    assert err.value.key == key, str(err.value)
