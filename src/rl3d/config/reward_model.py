@@ -11,6 +11,7 @@ In an RL recipe (`reward.model`, `reward.cost_model`, fields of `RewardConfig`):
         micro_batch_size: 8
         weight: 1.0                      # score = rule_weight * rule + weight * model
         rule_weight: 0.0
+        packing: false                   # true: packed without pads (max_tokens_per_micro_batch)
 
 `reward.cost_model` takes the same keys: cost = rule_weight * reward.cost_fn's cost (0 without
 one) + weight * the model's cost. Both are scored right after generation, before advantages and
@@ -62,12 +63,20 @@ class RewardModelConfig:
     micro_batch_size: int = 8  # sequences per forward on one DP rank
     weight: float = 1.0  # of the model's output in the score (cost)
     rule_weight: float = 1.0  # of the rule reward.fn (cost_fn) in the score (cost)
+    packing: bool = False  # sequences packed without pads, as `actor.packing`
+    max_tokens_per_micro_batch: int | None = None  # token budget per packed micro-batch
 
     def __post_init__(self) -> None:
         if not self.path:
             raise FieldError("path", "must name a reward-model checkpoint")
         if self.micro_batch_size <= 0:
             raise FieldError("micro_batch_size", f"must be > 0, got {self.micro_batch_size}")
+        if self.max_tokens_per_micro_batch is not None and not self.packing:
+            raise FieldError("max_tokens_per_micro_batch", "needs packing: true")
+        if self.max_tokens_per_micro_batch is not None and self.max_tokens_per_micro_batch <= 0:
+            raise FieldError(
+                "max_tokens_per_micro_batch", f"must be > 0, got {self.max_tokens_per_micro_batch}"
+            )
         if not self.colocate and self.parallel is None:
             raise FieldError("parallel", "a reward model in its own pool (colocate: false) needs a layout")
 

@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 HEAD_FILE = "value_head.safetensors"
 RM_META = "reward_model.json"  # {"objective": "reward" | "cost", ...}
 LAST = "last_index"  # batch key: the position of each sequence's last real token
+WHOLE_BATCH = 1 << 62  # DispatchInfo.token_balance: one chunk, capped at the batch's length
 
 
 # -- the math ------------------------------------------------------------------------------------
@@ -53,7 +54,13 @@ def safety_sign_loss(cost_B: torch.Tensor, unsafe_sign_B: torch.Tensor) -> torch
 
 
 def last_token_scores(output_BT1: torch.Tensor, micro: DataBatch) -> torch.Tensor:
-    """[B]: the head's output at each sequence's last real token."""
+    """[B]: the head's output at each sequence's last real token (a packed micro-batch's
+    output is one row [1, N, 1]: sequence s ends at column cu_seqlens[s + 1] - 1)."""
+    from rl3d.models.packing import PACKED
+
+    row = micro.info.get(PACKED)
+    if row is not None:
+        return output_BT1[0, row.cu_seqlens[1:].long().to(output_BT1.device) - 1, 0].float()
     rows = torch.arange(output_BT1.shape[0], device=output_BT1.device)
     return output_BT1[rows, micro[LAST].to(output_BT1.device), 0].float()
 
@@ -126,7 +133,14 @@ def reward_model_spec(weights_dir: Path) -> ModelSpec:
 
 
 def load_reward_model(
-    spec: ModelSpec, groups: MegatronGroups, weights_dir: Path, *, dtype: torch.dtype, seed: int
+    spec: ModelSpec,
+    groups: MegatronGroups,
+    weights_dir: Path,
+    *,
+    dtype: torch.dtype,
+    seed: int,
+    packing: bool = False,
+    max_tokens_per_micro_batch: int | None = None,
 ):
     """A forward-only MegatronRole holding the reward model of `weights_dir`, in this layout."""
     from safetensors.torch import load_file
@@ -142,6 +156,8 @@ def load_reward_model(
         total_steps=1,
         seed=seed,
         hf_path=str(weights_dir),
+        packing=packing,
+        max_tokens_per_micro_batch=max_tokens_per_micro_batch,
     )
     if groups.is_last_stage:
         head = load_file(str(weights_dir / HEAD_FILE))["weight"]
@@ -171,14 +187,24 @@ class RewardModelWorker:
         weights = resolve_weights_dir(self.section.path)
         spec = reward_model_spec(weights)
         self.role = load_reward_model(
-            spec, ctx.groups, weights, dtype=getattr(torch, cfg.model.dtype), seed=cfg.trainer.seed
+            spec,
+            ctx.groups,
+            weights,
+            dtype=getattr(torch, cfg.model.dtype),
+            seed=cfg.trainer.seed,
+            packing=self.section.packing,
+            max_tokens_per_micro_batch=self.section.max_tokens_per_micro_batch,
         )
         logger.info("%s model from %s (%s)", kind, weights, spec.name)
 
     def dispatch_info(self) -> DispatchInfo:
         g = self.groups
         return DispatchInfo(
-            dp_rank=g.dp_rank, dp_size=g.layout.d, is_collector=g.tp_rank == 0 and g.is_last_stage
+            dp_rank=g.dp_rank,
+            dp_size=g.layout.d,
+            is_collector=g.tp_rank == 0 and g.is_last_stage,
+            # packed: the whole batch's tokens balanced over the DP ranks (no mini-batches here)
+            token_balance=WHOLE_BATCH if self.section.packing else 0,
         )
 
     def scores(self, batch: DataBatch) -> torch.Tensor | None:

@@ -42,7 +42,8 @@ def _save_random_model(rank, world_size, dst):
     with torch.no_grad():
         role.unwrapped().output_layer.weight.mul_(50.0)
     save_reward_model(role, Path(dst), meta={"objective": "reward"})
-    return _score_in(groups, dst)
+    packed = ["reward.model.packing=true", "reward.model.max_tokens_per_micro_batch=16"]
+    return _score_in(groups, dst), _score_in(groups, dst, packed)
 
 
 def _score(rank, world_size, weights, pp, tp):
@@ -52,7 +53,7 @@ def _score(rank, world_size, weights, pp, tp):
     return _score_in(init_megatron(ParallelLayout(pp, tp, 1), seed=3), weights)
 
 
-def _score_in(groups, weights):
+def _score_in(groups, weights, overrides=()):
     """The worker's scores of `_batch()` in this world's layout (None off the last stage)."""
     from rl3d.config import load_config
     from rl3d.data import load_tokenizer
@@ -60,7 +61,9 @@ def _score_in(groups, weights):
     from rl3d.workers.context import RoleContext
     from rl3d.workers.reward_model import RewardModelWorker
 
-    cfg = load_config(PPO_RM, [f"reward.model.path={weights}", "reward.model.micro_batch_size=4"]).config
+    cfg = load_config(
+        PPO_RM, [f"reward.model.path={weights}", "reward.model.micro_batch_size=4", *overrides]
+    ).config
     spec = get_model_spec("tiny-llama")
     ctx = RoleContext(cfg, spec, groups, load_tokenizer(None, vocab_size=spec.vocab_size))
     out = RewardModelWorker(ctx, kind="reward").compute_score(_batch())
@@ -76,7 +79,9 @@ def _score_in(groups, weights):
 @pytest.mark.distributed
 def test_reward_model_scores_agree_across_layouts(tmp_path):
     weights = tmp_path / "rm"
-    (ref,) = run_distributed(_save_random_model, 1, str(weights), timeout_s=300)  # scored at tp=1
+    ((ref, packed),) = run_distributed(_save_random_model, 1, str(weights), timeout_s=300)  # at tp=1
+    # packed without pads (issue 21), under a 16-token budget that regroups the sequences
+    assert max(abs(a - b) for a, b in zip(packed[0], ref[0], strict=True)) < 1e-5
     tp2 = run_distributed(_score, 2, str(weights), 1, 2, timeout_s=300)
     pp2 = run_distributed(_score, 2, str(weights), 2, 1, timeout_s=300)
     assert pp2[0] is None  # the first stage has no scores; the last stage's ranks all do
