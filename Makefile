@@ -68,6 +68,7 @@ bench: $(STAMP)
 	$(BIN)/rl3d bench transition --mode measured --fit-overhead --overhead-fit results/transition/overhead_fit.json
 	$(BIN)/rl3d bench transition --mode modeled --paper-layouts --overhead measured \
 	  --overhead-fit results/transition/overhead_fit.json
+	$(BIN)/python benchmarks/async_bench.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

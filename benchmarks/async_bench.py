@@ -2,14 +2,15 @@
 
 Runs `recipes/quickstart_cpu_grpo_async.yaml` (one training rank, one rollout rank) with
 `rollout.async.max_staleness` 0 and 1, alternating (0, 1, 0, 1, ...: `--repeats` pairs) so that
-the machine's load drifts over both alike, with longer responses (`--max-new-tokens`) so that
-generation takes about as long as training. Per run: wall seconds per step over the steps after
-`--warmup` (from the metrics' wall-clock stamps), the rollout rank's generation seconds and the
-training rank's own seconds per step (its step time less its wait for samples). Writes
+the machine's load drifts over both alike, with a small batch (`SHAPE`: 2 prompts x 4 samples)
+and long responses (`--max-new-tokens`) so that generation takes about as long as training. Per
+run: wall seconds per step over the steps after `--warmup` (from the metrics' wall-clock
+stamps), the rollout rank's generation seconds and the training rank's own seconds per step
+(its step time less its wait for samples). Writes
 `async_bench.csv` and `async_bench.md` (the table, the ratio s1/s0, the command and the load
 average before and after) into `--out`.
 
-    python benchmarks/async_bench.py                      # 2 pairs x 24 steps, ~3 min on 2 cores
+    python benchmarks/async_bench.py                      # 3 pairs x 24 steps, ~3 min on 2 cores
     python benchmarks/async_bench.py --steps 40 --repeats 3
 
 The goal (issue 26): max_staleness 1 at <= 0.75x the synchronous wall time per step.
@@ -31,6 +32,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes/quickstart_cpu_grpo_async.yaml"
+# A small batch with long responses: token-by-token decoding then costs about what the batched
+# update of the same tokens costs (with the recipe's 8 prompts x 4, training dominates on CPU).
+SHAPE = ("data.prompts_per_step=2", "actor.mini_batch_size=8", "actor.micro_batch_size=8")
 COLUMNS = ("run", "max_staleness", "steps", "wall_per_step_s", "generate_s", "train_s", "wait_trainer_s",
            "staleness_mean", "reward_mean")  # fmt: skip
 
@@ -43,7 +47,7 @@ def run_one(staleness: int, args, run_dir: Path) -> dict:
         "checkpoint.save_every=0",
         "logging.tensorboard=false",
     ]
-    cmd += [*args.overrides, "--overwrite"]
+    cmd += [*SHAPE, *args.overrides, "--overwrite"]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"max_staleness={staleness} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
@@ -72,8 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every run")
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--warmup", type=int, default=4, help="steps left out of the timing")
-    parser.add_argument("--repeats", type=int, default=2, help="pairs of (s0, s1) runs")
-    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=3, help="pairs of (s0, s1) runs")
+    parser.add_argument("--max-new-tokens", type=int, default=192)
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/async")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()
