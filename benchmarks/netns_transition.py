@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -75,6 +76,10 @@ def inner(args: argparse.Namespace) -> int:
     )
     if int(os.environ["RANK"]) == 0:
         Path(args.inner).write_text(json.dumps(result, default=str))
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()  # a rank that exits with gloo's threads alive may abort
     return 0
 
 
@@ -106,6 +111,7 @@ def outer(args: argparse.Namespace) -> int:
     passthrough += ["--train", args.train, "--gen", args.gen, "--strategies", args.strategies]
     passthrough += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--inner", str(result_path)]
     started = time.perf_counter()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still remove the nodes when killed
     with SimNodes(args.nodes, rate_mbit=args.link_gbit * 1000, burst_kb=args.burst_kb) as nodes:
         procs = []
         for node in nodes:
