@@ -56,7 +56,7 @@ class AsyncTrainer(RLTrainer):
         *args: Any,
         link: AsyncLink,
         send: Callable[[], Any],
-        rollout_ranks: list[int],
+        rollout_ranks: list[int],  # the pool's rank that hands over each engine's samples
         sync_bytes: int,
         rank: int,
         **kwargs: Any,
@@ -251,7 +251,7 @@ def build_async(loaded: LoadedConfig, run_dir: Path, pools: list) -> Any:
             *args,
             link=link,
             send=send,
-            rollout_ranks=list(rollout.ranks),
+            rollout_ranks=list(rollout.ranks)[:: cfg.rollout.pool.tp],  # each engine's collector
             sync_bytes=plan.total_bytes,
             rank=world_rank,
             **kwargs,

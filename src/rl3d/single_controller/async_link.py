@@ -80,7 +80,7 @@ class AsyncLink:
     def get_parts(self, step: int, num_parts: int, pool_ranks: list[int]) -> list[Any]:
         out = []
         for dp in range(num_parts):
-            what = f"step {step}'s samples from rollout pool rank {pool_ranks[dp]}"
+            what = f"step {step}'s samples from the rollout pool (world rank {pool_ranks[dp]})"
             out.append(pickle.loads(self._wait(f"batch/{step}/{dp}", what)))
         return out
 
