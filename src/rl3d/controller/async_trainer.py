@@ -77,6 +77,7 @@ class AsyncTrainer(RLTrainer):
         finally:
             if self.rank == 0:
                 self.link.stop()
+                self.link.wait_acks(self.cfg.rollout.pool.world_size, timeout_s=30.0)
 
     def publish_weights(self, version: int) -> dict[str, float]:
         """Send policy `version` (after `version` updates) to the rollout pool, unless no step
@@ -123,6 +124,7 @@ class RolloutPoolRunner:
     def fit(self) -> list[dict[str, float]]:
         try:
             self._loop()
+            self.link.ack_stop(self.worker.pool_rank)
         except BaseException as err:
             rank = self.worker.pool_rank
             self.link.fail(
@@ -153,9 +155,9 @@ class RolloutPoolRunner:
             info = {"wait_rollout_s": waited, "generate_s": time.perf_counter() - began}
             if slot.collects:
                 link.put_part(step, worker.dp_rank, (slot, part, info))
-            if link.stopped():
+            if worker.stopped():
                 return
-        while not link.stopped():  # the trainer may still send versions before its last step
+        while not worker.stopped():  # the trainer may still send versions before its last step
             if not worker.poll():
                 time.sleep(0.01)
 

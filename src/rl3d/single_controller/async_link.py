@@ -57,6 +57,16 @@ class AsyncLink:
     def stopped(self) -> bool:
         return self._has("stop")
 
+    def ack_stop(self, pool_rank: int) -> None:
+        self.store.set(f"done/{pool_rank}", b"1")
+
+    def wait_acks(self, num_ranks: int, timeout_s: float) -> None:
+        """On training rank 0 (it serves the store): let the rollout ranks see the stop before
+        the store goes away with this process."""
+        deadline = time.monotonic() + timeout_s
+        while not all(self._has(f"done/{r}") for r in range(num_ranks)) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+
     def fail(self, line: str) -> None:
         try:
             self.store.compare_set("failed", "", line)  # the first failure is the cause

@@ -71,13 +71,20 @@ class RolloutWorker:
         self._chunk_versions: list[list[int]] = []
 
     # -- weights -------------------------------------------------------------------------------
-    def _announced(self, version: int) -> bool:
-        ready = self.link.weights_announced(version)
+    def _agreed(self, flag: bool) -> bool:
+        """True on every rank of this engine's TP group once on any: they swap weights at the
+        same step and stop together."""
         if self.tp_group is None:
-            return ready
-        flag = torch.tensor([int(ready)])  # the TP ranks of one engine swap at the same step
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.tp_group)
-        return bool(flag.item())
+            return flag
+        value = torch.tensor([int(flag)])
+        dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.tp_group)
+        return bool(value.item())
+
+    def _announced(self, version: int) -> bool:
+        return self._agreed(self.link.weights_announced(version))
+
+    def stopped(self) -> bool:
+        return self._agreed(self.link.stopped())
 
     def poll(self) -> bool:
         """Receive the next version if the trainer announced it; True if weights changed."""
@@ -98,7 +105,7 @@ class RolloutWorker:
         while self.version < version:
             if self.poll():
                 continue
-            if self.link.stopped():
+            if self.stopped():
                 return False
             if time.monotonic() > deadline:
                 raise AsyncLinkError(
