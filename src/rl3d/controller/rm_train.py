@@ -152,7 +152,9 @@ class RMTrainer:
     def _world_mean(self, values: list[float]) -> list[float]:
         """The mean over DP of values known on each DP rank's collector (every rank gets it)."""
         t = torch.tensor(
-            [*values, 1.0] if self._collects() else [0.0] * (len(values) + 1), dtype=torch.float64
+            [*values, 1.0] if self._collects() else [0.0] * (len(values) + 1),
+            dtype=torch.float64,
+            device=self.groups.device,
         )
         dist.all_reduce(t)
         return (t[:-1] / t[-1]).tolist()
@@ -161,7 +163,9 @@ class RMTrainer:
         """Held-out pairs, split over DP ranks (pairs d, d + dp, ...); sums over the world."""
         dp, d = self.groups.layout.d, self.groups.dp_rank
         rows = [i for p in range(d, len(self.val) // 2, dp) for i in (2 * p, 2 * p + 1)]
-        totals = torch.zeros(4, dtype=torch.float64)  # correct, margin, loss, pairs
+        totals = torch.zeros(
+            4, dtype=torch.float64, device=self.groups.device
+        )  # correct, margin, loss, pairs
         width = 2 * self.cfg.rm.eval_micro_batch_size
         for start in range(0, len(rows), width):  # one forward per chunk (the last may be short)
             chunk = rows[start : start + width]
@@ -176,7 +180,8 @@ class RMTrainer:
                 diff = better - worse
                 loss = -torch.nn.functional.logsigmoid(diff)
                 totals += torch.tensor(
-                    [float((diff > 0).sum()), float(diff.sum()), float(loss.sum()), len(diff)]
+                    [float((diff > 0).sum()), float(diff.sum()), float(loss.sum()), len(diff)],
+                    device=totals.device,
                 )
         dist.all_reduce(totals)
         n = max(float(totals[3]), 1.0)

@@ -12,6 +12,7 @@ Every token records the version of the logits it was sampled from (`policy_versi
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 
@@ -47,10 +48,11 @@ class RolloutWorker:
         self.cfg, self.spec, self.pad_token_id = cfg, spec, pad_token_id
         self.pool_rank, self.bridge, self.plan, self.link = pool_rank, bridge, plan, link
         self.tp_rank, self.dp_rank = pool_rank % pool.tp, pool_rank // pool.tp
-        self.tp_group = None
+        self.tp_group, self.device = None, device
         if pool.tp > 1:  # every rank makes every group (new_group is collective over the pool)
+            timeout = datetime.timedelta(seconds=cfg.launch.timeout_s)
             for dp in range(pool.dp):
-                group = dist.new_group(list(range(dp * pool.tp, (dp + 1) * pool.tp)))
+                group = dist.new_group(list(range(dp * pool.tp, (dp + 1) * pool.tp)), timeout=timeout)
                 if dp == self.dp_rank:
                     self.tp_group = group
         self.engine = build_rollout_engine(
@@ -76,7 +78,7 @@ class RolloutWorker:
         same step and stop together."""
         if self.tp_group is None:
             return flag
-        value = torch.tensor([int(flag)])
+        value = torch.tensor([int(flag)], device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.tp_group)
         return bool(value.item())
 
