@@ -248,7 +248,12 @@ def assemble_trainer(
         from rl3d.controller.validation import Validator
 
         trainer.validation = Validator(
-            cfg, trainer.roles.actor, trainer.score, data.val_prompts, sinks=sinks, run_dir=run_dir,
+            cfg,
+            trainer.roles.actor,
+            trainer.score,
+            data.val_prompts,
+            sinks=sinks,
+            run_dir=run_dir,
             writes=writes,
         )
     return trainer
