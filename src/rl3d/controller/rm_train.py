@@ -29,6 +29,7 @@ import torch.distributed as dist
 from rl3d.config.reward_model import RM_WEIGHTS
 from rl3d.config.rm_job import RMJobConfig
 from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.failures import report_rank_failure
 from rl3d.workers.reward_model import (
     bradley_terry_loss,
     last_token_scores,
@@ -346,27 +347,10 @@ def main(argv: list[str] | None = None) -> int:
             logger.info("held-out: %s", ", ".join(f"{k} {v:.4f}" for k, v in final.items()))
         return 0
     except Exception as err:
-        return _report_failure(err, rank, run_dir / "logs")
+        return report_rank_failure(err, rank, run_dir / "logs")
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _report_failure(err: BaseException, rank: int, log_dir: Path) -> int:
-    """As `rl3d.train.report_rank_failure`: the traceback to the rank's log, one line to stderr
-    and to logs/failed_rank<N>.txt, which the launcher reports."""
-    import traceback
-
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_file = log_dir / f"rank{rank}.log"
-    with open(log_file, "a") as f:
-        f.write(f"rank {rank} failed:\n")
-        traceback.print_exception(err, file=f)
-    first = (str(err).strip().splitlines() or [""])[0]
-    line = f"rank {rank} failed: {type(err).__name__}: {first} (traceback: {log_file})"
-    (log_dir / f"failed_rank{rank}.txt").write_text(line + "\n")
-    print(f"rl3d: {line}", file=sys.stderr)  # noqa: T201
-    return 1
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """torchrun, without its own failure report, and with a bound on how long it outlives a rank.
 
 `python -m rl3d.launch.torchrun ARGS` is `torchrun ARGS`, except when a rank fails: every rank
-already printed its one-line error (`rl3d.train.report_rank_failure`) and `rl3d train` names the
+already printed its one-line error (`rl3d.utils.failures.report_rank_failure`) and `rl3d train` names the
 first, so torchrun's traceback and failure table (the launcher's, not the rank's) are left out;
 the line left names this node and its failed ranks. The exit status is still non-zero.
 

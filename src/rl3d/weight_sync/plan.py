@@ -21,6 +21,7 @@ piece larger than a bucket is a bucket of its own), one send each.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rl3d.models.params import model_params, stages_of
@@ -38,10 +39,7 @@ class Piece:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)

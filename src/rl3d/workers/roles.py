@@ -47,6 +47,24 @@ def _megatron_info(
     )
 
 
+def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int):
+    """The engine's sampling for a step's rollout on one generation-DP rank: the recipe's
+    `rollout` settings and a seed of (trainer seed, step, rank), the same wherever it runs
+    (colocated actor or a separate rollout pool)."""
+    from rl3d.rollout import SamplingParams
+
+    ro = cfg.rollout
+    return SamplingParams(
+        temperature=ro.temperature,
+        top_p=ro.top_p,
+        top_k=ro.top_k,
+        max_new_tokens=ro.max_new_tokens,
+        stop_token_ids=tuple(ro.stop_token_ids),
+        n=ro.n,
+        seed=cfg.trainer.seed * 100003 + step * 1009 + gen_dp_rank,
+    )
+
+
 def _count_unit(mode: str):
     """What a loss aggregation averages over: tokens (token-mean) or sequences."""
     if mode == "token-mean":
@@ -202,19 +220,7 @@ class ActorRolloutWorker(_LogProbMixin):
         collects the rows from generation-TP rank 0).
 
         `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
-        from rl3d.rollout import SamplingParams
-
-        ro = self.cfg.rollout
-        coords = self.gen.coords(self.groups.rank)
-        params = SamplingParams(
-            temperature=ro.temperature,
-            top_p=ro.top_p,
-            top_k=ro.top_k,
-            max_new_tokens=ro.max_new_tokens,
-            stop_token_ids=tuple(ro.stop_token_ids),
-            n=ro.n,
-            seed=self.cfg.trainer.seed * 100003 + step * 1009 + coords.dp_g,
-        )
+        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.gen.coords(self.groups.rank).dp_g)
         if greedy:
             params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
         if not len(prompts):

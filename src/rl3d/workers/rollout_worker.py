@@ -128,21 +128,11 @@ class RolloutWorker:
     def generate(self, prompts: DataBatch, *, step: int) -> DataBatch | None:
         """This rank's share of a step's prompts, like `ActorRolloutWorker.generate_sequences`
         (same seeds, same rows), plus `policy_version` per token."""
-        from rl3d.rollout import SamplingParams
-        from rl3d.workers.roles import ActorRolloutWorker
+        from rl3d.workers.roles import ActorRolloutWorker, rollout_sampling
 
         if not len(prompts):
             return None
-        ro = self.cfg.rollout
-        params = SamplingParams(
-            temperature=ro.temperature,
-            top_p=ro.top_p,
-            top_k=ro.top_k,
-            max_new_tokens=ro.max_new_tokens,
-            stop_token_ids=tuple(ro.stop_token_ids),
-            n=ro.n,
-            seed=self.cfg.trainer.seed * 100003 + step * 1009 + self.dp_rank,
-        )
+        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.dp_rank)
         self._chunk_versions = []
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
         logps = out.token_logprobs(raw=out.raw_logprobs is not None)

@@ -10,31 +10,20 @@ balanced where contiguous chunks are not.
 import json
 
 import pytest
+import test_packing_dist as packing_cases  # its batch maker (same directory)
 import torch
 
 from rl3d.testing.spawn import run_distributed
 
 pytestmark = pytest.mark.distributed
 
-B, P, R, MINI, MICRO = 8, 6, 10, 4, 2
+MINI, MICRO = 4, 2
+RESP_LEN = (10, 1, 9, 2, 1, 10, 2, 8)  # long ones bunch at the front of each half
 TOL = 1e-6
 
 
 def make_batch(vocab):
-    gen = torch.Generator().manual_seed(7)
-    prompt_len = torch.randint(2, P + 1, (B,), generator=gen)
-    resp_len = torch.tensor([10, 1, 9, 2, 1, 10, 2, 8])  # long ones bunch at the front of each half
-    prompt_mask = torch.arange(P) >= P - prompt_len[:, None]
-    resp_mask = torch.arange(R) < resp_len[:, None]
-    prompt = torch.randint(16, vocab, (B, P), generator=gen).masked_fill(~prompt_mask, 0)
-    resp = torch.randint(16, vocab, (B, R), generator=gen).masked_fill(~resp_mask, 0)
-    return {
-        "input_ids": torch.cat([prompt, resp], 1),
-        "attention_mask": torch.cat([prompt_mask, resp_mask], 1).long(),
-        "responses": resp,
-        "response_mask": resp_mask.long(),
-        "advantages": torch.randn(B, R, generator=gen) * resp_mask,
-    }
+    return packing_cases.make_batch(vocab, resp_len=RESP_LEN, seed=7)
 
 
 def worker(rank, world, hf_dir):

@@ -24,11 +24,11 @@ B, P, R, MICRO, BUDGET = 8, 6, 10, 2, 20
 TOL = 1e-6
 
 
-def make_batch(vocab):
+def make_batch(vocab, *, resp_len=(10, 1, 2, 7, 1, 3, 9, 2), seed=21):
     """Left-padded prompts, right-padded responses of skewed lengths, advantages."""
-    gen = torch.Generator().manual_seed(21)
+    gen = torch.Generator().manual_seed(seed)
     prompt_len = torch.randint(2, P + 1, (B,), generator=gen)
-    resp_len = torch.tensor([10, 1, 2, 7, 1, 3, 9, 2])
+    resp_len = torch.tensor(resp_len)
     prompt_mask = torch.arange(P) >= P - prompt_len[:, None]
     resp_mask = torch.arange(R) < resp_len[:, None]
     prompt = torch.randint(16, vocab, (B, P), generator=gen).masked_fill(~prompt_mask, 0)
