@@ -128,7 +128,7 @@ class MegatronRole:
         self, batch: DataBatch, micro_batch_size: int
     ) -> tuple[list[DataBatch], list[int] | None]:
         """Micro-batches on this rank's device (the controller's batches live on the host), and
-        the sample order they hold when a token budget regrouped the samples (else None)."""
+        the sample order they hold when packing regrouped the samples by tokens (else None)."""
         order = None
         if self.packing:
             lengths = batch["attention_mask"].sum(1).tolist()
@@ -191,7 +191,7 @@ class MegatronRole:
     def run_forward(self, batch: DataBatch, micro_batch_size: int, extract) -> list[dict] | None:
         """Forward-only over micro-batches; `extract(output, micro) -> (loss, dict)` runs on the
         last pipeline stage, where the list of dicts comes back (None on other stages). When a
-        token budget regrouped the samples, one dict comes back with every (per-sample) value in
+        packing regrouped the samples, one dict comes back with every (per-sample) value in
         the batch's order."""
         from rl3d.models.training import forward_backward
 
