@@ -190,7 +190,7 @@ class MegatronRole:
 
     def run_forward(self, batch: DataBatch, micro_batch_size: int, extract) -> list[dict] | None:
         """Forward-only over micro-batches; `extract(output, micro) -> (loss, dict)` runs on the
-        last pipeline stage, where the list of dicts comes back (None on other stages). When a
+        last pipeline stage, where the list of dicts comes back (None on other stages). When
         packing regrouped the samples, one dict comes back with every (per-sample) value in
         the batch's order."""
         from rl3d.models.training import forward_backward
