@@ -137,6 +137,8 @@ def packed_micro_batches(
     if budget is not None:
         return token_budget_groups(lengths, budget, key=key)
     n = len(lengths)
+    if n == 0:
+        return []
     count = -(-n // micro_batch_size)
     if n % count:  # micro-batches of unequal size: keep the batch's order
         return [list(range(i, min(i + micro_batch_size, n))) for i in range(0, n, micro_batch_size)]

@@ -125,3 +125,7 @@ def test_packed_metric_rows_are_weighted_by_their_tokens():
     rows = [{"loss": 1.0, METRIC_WEIGHT: 30.0}, {"loss": 4.0, METRIC_WEIGHT: 10.0}, {"grad_norm": 2.0}]
     assert _mean_metrics(rows) == {"loss": (30 + 40) / 40, "grad_norm": 2.0}
     assert _mean_metrics([{"loss": 1.0}, {"loss": 4.0}]) == {"loss": 2.5}
+
+
+def test_no_micro_batches_for_no_samples():
+    assert packed_micro_batches([], micro_batch_size=4, budget=None, key="k") == []
