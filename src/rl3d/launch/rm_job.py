@@ -3,15 +3,7 @@ with torchrun on `rl3d.controller.rm_train` (the job itself)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-
-
-def torchrun_command(recipe: str, overrides: list[str], nproc_per_node: int) -> list[str]:
-    return [
-        sys.executable, "-m", "rl3d.launch.torchrun", "--standalone",
-        f"--nproc-per-node={nproc_per_node}", "-m", "rl3d.controller.rm_train", recipe, *overrides,
-    ]  # fmt: skip
 
 
 def describe(loaded) -> str:
@@ -40,6 +32,7 @@ def launch_rm(loaded, overrides: list[str], *, emit, dry_run: bool = False, over
     import subprocess
 
     from rl3d.config import ConfigError, run_dir_of
+    from rl3d.launch.train import first_rank_failure, torchrun_command
 
     cfg = loaded.config
     for i, f in enumerate([*cfg.data.train_files, *cfg.data.val_files]):
@@ -56,13 +49,13 @@ def launch_rm(loaded, overrides: list[str], *, emit, dry_run: bool = False, over
             )
         shutil.rmtree(run_dir)
     emit(describe(loaded))
-    command = torchrun_command(loaded.recipe, overrides, cfg.launch.nproc_per_node)
+    command = torchrun_command(
+        loaded.recipe, overrides, cfg.launch.nproc_per_node, module="rl3d.controller.rm_train"
+    )
     emit("command      " + shlex.join(command))
     if dry_run:
         return 0
     code = subprocess.call(command)
     if code:
-        from rl3d.launch.train import first_rank_failure
-
         emit("rl3d: run failed: " + first_rank_failure(run_dir / "logs", code))
     return code

@@ -19,10 +19,13 @@ logger = logging.getLogger(__name__)
 PREFLIGHT_DONE_ENV = "RL3D_PREFLIGHT_DONE"
 
 
-def torchrun_command(recipe: str, overrides: list[str], nproc_per_node: int) -> list[str]:
+def torchrun_command(
+    recipe: str, overrides: list[str], nproc_per_node: int, *, module: str = "rl3d.train"
+) -> list[str]:
+    """One node's ranks under rl3d's torchrun wrapper, each running `module` on the recipe."""
     return [
         sys.executable, "-m", "rl3d.launch.torchrun", "--standalone",
-        f"--nproc-per-node={nproc_per_node}", "-m", "rl3d.train", recipe, *overrides,
+        f"--nproc-per-node={nproc_per_node}", "-m", module, recipe, *overrides,
     ]  # fmt: skip
 
 
