@@ -78,7 +78,7 @@ def worker(rank, world, hf_dir):
     outs = actor.run_forward(batch, MICRO, lambda o, m: (torch.zeros(()), {"logp": logp_of(o, m)}))
     logp = DataBatch({"logp": torch.cat([o["logp"] for o in outs])})
     before = {k: v.detach().clone() for k, v in actor.unwrapped().named_parameters()}
-    actor.train_minibatches(
+    rows = actor.train_minibatches(
         batch,
         mini_batch_size=MINI,
         micro_batch_size=MICRO,
@@ -89,7 +89,8 @@ def worker(rank, world, hf_dir):
     params = {k: v.detach().clone() for k, v in actor.unwrapped().named_parameters()}
     moved = max((params[k] - v).abs().max().item() for k, v in before.items())
     destroy_megatron()
-    return {"slot": slot, "logp": logp, "params": params, "moved": moved, "loads": loads}
+    perf = [r for r in rows if "perf/pad_fraction" in r]  # one per mini-batch
+    return {"slot": slot, "logp": logp, "params": params, "moved": moved, "loads": loads, "perf": perf}
 
 
 @pytest.fixture(scope="module")
@@ -116,5 +117,11 @@ def test_token_balanced_dp2_equals_dp1(hf_dir):
     balanced = [r["loads"][MINI] for r in two]
     print(f"logp {logp_diff:.1e}, params {param_diff:.1e}, tokens per rank {contiguous} -> {balanced}")  # noqa: T201
     assert one["moved"] > 1e-4  # two real optimizer steps
+    # per-step perf metrics: packed rows hold no pad slot; at DP=1 each mini-batch of 4 runs
+    # as 2 packed micro-batches, so a micro-batch carries half the mini-batch's real tokens
+    mask = full["attention_mask"]
+    expected = [float(mask[k * MINI : (k + 1) * MINI].sum()) / (MINI // MICRO) for k in range(2)]
+    assert [r["perf/tokens_per_micro_batch"] for r in one["perf"]] == expected
+    assert all(r["perf/pad_fraction"] == 0.0 for res in (one, *two) for r in res["perf"])
     assert logp_diff <= TOL and param_diff <= TOL and rank_diff == 0.0
     assert max(balanced) - min(balanced) < max(contiguous) - min(contiguous)
