@@ -1,16 +1,25 @@
-"""The measured transition benchmark on simulated nodes joined by a shaped link (issue 27).
+"""The measured transition benchmark on simulated nodes joined by a shaped link, next to the
+cost model's prediction for the same rank -> node map and link (issue 27).
 
-    python benchmarks/netns_transition.py --nodes 2 --link-gbit 0.1 --train 1,2,1 --gen 1,1 \
-        --strategies hybridflow,hybridflow_v --model llama2-7b-shape-1/64
+    python benchmarks/netns_transition.py --nodes 2 --link-gbit 0.1 --placement spread \
+        --strategies hybridflow,hybridflow_v,ds_chat,openrlhf --model llama2-7b-shape-1/64
 
-Needs root (network namespaces, `rl3d.testing.netns`). Each of K simulated nodes gets one
-torchrun (static rendezvous, `--node-rank i`, so global ranks i*W/K .. (i+1)*W/K-1 sit on node i)
-running `rl3d.bench.measured.run_measured` with that grouping as its nodes; every node's egress is
+Needs root (network namespaces, `rl3d.testing.netns`). Every rank is one process started in
+its simulated node's namespace (env:// rendezvous at node 0): `--placement contiguous` puts
+ranks i*W/K .. (i+1)*W/K-1 on node i (torchrun's order: with openrlhf in the run, the training
+ranks fill the first nodes and the rollout ranks the last ones), `spread` puts rank r on node
+r % K (training ranks and rollout ranks both spread over the nodes). Every node's egress is
 shaped to `--link-gbit` with tbf, so bytes between nodes cross a real link of that rate and
-bytes inside a node stay on its loopback. Printed per strategy: the median seconds, the bytes
-the busiest node sent over its link, and the time that many bytes take at the link's rate
-(the link-bound model), with the ratio measured / link-bound. Results go to --out as JSON, CSV
-and a markdown table.
+bytes inside a node stay on its loopback.
+
+Per strategy: the measured median seconds (`rl3d.bench.measured`), the modelled seconds
+(`rl3d.bench.link_model`: the executor's calls, gloo's algorithms, on this rank -> node map,
+rollout ranks included, at the nominal link rate, with the per-call latency measured in the
+same run by `rl3d.bench.link_probe`), their ratio, and the bytes the busiest node sent over its
+link: counted by the executor, planned, and on the wire (gloo's algorithms: modelled; the
+interface's counter: measured, TCP/IP headers included). The same run measures what a single
+stream and a two-way exchange get from the link. Results go to --out: result.json,
+transition.csv, transition.md, transition.png.
 """
 
 from __future__ import annotations
@@ -38,32 +47,38 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=2, metavar="K")
     parser.add_argument("--link-gbit", type=float, required=True, metavar="R", help="inter-node rate")
     parser.add_argument("--burst-kb", type=float, default=64.0)
+    parser.add_argument("--placement", choices=("contiguous", "spread"), default="spread")
     parser.add_argument("--model", default="llama2-7b-shape-1/64")
     parser.add_argument("--train", default="1,2,1", help="P,T,D")
     parser.add_argument("--gen", default="1,1", help="TG,PG")
-    parser.add_argument("--strategies", default="hybridflow,hybridflow_v")
+    parser.add_argument("--strategies", default="hybridflow,hybridflow_v,ds_chat,openrlhf")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--bucket-mb", type=float, default=64.0)
     parser.add_argument("--out", default=str(ROOT / "results/netns_transition"))
-    parser.add_argument("--inner", default=None, help=argparse.SUPPRESS)  # a rank's JSON output path
+    parser.add_argument("--inner", default=None, help=argparse.SUPPRESS)  # rank 0's JSON output path
     return parser.parse_args(argv)
 
 
-def node_ranks(world: int, nodes: int, train_world: int) -> list[list[int]]:
-    """The training ranks on each node under torchrun's contiguous assignment."""
-    per_node = world // nodes
-    groups = [[r for r in range(i * per_node, (i + 1) * per_node) if r < train_world] for i in range(nodes)]
-    return [g for g in groups if g]
+def placement(world: int, nodes: int, how: str) -> list[list[int]]:
+    """Every rank's node: contiguous (torchrun's --node-rank order) or spread (r % K)."""
+    if how == "contiguous":
+        per_node = world // nodes
+        return [list(range(i * per_node, (i + 1) * per_node)) for i in range(nodes)]
+    return [list(range(i, world, nodes)) for i in range(nodes)]
 
 
 def inner(args: argparse.Namespace) -> int:
-    """One rank, under torchrun on its simulated node."""
+    """One rank, on its simulated node."""
+    import torch.distributed as dist
+
+    from rl3d.bench.link_probe import calibrate_link
     from rl3d.bench.measured import run_measured
+    from rl3d.hybrid_engine.nodes import NodeMap
 
     strategies = tuple(args.strategies.split(","))
     layout, (t_g, p_g) = _ints(args.train), _ints(args.gen)
-    world = int(os.environ["WORLD_SIZE"])
-    nodes = node_ranks(world, args.nodes, layout[0] * layout[1] * layout[2])
+    nodes = placement(int(os.environ["WORLD_SIZE"]), args.nodes, args.placement)
     result = run_measured(
         args.model,
         layout,
@@ -72,12 +87,12 @@ def inner(args: argparse.Namespace) -> int:
         strategies=strategies,
         repeats=args.repeats,
         warmup=args.warmup,
+        bucket_mb=args.bucket_mb,
         nodes=nodes,
     )
+    result["calibration"] = calibrate_link(NodeMap.of(nodes))
     if int(os.environ["RANK"]) == 0:
         Path(args.inner).write_text(json.dumps(result, default=str))
-    import torch.distributed as dist
-
     dist.barrier()
     dist.destroy_process_group()  # a rank that exits with gloo's threads alive may abort
     return 0
@@ -106,77 +121,141 @@ def outer(args: argparse.Namespace) -> int:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT / "src"), os.environ.get("PYTHONPATH")])),
+        "WORLD_SIZE": str(world),
+        "MASTER_PORT": str(PORT),
+        "RL3D_BENCH_LINK_IFACE": "eth0",
+        "OMP_NUM_THREADS": "1",
     }
-    passthrough = ["--link-gbit", str(args.link_gbit), "--nodes", str(args.nodes), "--model", args.model]
-    passthrough += ["--train", args.train, "--gen", args.gen, "--strategies", args.strategies]
-    passthrough += ["--repeats", str(args.repeats), "--warmup", str(args.warmup), "--inner", str(result_path)]
+    keep = ["--link-gbit", "--nodes", "--placement", "--model", "--train", "--gen", "--strategies"]
+    keep += ["--repeats", "--warmup", "--bucket-mb"]
+    passthrough = [x for k in keep for x in (k, str(getattr(args, k[2:].replace("-", "_"))))]
+    passthrough += ["--inner", str(result_path)]
+    ranks_on = placement(world, args.nodes, args.placement)
     started = time.perf_counter()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still remove the nodes when killed
     with SimNodes(args.nodes, rate_mbit=args.link_gbit * 1000, burst_kb=args.burst_kb) as nodes:
         procs = []
-        for node in nodes:
-            cmd = [
-                sys.executable, "-m", "torch.distributed.run", f"--nnodes={args.nodes}",
-                f"--nproc-per-node={world // args.nodes}", f"--node-rank={node.index}",
-                f"--master-addr={nodes[0].hostname}", f"--master-port={PORT}", __file__, *passthrough,
-            ]  # fmt: skip
-            log = open(out / f"node{node.index}.log", "w")
-            procs.append(node.popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT))
-            print(f"node{node.index}: {world // args.nodes} rank(s), log {log.name}", flush=True)  # noqa: T201
+        for node, ranks in zip(nodes, ranks_on):
+            for local, rank in enumerate(ranks):
+                rank_env = env | {"RANK": str(rank), "LOCAL_RANK": str(local)}
+                rank_env |= {"LOCAL_WORLD_SIZE": str(len(ranks)), "MASTER_ADDR": nodes[0].hostname}
+                log = open(out / f"rank{rank}.log", "w")
+                cmd = [sys.executable, __file__, *passthrough]
+                procs.append(node.popen(cmd, env=rank_env, stdout=log, stderr=subprocess.STDOUT))
+            print(f"node{node.index}: ranks {ranks}", flush=True)  # noqa: T201
         codes = [p.wait() for p in procs]
         sent = [nodes.link_bytes(i)[0] for i in range(args.nodes)]
     if any(codes) or not result_path.exists():
-        print(f"netns_transition: ranks failed ({codes}); see {out}/node*.log", file=sys.stderr)  # noqa: T201
+        print(f"netns_transition: ranks failed ({codes}); see {out}/rank*.log", file=sys.stderr)  # noqa: T201
         return 1
     result = json.loads(result_path.read_text())
-    rows = table_rows(result, args.link_gbit)
-    write_outputs(rows, args, out, time.perf_counter() - started, sent)
+    rows = table_rows(result, args)
+    write_outputs(rows, result, args, out, time.perf_counter() - started, sent)
     return 0
 
 
-def table_rows(result: dict, link_gbit: float) -> list[dict]:
+def table_rows(result: dict, args) -> list[dict]:
+    """Measured next to modelled, per strategy, for the run's rank -> node map and link."""
+    import rl3d.bench  # noqa: F401  registers the baselines
+    from rl3d.bench.link_model import LinkSetup, model_strategy
+    from rl3d.bench.measured import _training_nodes
+    from rl3d.hybrid_engine.nodes import NodeMap
+    from rl3d.hybrid_engine.plan import plan_transition
+    from rl3d.models.spec import get_model_spec
+    from rl3d.parallel import ParallelLayout
+
+    layout, (t_g, p_g) = _ints(args.train), _ints(args.gen)
+    train = ParallelLayout(*layout)
+    nodes = NodeMap.of(result["nodes"])
+    plan = plan_transition(
+        get_model_spec(args.model),
+        train,
+        t_g,
+        p_g,
+        dtype="float32",
+        strategies=tuple(result["strategies"]),
+        nodes=_training_nodes(nodes, train.world_size),
+    )
+    cal = result["calibration"]
+    setup = LinkSetup(nodes, args.link_gbit, local_gbit=cal["local_gbit"] or 20.0, alpha_s=cal["alpha_s"])
     rows = []
     for name, s in result["strategies"].items():
-        links = s.get("links") or {}
-        busiest = max(list(links.get("inter_out", {}).values()) + [0]) if links else None
-        bound = busiest * 8 / (link_gbit * 1e9) if busiest else None
+        model = model_strategy(plan, name, setup, bucket_mb=args.bucket_mb)
+        counted = max((s.get("links") or {}).get("inter_out", {}).values(), default=None)
         rows.append(
             {
                 "strategy": name,
-                "seconds": s["seconds"],
-                "raw_seconds": s["raw_seconds"],
-                "bytes_max": s["bytes_max"],
-                "node_out_bytes_max": busiest,
-                "link_bound_seconds": bound,
-                "measured_over_link_bound": s["seconds"] / bound if bound else None,
+                "measured_s": s["seconds"],
+                "modeled_s": model["seconds"],
+                "measured_over_modeled": s["seconds"] / model["seconds"] if model["seconds"] else None,
+                "modeled_latency_s": model["latency_seconds"],
+                "calls_measured": s["calls_max"],
+                "calls_modeled": model["calls_max"],
+                "node_out_counted": counted,
+                "node_out_planned": model["planned_node_out_max"],
                 "links_match_plan": s.get("links_match"),
+                "wire_out_modeled": model["wire_sent_max"],
+                "wire_out_measured": max(s["wire_sent"]) if "wire_sent" in s else None,
             }
         )
     return rows
 
 
-def write_outputs(rows: list[dict], args, out: Path, wall_s: float, sent: list[int]) -> None:
-    head = f"{args.nodes} nodes, link {args.link_gbit:g} Gbit/s (tbf), {args.model}"
-    head += f", train {args.train}, gen {args.gen}"
-    lines = [
-        f"# {head}",
-        "",
-        "| strategy | measured s | busiest node sent (B) | link-bound s | measured / link-bound |",
-    ]
-    lines.append("|---|---|---|---|---|")
+def write_outputs(rows: list[dict], result: dict, args, out: Path, wall_s: float, sent: list[int]) -> None:
+    cal = result["calibration"]
+    head = f"{args.nodes} nodes ({args.placement}: {result['nodes']}), link {args.link_gbit:g} Gbit/s (tbf)"
+    head += f", {args.model}, train {args.train}, gen {args.gen}, median of {args.repeats}"
+    cols = "| strategy | measured s | modelled s | measured / modelled | modelled latency s | calls"
+    cols += " (measured / modelled) | busiest node sent: counted / planned"
+    cols += " | on the wire: modelled / measured |"
+    lines = [f"# {head}", "", cols, "|---|---|---|---|---|---|---|---|"]
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
     for r in rows:
-        cells = [r["strategy"], fmt(r["seconds"], ".4f"), fmt(r["node_out_bytes_max"], "d")]
-        cells += [fmt(r["link_bound_seconds"], ".4f"), fmt(r["measured_over_link_bound"], ".2f")]
+        cells = [r["strategy"], fmt(r["measured_s"], ".3f"), fmt(r["modeled_s"], ".3f")]
+        cells += [fmt(r["measured_over_modeled"], ".2f"), fmt(r["modeled_latency_s"], ".3f")]
+        cells += [f"{r['calls_measured']} / {r['calls_modeled']}"]
+        cells += [f"{fmt(r['node_out_counted'], 'd')} / {r['node_out_planned']}"]
+        cells += [f"{r['wire_out_modeled']} / {fmt(r['wire_out_measured'], 'd')}"]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"bytes each node sent over its link in the whole run: {sent}; wall {wall_s:.0f} s"]
+    local = "n/a" if cal["local_gbit"] is None else f"{cal['local_gbit']:.2f}"
+    lines += [
+        "",
+        f"link measured in the same run ({cal['bytes']} B): one stream {cal['stream_gbit']:.3f} Gbit/s, "
+        f"two-way exchange {cal['duplex_gbit']:.3f} Gbit/s per direction, per-call latency "
+        f"{cal['alpha_s'] * 1e3:.2f} ms, inside a node {local} Gbit/s",
+        f"bytes each node sent over its link in the whole run: {sent}; wall {wall_s:.0f} s",
+    ]
     text = "\n".join(lines)
     (out / "transition.md").write_text(text + "\n")
     with open(out / "transition.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
+    plot(rows, head, out / "transition.png")
     print(text)  # noqa: T201
+
+
+def plot(rows: list[dict], title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["strategy"] for r in rows]
+    xs = range(len(rows))
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    ax.bar([x - 0.2 for x in xs], [r["measured_s"] for r in rows], 0.4, label="measured")
+    ax.bar([x + 0.2 for x in xs], [r["modeled_s"] for r in rows], 0.4, label="modelled")
+    for x, r in zip(xs, rows):
+        if r["measured_over_modeled"]:
+            ax.annotate(f"{r['measured_over_modeled']:.2f}x", (x, r["measured_s"]), ha="center", va="bottom")
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("transition seconds")
+    ax.set_title(title, fontsize=7)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -67,17 +68,54 @@ def _fit_samples(device, dtype, world: int) -> list[tuple[int, int, float]]:
 
 
 def _links(engine, plan, strategy: str, nodes) -> dict:
-    """Bytes counted on each link (every rank's bytes per sender, gathered) next to the planned."""
+    """Bytes counted on each link (every rank's bytes per sender, gathered) next to the planned.
+    Empty when a rank that moved bytes (a rollout rank) is on none of `nodes`."""
     from rl3d.hybrid_engine.nodes import link_bytes
 
     everyone: list = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, engine.last_stats.recv_from)
     counted = {(src, dst): b for dst, got in enumerate(everyone) for src, b in (got or {}).items()}
-    train_world = plan.train.world_size
-    if any(max(pair) >= train_world for pair in counted):
-        return {}  # rollout ranks sit on no node of the training layout
+    if not nodes.covers({r for pair in counted for r in pair}):
+        return {}
     got, planned = link_bytes(counted, nodes), plan.link_bytes(strategy, nodes)
     return {"links": got.to_json(), "planned_links": planned.to_json(), "links_match": got == planned}
+
+
+def _tx_bytes(iface: str) -> int:
+    """Bytes `iface` has sent, in this process's network namespace (/proc/self/net/dev is per
+    namespace; /sys/class/net is the one sysfs was mounted in)."""
+    for line in Path("/proc/self/net/dev").read_text().splitlines()[2:]:
+        name, _, fields = line.partition(":")
+        if name.strip() == iface:
+            return int(fields.split()[8])
+    raise ValueError(f"no network interface {iface!r} in /proc/self/net/dev")
+
+
+def _wire_sent(nodes, device) -> list[int] | None:
+    """Bytes each node's network interface has sent so far (`RL3D_BENCH_LINK_IFACE`, read by
+    each node's first rank: simulated nodes each have their own), or None when not set."""
+    iface = os.environ.get("RL3D_BENCH_LINK_IFACE")
+    if not iface or nodes is None:
+        return None
+    me = dist.get_rank()
+    mine = 0
+    if any(n[0] == me for n in nodes.nodes):
+        mine = _tx_bytes(iface)
+    sent = torch.zeros(nodes.num_nodes, dtype=torch.int64, device=device)
+    for k, members in enumerate(nodes.nodes):
+        if members[0] == me:
+            sent[k] = mine
+    dist.all_reduce(sent)
+    return [int(v) for v in sent.tolist()]
+
+
+def _training_nodes(nodes, train_world: int):
+    """The training ranks of each node (nodes holding only rollout ranks dropped): what the
+    planner and the executor route by."""
+    from rl3d.hybrid_engine.nodes import NodeMap
+
+    kept = [[r for r in members if r < train_world] for members in nodes.nodes]
+    return NodeMap.of([m for m in kept if m])
 
 
 def measured_worker(
@@ -98,10 +136,11 @@ def measured_worker(
 ):
     """Runs on every rank (spawned, or under torchrun); returns rank 0's results.
 
-    `nodes` (lists of ranks) groups the training ranks into nodes: hierarchical strategies
-    route by them, and every strategy reports the bytes counted on each link next to the
-    planned. `overlap_step_s` adds the measured overlap of hybridflow with a simulated optimizer
-    step of that many seconds (`rl3d.bench.overlap`)."""
+    `nodes` (lists of ranks) groups the ranks into nodes: every training rank, and the rollout
+    ranks too where they are placed (then openrlhf's links are counted as well); hierarchical
+    strategies route by the training ranks' grouping, and every strategy reports the bytes
+    counted on each link next to the planned. `overlap_step_s` adds the measured overlap of
+    hybridflow with a simulated optimizer step of that many seconds (`rl3d.bench.overlap`)."""
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.nodes import NodeMap
     from rl3d.hybrid_engine.params import model_params, stages_of
@@ -135,13 +174,14 @@ def measured_worker(
         else {}
     )
     node_map = NodeMap.of(nodes) if nodes is not None else None
+    train_map = _training_nodes(node_map, n) if node_map is not None else None
     plan = plan_transition(
-        spec, train, t_g, p_g, dtype=dtype_name, strategies=tuple(strategies), nodes=node_map
+        spec, train, t_g, p_g, dtype=dtype_name, strategies=tuple(strategies), nodes=train_map
     )
     results = {}
     for strategy in strategies:
         engine = Resharder(
-            spec, groups, strategy=strategy, bucket_mb=bucket_mb, dtype=dtype, device=device, nodes=node_map
+            spec, groups, strategy=strategy, bucket_mb=bucket_mb, dtype=dtype, device=device, nodes=train_map
         )
         kwargs = {"zero_shards": zero} if get_strategy(strategy).needs_zero_shards else {}
 
@@ -151,7 +191,9 @@ def measured_worker(
                 weights.release()
 
         cpu: list[float] = []
+        wire_before = _wire_sent(node_map, device)
         times = [_timed(once, device, cpu) for _ in range(warmup + repeats)][warmup:]
+        wire_after = _wire_sent(node_map, device)
         recv = torch.tensor([engine.last_stats.recv_bytes], dtype=torch.int64, device=device)
         dist.all_reduce(recv, op=dist.ReduceOp.MAX)
         links = _links(engine, plan, strategy, node_map) if node_map is not None else {}
@@ -169,7 +211,7 @@ def measured_worker(
                 verify=True,
                 dtype=dtype,
                 device=device,
-                nodes=node_map,
+                nodes=train_map,
             )
             checker.to_generation(shards, **kwargs)  # raises ReshardError on any mismatch
             verified = True
@@ -185,6 +227,9 @@ def measured_worker(
             "calls_max": int(calls.item()),
             **links,
         }
+        if wire_before is not None:  # per transition, barriers and timing reductions included
+            runs = warmup + repeats
+            results[strategy]["wire_sent"] = [(b - a) // runs for a, b in zip(wire_before, wire_after)]
     fit = _fit_samples(device, dtype, dist.get_world_size())
     out = {"strategies": results, "fit_samples": fit, "device": str(device), "world": dist.get_world_size()}
     if node_map is not None:

@@ -1,0 +1,70 @@
+"""What the inter-node link really gives gloo, measured in the benchmark's own run (issue 27).
+
+`calibrate_link` runs on every rank after the strategies (collective: every rank calls it) and
+times, between the first rank of node 0 and the first rank of node 1:
+- `alpha_s`: one tiny all-gather of the pair (one ring step across the link), the per-call
+  latency `rl3d.bench.link_model` charges per step;
+- `stream_gbit`: one send of `nbytes` one way (a single TCP stream over the link);
+- `duplex_gbit`: an all-gather of `nbytes` per rank (both directions at once, as a ring does);
+- `local_gbit`: one send of 4 x `nbytes` between the first two ranks of node 0, where node 0
+  has two (None otherwise).
+The model predicts at the link's nominal rate; these say how far gloo's traffic gets from it.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+import torch.distributed as dist
+
+from rl3d.hybrid_engine.nodes import NodeMap
+
+TINY_CALLS = 20
+
+
+def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3) -> dict:
+    from rl3d.bench.measured import _timed
+
+    device = torch.device("cpu")
+    me = dist.get_rank()
+    a, b = nodes.nodes[0][0], nodes.nodes[1][0]
+    pair = dist.new_group([a, b])
+    numel = nbytes // 4
+    buf = torch.zeros(numel)
+    tiny = torch.zeros(1)
+
+    def median(fn) -> float:
+        fn()  # warm-up (connections, allocations)
+        return statistics.median(_timed(fn, device) for _ in range(repeats))
+
+    def latency():
+        if me in (a, b):
+            outs = [torch.empty(1), torch.empty(1)]
+            for _ in range(TINY_CALLS):
+                dist.all_gather(outs, tiny, group=pair)
+
+    def stream(src=a, dst=b, tensor=buf):
+        if me == src:
+            dist.send(tensor, dst=dst)
+        elif me == dst:
+            dist.recv(tensor, src=src)
+
+    def duplex():
+        if me in (a, b):
+            dist.all_gather([torch.empty(numel), torch.empty(numel)], buf, group=pair)
+
+    gbit = lambda seconds, size=nbytes: size * 8 / seconds / 1e9  # noqa: E731
+    out = {
+        "bytes": nbytes,
+        "alpha_s": median(latency) / TINY_CALLS,
+        "stream_gbit": gbit(median(stream)),
+        "duplex_gbit": gbit(median(duplex)),
+        "local_gbit": None,
+    }
+    if len(nodes.nodes[0]) > 1:
+        big = torch.zeros(4 * numel)
+        mate = nodes.nodes[0][1]
+        out["local_gbit"] = gbit(median(lambda: stream(a, mate, big)), 4 * nbytes)
+    dist.destroy_process_group(pair)
+    return out
