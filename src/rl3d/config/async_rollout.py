@@ -82,8 +82,6 @@ def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) 
         return
     if ro.engine != "torch":
         raise fail("rollout.engine", f"placement: separate runs the torch engine, got {ro.engine!r}")
-    if cfg.launch.backend != "spmd":
-        raise fail("launch.backend", "rollout.placement: separate runs under spmd (torchrun) so far")
     if al.dynamic_sampling or al.adv_estimator == "remax":
         key = "algorithm.dynamic_sampling" if al.dynamic_sampling else "algorithm.adv_estimator"
         raise fail(key, "needs extra rollout rounds in a step, which placement: separate does not run")

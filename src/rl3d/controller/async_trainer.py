@@ -170,8 +170,7 @@ def build_async(loaded: LoadedConfig, run_dir: Path, pools: list) -> Any:
     from rl3d.controller.rank import build_rank_workers
     from rl3d.models.bootstrap import init_megatron
     from rl3d.single_controller.spmd_pools import ControllerChannel, split_world
-    from rl3d.weight_sync import WeightBridge, plan_weight_sync, send_weights
-    from rl3d.workers.rollout_worker import DTYPES
+    from rl3d.weight_sync import WeightBridge, send_weights
 
     cfg = loaded.config
     pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.launch.timeout_s)
@@ -180,46 +179,23 @@ def build_async(loaded: LoadedConfig, run_dir: Path, pools: list) -> Any:
     assert rollout.name == ROLLOUT_POOL, pools
     ro = cfg.rollout.async_
     data = build_data(cfg)
-    dtype = DTYPES[cfg.model.dtype]
-    plan = plan_weight_sync(
-        data.spec,
-        actor.layout,
-        gen_tp=cfg.rollout.pool.tp,
-        gen_dp=cfg.rollout.pool.dp,
-        bytes_per_element=dtype.itemsize,
-        bucket_bytes=int(ro.bucket_mb * 2**20),
-    )
+    plan = sync_plan(cfg, data.spec, actor)
     device = _device(cfg)
-    bridge = None
-    if pool.name in (ACTOR, ROLLOUT_POOL):
+    if pool.name == ROLLOUT_POOL:
         local = world_rank - pool.offset
+        return rollout_runner(
+            cfg, data, plan, store, pool=pool, local=local, num_train=actor.size, device=device
+        )
+    bridge = None
+    if pool.name == ACTOR:
         bridge = WeightBridge(
             store,
-            rank=local if pool.name == ACTOR else actor.size + local,
+            rank=world_rank - pool.offset,
             num_train=actor.size,
             num_rollout=rollout.size,
             device=device,
             timeout_s=ro.timeout_s,
         )
-    if pool.name == ROLLOUT_POOL:
-        from rl3d.controller.assemble import PromptBatches
-        from rl3d.workers.rollout_worker import RolloutWorker
-
-        local = world_rank - pool.offset
-        link = AsyncLink(store, timeout_s=ro.timeout_s, who=f"rollout pool rank {local}")
-        pad = getattr(data.tokenizer, "pad_token_id", None)
-        worker = RolloutWorker(
-            cfg,
-            data.spec,
-            pad_token_id=0 if pad is None else pad,
-            pool_rank=local,
-            bridge=bridge,
-            plan=plan,
-            link=link,
-            device=device,
-        )
-        logger.info("rollout pool rank %d: %s", local, plan.describe())
-        return RolloutPoolRunner(cfg, worker, PromptBatches(data.sampler), link, world_rank)
 
     train_pools = pools[:-1]
     trainer_channel = None
@@ -261,6 +237,55 @@ def build_async(loaded: LoadedConfig, run_dir: Path, pools: list) -> Any:
 
     logger.info("%s", plan.describe())
     return assemble_trainer(cfg, run_dir, backend, data, make=make)
+
+
+def sync_plan(cfg, spec, actor) -> Any:
+    """The weight-sync plan from the actor's pool to the rollout pool (pure: both backends)."""
+    from rl3d.weight_sync import plan_weight_sync
+    from rl3d.workers.rollout_worker import DTYPES
+
+    return plan_weight_sync(
+        spec,
+        actor.layout,
+        gen_tp=cfg.rollout.pool.tp,
+        gen_dp=cfg.rollout.pool.dp,
+        bytes_per_element=DTYPES[cfg.model.dtype].itemsize,
+        bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
+    )
+
+
+def rollout_runner(
+    cfg, data, plan, store, *, pool, local: int, num_train: int, device: str
+) -> RolloutPoolRunner:
+    """Rollout pool rank `local`'s loop: its side of the weight bridge (collective with the
+    actor's ranks), the link, the worker. Both backends (a Ray rollout rank actor runs it too)."""
+    from rl3d.controller.assemble import PromptBatches
+    from rl3d.weight_sync import WeightBridge
+    from rl3d.workers.rollout_worker import RolloutWorker
+
+    ro = cfg.rollout.async_
+    bridge = WeightBridge(
+        store,
+        rank=num_train + local,
+        num_train=num_train,
+        num_rollout=pool.size,
+        device=device,
+        timeout_s=ro.timeout_s,
+    )
+    link = AsyncLink(store, timeout_s=ro.timeout_s, who=f"rollout pool rank {local}")
+    pad = getattr(data.tokenizer, "pad_token_id", None)
+    worker = RolloutWorker(
+        cfg,
+        data.spec,
+        pad_token_id=0 if pad is None else pad,
+        pool_rank=local,
+        bridge=bridge,
+        plan=plan,
+        link=link,
+        device=device,
+    )
+    logger.info("rollout pool rank %d: %s", local, plan.describe())
+    return RolloutPoolRunner(cfg, worker, PromptBatches(data.sampler), link, pool.offset + local)
 
 
 class _NoSync:

@@ -4,6 +4,8 @@
     -> pool "actor": one rank actor per rank (actor + rollout + the colocated reference and
        critic), one torch.distributed world (gloo on CPU, NCCL on GPU)
     -> pools "critic" / "reference" when they are not colocated: the same, in their own layout
+    -> pool "rollout" with `rollout.placement: separate`: rank actors generating on their own,
+       sent the actor's weights after each update (`rl3d.launch.ray_async`)
     -> reward: in the driver, or a pool of `reward.num_workers` CPU actors
     -> RLTrainer.fit() exactly as under spmd -> summary -> ray.shutdown() if Ray was ours
 
@@ -100,9 +102,10 @@ class RayRun:
     def __init__(self) -> None:
         self.pools: dict[str, Any] = {}  # pool name -> RankActors
         self.reward_pool: Any = None
+        self.rollout: Any = None  # rl3d.launch.ray_async.RolloutPool with placement: separate
 
     def close(self) -> None:
-        for part in (self.reward_pool, *self.pools.values()):
+        for part in (self.rollout, self.reward_pool, *self.pools.values()):
             if part is not None:
                 try:
                     part.shutdown()
@@ -157,6 +160,7 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
     """One placement group and torch.distributed world per resource pool (`rl3d.config.pools`);
     the actor's pool is set up first, so a role in its own pool can load the actor's initial
     weights. The rest is the assembly both backends share (`rl3d.controller.assemble`)."""
+    from rl3d.config.async_rollout import is_separate
     from rl3d.config.pools import role_pools
     from rl3d.controller.assemble import assemble_trainer, build_data
     from rl3d.single_controller.ray import RankActors, ResourcePool
@@ -165,6 +169,12 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
     threads = threads_per_rank(cfg)
     bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
     strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
+    if is_separate(cfg):  # generation on its own pool of rank actors (rl3d.launch.ray_async)
+        from rl3d.launch.ray_async import build_ray_async
+
+        return build_ray_async(
+            cfg, run_dir, run, device=device, threads=threads, bundle=bundle, strategy=strategy
+        )
     pools = role_pools(cfg)
     for pool in pools:
         res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)

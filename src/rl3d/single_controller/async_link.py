@@ -8,17 +8,23 @@ Keys (under ``async/``):
 - ``weights/<v>``: the trainer is sending policy version v (v = the number of updates made);
 - ``batch/<k>/<dp>``: step k's samples from generation-DP rank dp, with its timings;
 - ``stop``: the trainer is done; ``failed``: a rank of either pool failed (its line).
+
+Under Ray the driver serves the store and runs the trainer's side; a rollout rank actor that
+dies writes no ``failed`` line, so the driver's link is given a `check` that raises naming it
+(`rl3d.launch.ray_async`), called every `CHECK_EVERY_S` of a wait.
 """
 
 from __future__ import annotations
 
 import pickle
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 POLL_S = 0.002
+CHECK_EVERY_S = 0.2
 
 
 class AsyncLinkError(RuntimeError):
@@ -26,9 +32,10 @@ class AsyncLinkError(RuntimeError):
 
 
 class AsyncLink:
-    def __init__(self, store: Any, *, timeout_s: float, who: str):
+    def __init__(self, store: Any, *, timeout_s: float, who: str, check: Callable[[], None] = lambda: None):
         self.store = dist.PrefixStore("async/", store)
         self.timeout_s, self.who = timeout_s, who  # who: "training rank 0", "rollout rank 1", ...
+        self.check = check  # raises if the other side is known dead (the Ray driver's watch)
 
     def _has(self, key: str) -> bool:
         return self.store.check([key])
@@ -36,9 +43,13 @@ class AsyncLink:
     def _wait(self, key: str, what: str) -> bytes:
         """Wait for `key`, failing early when the other pool reports a failure."""
         deadline = time.monotonic() + self.timeout_s
+        checked = time.monotonic()
         while not self._has(key):
             if self._has("failed"):
                 raise AsyncLinkError(self.store.get("failed").decode())
+            if time.monotonic() - checked > CHECK_EVERY_S:
+                self.check()
+                checked = time.monotonic()
             if time.monotonic() > deadline:
                 raise AsyncLinkError(f"{self.who}: {what} did not come within {self.timeout_s:.0f} s ({key})")
             time.sleep(POLL_S)
@@ -65,6 +76,10 @@ class AsyncLink:
         the store goes away with this process."""
         deadline = time.monotonic() + timeout_s
         while not all(self._has(f"done/{r}") for r in range(num_ranks)) and time.monotonic() < deadline:
+            try:
+                self.check()  # a rollout rank known dead (Ray) will not answer
+            except Exception:  # noqa: BLE001 - the run's own error is already on its way
+                return
             time.sleep(POLL_S)
 
     def fail(self, line: str) -> None:

@@ -30,6 +30,15 @@ def test_async_recipe_parses_and_places_the_rollout_pool_last():
     yaml.safe_dump(written)  # plain data
 
 
+def test_ray_backend_takes_a_separate_pool():
+    cfg = load_config(ASYNC, ["launch.backend=ray"]).config
+    assert cfg.launch.backend == "ray" and cfg.rollout.placement == "separate"
+    assert [(p.name, p.offset, p.size) for p in role_pools(cfg)] == [("actor", 0, 1), ("rollout", 1, 1)]
+    with pytest.raises(ConfigError) as err:  # the other refusals hold under Ray too
+        load_config(ASYNC, ["launch.backend=ray", "algorithm.dynamic_sampling=true"])
+    assert err.value.key == "algorithm.dynamic_sampling"
+
+
 def test_defaults_keep_the_colocated_loop():
     cfg = load_config(SYNC, []).config
     assert cfg.rollout.placement == "colocated" and cfg.rollout.async_.max_staleness == 0
@@ -43,7 +52,6 @@ def test_defaults_keep_the_colocated_loop():
         (ASYNC, ["rollout.async.max_staleness=-1"], "rollout.async.max_staleness"),
         (ASYNC, ["rollout.async.bogus=1"], "rollout.async.bogus"),
         (ASYNC, ["rollout.placement=elsewhere"], "rollout.placement"),
-        (ASYNC, ["launch.backend=ray"], "launch.backend"),
         (ASYNC, ["launch.nproc_per_node=3"], "launch.nproc_per_node"),
         (ASYNC, ["rollout.pool.tp=3", "launch.nproc_per_node=4"], "rollout.pool.tp"),
         (ASYNC, ["rollout.pool.dp=0"], "rollout.pool.dp"),

@@ -1,0 +1,279 @@
+"""The Ray driver with a separate rollout pool (`launch.backend: ray`, `rollout.placement: separate`).
+
+    driver:  a TCPStore (the async link and the weight bridge's rendezvous) and the controller,
+             `AsyncTrainer` exactly as under spmd; the trainer-side pools' rank actors as in
+             `build_ray_trainer`
+    "rollout": its own placement group of rank actors and its own torch.distributed world
+             (the generation TP groups); each rank actor runs `RolloutPoolRunner` in one long
+             call, started at set-up and collected when the trainer stops
+    weights: the actor pool's rank actors -> the rollout rank actors over `WeightBridge`,
+             planned by the same `rl3d.weight_sync` planner (gloo on CPU, NCCL on GPU)
+
+The driver takes a step's samples from the store, as the spmd trainer does. A rollout rank
+actor that dies writes nothing there, so every wait of the driver (samples, a weight send, the
+bridge's set-up) also watches the rollout ranks' calls: a dead one ends the run at once with
+`WorkerDiedError` naming the rollout pool and the rank; one that raised, with its error.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from rl3d.config import RL3DConfig
+from rl3d.config.async_rollout import ROLLOUT_POOL
+from rl3d.config.roles import ACTOR
+from rl3d.controller.async_trainer import AsyncTrainer
+
+logger = logging.getLogger("rl3d.launch.ray")
+
+WATCH_S = 0.2  # how often a driver wait looks at the rollout ranks
+STOP_GRACE_S = 60.0  # after the trainer's stop, how long the rollout ranks may take to return
+
+# This rank actor's side of the weight sync (one process per rank actor): bridge, plan.
+_SYNC: dict[str, Any] = {}
+
+
+def _client_store(host: str, port: int, timeout_s: float):
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, port, is_master=False, timeout=timeout)
+
+
+# -- in the rank actors ---------------------------------------------------------------------------
+def join_bridge(_state, host: str, port: int, plan, num_rollout: int, device: str, timeout_s: float) -> int:
+    """On each actor-pool rank actor: its side of the weight bridge (collective with the
+    rollout ranks, which join theirs in `run_rollout_rank`)."""
+    import torch.distributed as dist
+
+    from rl3d.weight_sync import WeightBridge
+
+    store = _client_store(host, port, timeout_s)
+    rank = dist.get_rank()
+    bridge = WeightBridge(
+        store,
+        rank=rank,
+        num_train=plan.train.world_size,
+        num_rollout=num_rollout,
+        device=device,
+        timeout_s=timeout_s,
+    )
+    _SYNC.update(store=store, bridge=bridge, plan=plan)
+    return rank
+
+
+def send_actor_weights(state) -> Any:
+    """On each actor-pool rank actor: send its planned shards of the current actor (SyncStats)."""
+    import torch.distributed as dist
+
+    from rl3d.weight_sync import send_weights
+
+    shards = state.workers[ACTOR].role.global_shards()
+    return send_weights(_SYNC["bridge"], _SYNC["plan"], shards, dist.get_rank())
+
+
+def run_rollout_rank(
+    _state, cfg: RL3DConfig, run_dir: str, num_threads: int, host: str, port: int, plan, device: str
+) -> list:
+    """On each rollout rank actor, one call: logging, the rollout worker, its side of the
+    bridge, then the rollout loop until the trainer stops (`RolloutPoolRunner`)."""
+    import torch
+    import torch.distributed as dist
+
+    from rl3d.config.pools import hosting, role_pools
+    from rl3d.controller.assemble import build_data
+    from rl3d.controller.async_trainer import rollout_runner
+    from rl3d.logging import setup_logging
+
+    pools = role_pools(cfg)
+    pool, actor = hosting(pools, ROLLOUT_POOL), hosting(pools, ACTOR)
+    local = dist.get_rank()
+    setup_logging(
+        level=cfg.logging.level,
+        rank=pool.offset + local,
+        all_ranks=cfg.logging.all_ranks,
+        log_dir=Path(run_dir) / "logs",
+    )
+    torch.set_num_threads(num_threads)
+    store = _client_store(host, port, cfg.rollout.async_.timeout_s)
+    runner = rollout_runner(
+        cfg, build_data(cfg), plan, store, pool=pool, local=local, num_train=actor.size, device=device
+    )
+    return runner.fit()
+
+
+# -- in the driver --------------------------------------------------------------------------------
+class RolloutPool:
+    """The driver's handle on the rollout pool: its rank actors and their running loops."""
+
+    def __init__(self, ranks: Any, refs: list):
+        self.ranks, self.refs = ranks, refs  # RankActors, one `run_rollout_rank` ref per rank
+
+    def check(self, what: str = "the rollout loop") -> None:
+        """Raise if a rollout rank's loop has ended: died (named), or failed (its error)."""
+        import ray
+
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        if done:
+            self._raise(done, what)
+
+    def _raise(self, done: list, what: str) -> None:
+        import ray
+        from ray.exceptions import RayActorError
+
+        from rl3d.single_controller.ray import WorkerCallError, WorkerDiedError, _describe
+
+        for ref in done:  # a dead one first: its peers' errors follow from it
+            rank = self.refs.index(ref)
+            try:
+                ray.get(ref, timeout=0)
+            except RayActorError as err:
+                reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                raise WorkerDiedError(
+                    f"rollout pool rank {rank} died during {what} (its Ray actor "
+                    f"{ROLLOUT_POOL}/rank{rank} is gone: {reason})",
+                    role=ROLLOUT_POOL,
+                    rank=rank,
+                ) from err
+            except Exception as err:
+                raise WorkerCallError(
+                    f"rollout pool rank {rank} failed during {what}: {_describe(err)}",
+                    role=ROLLOUT_POOL,
+                    rank=rank,
+                ) from err
+        rank = self.refs.index(done[0])
+        raise WorkerCallError(
+            f"rollout pool rank {rank} left the rollout loop during {what}", role=ROLLOUT_POOL, rank=rank
+        )
+
+    def wait(self, refs: list, *, role: str, what: str, timeout_s: float) -> list:
+        """`refs`' values in order, watching the rollout ranks meanwhile."""
+        import ray
+
+        from rl3d.single_controller.ray import gather
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=WATCH_S)
+            self.check(what)
+            if len(ready) == len(refs):
+                break
+            if time.monotonic() > deadline:
+                break  # gather names the late ranks
+        try:
+            out = gather(refs, list(range(len(refs))), role=role, what=what, timeout_s=0.0)
+        except Exception:
+            time.sleep(WATCH_S)  # a broken transfer: name the rollout rank behind it, if one died
+            self.check(what)
+            raise
+        return [out[r] for r in range(len(refs))]
+
+    def finish(self, timeout_s: float = STOP_GRACE_S) -> None:
+        """After the trainer's stop: every rollout rank's loop has returned."""
+        import ray
+
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=timeout_s)
+        if len(done) < len(self.refs):
+            late = [self.refs.index(r) for r in self.refs if r not in done]
+            raise RuntimeError(f"rollout pool rank(s) {late} did not stop within {timeout_s:.0f} s")
+        for ref in done:
+            ray.get(ref, timeout=0)
+
+    def shutdown(self) -> None:
+        self.ranks.shutdown()
+
+
+class _SendStats:
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+
+def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, threads: int, bundle, strategy):
+    """The trainer-side pools, the rollout pool and the controller (`AsyncTrainer`)."""
+    import ray
+    import torch.distributed as dist
+
+    from rl3d.config.pools import role_pools
+    from rl3d.controller.assemble import assemble_trainer, build_data
+    from rl3d.controller.async_trainer import sync_plan
+    from rl3d.launch.ray_launch import RayBackend, setup_rank_process
+    from rl3d.single_controller.async_link import AsyncLink
+    from rl3d.single_controller.ray import RankActors, ResourcePool
+    from rl3d.single_controller.spmd_pools import _free_port
+
+    pools = role_pools(cfg)
+    train_pools, rollout = pools[:-1], pools[-1]
+    assert rollout.name == ROLLOUT_POOL, pools
+    actor = train_pools[0]
+    backend = "nccl" if device == "cuda" else "gloo"
+    ro = cfg.rollout.async_
+    for pool in train_pools:
+        res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
+        run.pools[pool.name] = ranks = RankActors(res)
+        ranks.init_distributed(backend, timeout_s=cfg.launch.timeout_s)
+        ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
+
+    host, port = ray.util.get_node_ip_address(), _free_port()
+    store = dist.TCPStore(
+        host, port, is_master=True, timeout=datetime.timedelta(seconds=ro.timeout_s), wait_for_workers=False
+    )
+    data = build_data(cfg)
+    plan = sync_plan(cfg, data.spec, actor)
+    res = ResourcePool(ROLLOUT_POOL, num_bundles=rollout.size, bundle=bundle, strategy=strategy)
+    ranks = RankActors(res)
+    run.rollout = RolloutPool(ranks, [])
+    ranks.init_distributed(backend, timeout_s=cfg.launch.timeout_s)
+    run.rollout.refs = [
+        h.run.remote(run_rollout_rank, cfg, str(run_dir), threads, host, port, plan, device)
+        for h in ranks.handles
+    ]
+    actor_ranks = run.pools[actor.name]
+    joins = [
+        h.run.remote(join_bridge, host, port, plan, rollout.size, device, ro.timeout_s)
+        for h in actor_ranks.handles
+    ]
+    run.rollout.wait(joins, role=ACTOR, what="the weight bridge's set-up", timeout_s=ro.timeout_s)
+    logger.info("rollout pool: %d rank actor(s); %s", rollout.size, plan.describe())
+
+    def send() -> _SendStats:
+        refs = [h.run.remote(send_actor_weights) for h in actor_ranks.handles]
+        stats = run.rollout.wait(refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s)
+        sent = sum(s.bytes for s in stats)
+        if sent != plan.total_bytes:  # the plan's bytes are what the metric reports
+            raise RuntimeError(f"weight sync sent {sent} bytes, the plan has {plan.total_bytes}")
+        return _SendStats(max(s.seconds for s in stats))
+
+    link = AsyncLink(store, timeout_s=ro.timeout_s, who="the Ray driver", check=run.rollout.check)
+
+    def make(*args, **kwargs):
+        return DriverAsyncTrainer(
+            *args,
+            link=link,
+            send=send,
+            rollout_ranks=list(rollout.ranks)[:: cfg.rollout.pool.tp],  # each engine's collector
+            sync_bytes=plan.total_bytes,
+            rank=0,
+            rollout=run.rollout,
+            store=store,
+            **kwargs,
+        )
+
+    return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, train_pools), data, make=make)
+
+
+class DriverAsyncTrainer(AsyncTrainer):
+    """`AsyncTrainer` in the driver: after its stop, the rollout ranks' loops are collected (an
+    error there fails the run). It holds the store the ranks talk through."""
+
+    def __init__(self, *args: Any, rollout: RolloutPool, store: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.rollout_pool, self.store = rollout, store
+
+    def fit(self) -> list[dict[str, float]]:
+        history = super().fit()
+        self.rollout_pool.finish()
+        return history

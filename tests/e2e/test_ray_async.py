@@ -1,0 +1,112 @@
+"""A separate rollout pool under the Ray backend (`launch.backend=ray`, `rollout.placement:
+separate`): the rollout pool is its own placement group of rank actors, the driver runs
+`AsyncTrainer`, weights go over the same weight bridge as under spmd.
+
+- max_staleness 0 gives the spmd backend's separate run bit for bit (test_ray_async_parity.py);
+- max_staleness 1: no token's policy version is ever over the bound, the pool runs ahead, the
+  async/* and weight_sync/* metrics are logged with the plan's bytes;
+- the rollout rank actor killed mid-step ends the run at once, naming the pool and the rank.
+"""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from train_helpers import ROOT, metrics_by_step, train_command, train_env
+
+pytest.importorskip("ray")
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+
+ASYNC = ROOT / "recipes/quickstart_cpu_grpo_async.yaml"
+RAY = "launch.backend=ray"
+
+VERSION_HOOK = """
+import json, os
+
+def record(step, batch, metrics):
+    v = batch["policy_version"]
+    mask = batch["response_mask"].bool()
+    mixed = sum(int(len(set(row[m].tolist())) > 1) for row, m in zip(v, mask))
+    with open(os.environ["RL3D_TEST_VERSIONS"], "a") as f:
+        f.write(json.dumps({"step": step, "min": int(v[mask].min()), "max": int(v[mask].max()),
+                            "mixed_rows": mixed}) + "\\n")
+"""
+
+KILL_HOOK = """
+import os, time
+
+def kill_rollout_rank(step, batch, metrics):
+    if step == 3:  # the trainer has step 3's samples; the pool is generating step 4's
+        import ray
+
+        ray.kill(ray.get_actor("rollout/rank0"), no_restart=True)
+        with open(os.environ["RL3D_TEST_KILLED_AT"], "w") as f:
+            f.write(str(time.time()))
+"""
+
+
+def env_with(tmp_path, **extra) -> dict[str, str]:
+    env = train_env()
+    env.pop("RAY_ADDRESS", None)  # a local Ray of the run's own
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    return env | extra
+
+
+def train(run_dir, *overrides, env, timeout=300) -> tuple[subprocess.CompletedProcess, float]:
+    start = time.monotonic()
+    proc = subprocess.run(
+        train_command(ASYNC, run_dir, *overrides), capture_output=True, text=True, env=env, timeout=timeout
+    )
+    return proc, time.monotonic() - start
+
+
+def test_ray_staleness_never_exceeds_the_bound(tmp_path):
+    (tmp_path / "version_hook.py").write_text(VERSION_HOOK)
+    versions = tmp_path / "versions.jsonl"
+    env = env_with(tmp_path, RL3D_TEST_VERSIONS=str(versions))
+    proc, _ = train(
+        tmp_path / "run",
+        "trainer.total_steps=8",
+        "checkpoint.save_every=0",
+        "trainer.hooks.on_rollout_end=version_hook:record",
+        "rollout.max_new_tokens=12",
+        RAY,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = metrics_by_step(tmp_path / "run")
+    rows = [json.loads(line) for line in versions.read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    for r in rows:  # the trainer at step k holds version k - 1; max_staleness = 1
+        assert (r["step"] - 1) - r["min"] <= 1 and r["max"] <= r["step"] - 1, r
+        m = metrics[r["step"]]
+        assert m["async/staleness_max"] == (r["step"] - 1) - r["min"] <= 1
+        assert 0.0 <= m["async/staleness_mean"] <= m["async/staleness_max"]
+        for key in ("async/wait_trainer_s", "async/wait_rollout_s", "weight_sync/seconds"):
+            assert m[key] >= 0.0
+    assert any(m["async/staleness_max"] == 1.0 for m in metrics.values())  # it did run ahead
+    assert all(metrics[s]["weight_sync/bytes"] == 500992.0 for s in range(1, 8))  # the plan's
+    print("rows with tokens of two versions (partial rollouts):", [r["mixed_rows"] for r in rows])  # noqa: T201
+
+
+def test_killed_rollout_rank_actor_ends_the_run_naming_pool_and_rank(tmp_path):
+    (tmp_path / "ray_kill_rollout.py").write_text(KILL_HOOK)
+    killed_at = tmp_path / "killed_at"
+    proc, _ = train(
+        tmp_path / "run",
+        "trainer.total_steps=8",
+        "checkpoint.save_every=0",
+        "rollout.async.timeout_s=60",
+        "trainer.hooks.on_rollout_end=ray_kill_rollout:kill_rollout_rank",
+        RAY,
+        env=env_with(tmp_path, RL3D_TEST_KILLED_AT=str(killed_at)),
+        timeout=180,
+    )
+    took = time.time() - float(killed_at.read_text())
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "WorkerDiedError: rollout pool rank 0 died during" in proc.stderr, proc.stderr[-3000:]
+    assert "rollout/rank0" in proc.stderr
+    assert sorted(metrics_by_step(tmp_path / "run")) == [1, 2]
+    assert took < 20, took  # Ray's shutdown included; rollout.async.timeout_s is 60
