@@ -178,7 +178,7 @@ def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
     pools = role_pools(cfg)
     for pool in pools:
         res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
-        run.pools[pool.name] = ranks = RankActors(res)
+        run.pools[pool.name] = ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
         ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
         ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
     return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, pools), build_data(cfg))

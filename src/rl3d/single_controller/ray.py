@@ -37,6 +37,7 @@ from rl3d.single_controller.dispatch import (
     merge_outputs,
     metrics_reduction,
 )
+from rl3d.single_controller.ray_liveness import PING_PERIOD_S, Liveness
 
 logger = logging.getLogger(__name__)
 
@@ -69,9 +70,16 @@ class RankHost:
     """One rank's Ray actor: hosts the workers a builder made, runs their methods."""
 
     def __init__(self, rank: int, world_size: int):
+        import ray
+
         self.rank, self.world_size = rank, world_size
         self.state: Any = None
         self.workers: dict[str, Any] = {}
+        self.node = f"{socket.gethostname()} ({ray.util.get_node_ip_address()})"  # named in errors
+
+    def where(self) -> str:
+        """This actor's node, hostname (IP); also the liveness ping (its own concurrency group)."""
+        return self.node
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a free port: the group's rendezvous when asked of rank 0."""
@@ -122,16 +130,31 @@ class RankHost:
         return fn(self.state, *args)
 
 
-def gather(refs: list, ranks: list[int], *, role: str, what: str, timeout_s: float) -> dict[int, Any]:
-    """Every ref's value by rank; a dead actor or a failed call raises naming role and rank."""
+def gather(
+    refs: list,
+    ranks: list[int],
+    *,
+    role: str,
+    what: str,
+    timeout_s: float,
+    liveness: Liveness | None = None,
+) -> dict[int, Any]:
+    """Every ref's value by rank; a dead actor or a failed call raises naming role and rank
+    (and its node, with `liveness`, which also ends the wait on a lost node)."""
     import ray
     from ray.exceptions import GetTimeoutError, RayActorError
 
     pending = dict(zip(refs, ranks))
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
+    nodes = liveness.nodes if liveness is not None else None
     while pending:
-        ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        left = max(0.0, deadline - time.monotonic())
+        step = min(left, PING_PERIOD_S) if liveness is not None else left
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=step)
+        if not ready and liveness is not None and left > step:
+            liveness.check(sorted(pending.values()), role=role, what=what)
+            continue
         if not ready:
             late = sorted(pending.values())
             raise RuntimeError(f"{role}: {what} did not return within {timeout_s:.0f} s on rank(s) {late}")
@@ -140,14 +163,16 @@ def gather(refs: list, ranks: list[int], *, role: str, what: str, timeout_s: flo
         try:
             results[rank] = ray.get(ref, timeout=0)
         except RayActorError as err:
-            raise _died(role, rank, what, err) from err
+            raise _died(role, rank, what, err, nodes) from err
         except GetTimeoutError:  # pragma: no cover - ready refs resolve at once
             pending[ref] = rank
         except Exception as err:
             # A peer's death often shows first as a broken collective here: name the dead one.
             dead = _first_dead(pending, FAILURE_GRACE_S)
             if dead is not None:
-                raise _died(role, dead[0], what, dead[1]) from dead[1]
+                raise _died(role, dead[0], what, dead[1], nodes) from dead[1]
+            if liveness is not None:  # a peer on a lost node: its collective timed out here first
+                liveness.raise_silent(sorted(pending.values()), FAILURE_GRACE_S, role=role, what=what)
             message = f"{role} worker rank {rank} failed in {what}: {_describe(err)}"
             raise WorkerCallError(message, role=role, rank=rank) from err
     return results
@@ -162,10 +187,11 @@ def _describe(err: BaseException) -> str:
     return f"{type(cause).__name__}: {cause}\n--- worker traceback ---\n{text}"
 
 
-def _died(role: str, rank: int, what: str, err: BaseException) -> WorkerDiedError:
+def _died(role: str, rank: int, what: str, err: BaseException, nodes=None) -> WorkerDiedError:
     reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    where = f" on node {nodes[rank]}" if nodes else ""
     return WorkerDiedError(
-        f"{role} worker rank {rank} died during {what} (its Ray actor is gone: {reason})",
+        f"{role} worker rank {rank}{where} died during {what} (its Ray actor is gone: {reason})",
         role=role,
         rank=rank,
     )
@@ -240,12 +266,15 @@ class RankActors:
     """One `RankHost` actor per bundle of `pool`, named ``{pool}/rank{i}`` in the driver's
     namespace (``ray.get_actor("actor/rank1")`` finds one)."""
 
-    def __init__(self, pool: ResourcePool, *, timeout_s: float = CALL_TIMEOUT_S):
+    def __init__(
+        self, pool: ResourcePool, *, timeout_s: float = CALL_TIMEOUT_S, node_timeout_s: float | None = None
+    ):
         import ray
 
         self.pool, self.timeout_s = pool, timeout_s
         pool.create(min(timeout_s, PLACEMENT_TIMEOUT_S))
-        host = ray.remote(RankHost)
+        groups = {"concurrency_groups": {Liveness.GROUP: 1}} if node_timeout_s else {}
+        host = ray.remote(**groups)(RankHost) if groups else ray.remote(RankHost)
         self.handles = [
             host.options(name=f"{pool.name}/rank{i}", max_restarts=0, **pool.options(i)).remote(
                 i, pool.num_bundles
@@ -253,6 +282,12 @@ class RankActors:
             for i in range(pool.num_bundles)
         ]
         self.described: list[dict[str, tuple[DispatchInfo, dict]]] = []
+        # `node_timeout_s`: a rank silent that long (its node lost) ends any wait on it (`Liveness`)
+        self.liveness = None
+        if node_timeout_s:
+            nodes = self._all("where", [h.where.remote() for h in self.handles])
+            self.liveness = Liveness(self.handles, nodes, node_timeout_s)
+            logger.info("pool %s: rank actors on %s", pool.name, dict(enumerate(nodes)))
 
     @property
     def ranks(self) -> list[int]:
@@ -260,7 +295,14 @@ class RankActors:
 
     def _all(self, what: str, refs: list, role: str | None = None) -> list[Any]:
         ranks = list(range(len(refs)))  # refs[i] is rank i's
-        out = gather(refs, ranks, role=role or self.pool.name, what=what, timeout_s=self.timeout_s)
+        out = gather(
+            refs,
+            ranks,
+            role=role or self.pool.name,
+            what=what,
+            timeout_s=self.timeout_s,
+            liveness=self.liveness,
+        )
         return [out[r] for r in ranks]
 
     def init_distributed(self, backend: str, *, timeout_s: float) -> None:
@@ -286,7 +328,12 @@ class RankActors:
         infos = [d[role][0] for d in self.described]
         modes = self.described[0][role][1]
         return RayWorkerGroup(
-            self.handles, role=role, infos=infos, modes=modes, timeout_s=timeout_s or self.timeout_s
+            self.handles,
+            role=role,
+            infos=infos,
+            modes=modes,
+            timeout_s=timeout_s or self.timeout_s,
+            liveness=self.liveness,
         )
 
     def shutdown(self) -> None:
@@ -308,6 +355,7 @@ class RayWorkerGroup:
         infos: list[DispatchInfo],
         modes: dict[str, tuple[Dispatch, str]],  # method -> (mode, metric reduction)
         timeout_s: float = CALL_TIMEOUT_S,
+        liveness: Liveness | None = None,
     ):
         assert len(handles) == len(infos)
         self.handles, self.role, self.infos, self.modes, self.timeout_s = (
@@ -317,6 +365,7 @@ class RayWorkerGroup:
             modes,
             timeout_s,
         )
+        self.liveness = liveness
 
     def call(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
         import ray
@@ -345,8 +394,9 @@ class RayWorkerGroup:
         return mode.collect([(slot, out[r]) for r, slot in enumerate(slots) if slot.collects], reduce, batch)
 
     def _gather(self, refs: list, method_name: str) -> dict[int, Any]:
+        ranks = list(range(len(refs)))
         return gather(
-            refs, list(range(len(refs))), role=self.role, what=method_name, timeout_s=self.timeout_s
+            refs, ranks, role=self.role, what=method_name, timeout_s=self.timeout_s, liveness=self.liveness
         )
 
 

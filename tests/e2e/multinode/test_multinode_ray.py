@@ -1,7 +1,8 @@
 """The Ray backend across two simulated nodes: a Ray head on node0, a worker on node1 (`ray
 start`, a token of the test's own), the driver (`rl3d train ... launch.backend=ray
 launch.ray_address=node0's`) on node0. The actor pool's two rank actors land one per node, and
-the GRPO quickstart gives the spmd run's metrics step for step."""
+the GRPO quickstart gives the spmd run's metrics step for step. node1's link pulled mid-run ends
+the driver within launch.timeout_s (+ a few seconds) with an error naming node1 and its rank."""
 
 import os
 import secrets
@@ -64,7 +65,7 @@ def test_ray_backend_spans_two_nodes_and_matches_spmd(sim_nodes, single_node_met
     assert where.stdout.strip() == str(sorted(n.address for n in sim_nodes)), where.stdout + where.stderr
 
 
-def test_link_down_mid_run_stops_the_ray_driver_naming_the_rank(sim_nodes, tmp_path):
+def test_link_down_mid_run_stops_the_ray_driver_within_the_timeout_naming_node_and_rank(sim_nodes, tmp_path):
     env, head = ray_cluster(sim_nodes, tmp_path)
     run_dir = tmp_path / "run"
     two_nodes = ("launch.backend=ray", f"launch.ray_address={head}", "launch.nnodes=2")
@@ -79,4 +80,9 @@ def test_link_down_mid_run_stops_the_ray_driver_naming_the_rank(sim_nodes, tmp_p
     print(f"driver ended {seconds:.0f} s after the link went down, status {code}\n{text()}")  # noqa: T201
     assert code == 1, text()
     failed = [line for line in text().splitlines() if "run failed:" in line]
-    assert failed and "rank" in failed[-1], text()
+    # the driver's pings (rl3d.single_controller.ray_liveness: silent for launch.timeout_s, then the
+    # driver closes), not Ray's node health check (65 s here before); measured 18-30 s under load
+    assert seconds <= TIMEOUT_S + 25, text()
+    lost = f"on node node1 ({sim_nodes[1].address}) did not answer"
+    assert failed and "WorkerDiedError" in failed[-1] and lost in failed[-1], text()
+    assert "rank(s) [" in failed[-1], text()
