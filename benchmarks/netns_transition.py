@@ -156,6 +156,8 @@ def outer(args: argparse.Namespace) -> int:
 
 def table_rows(result: dict, args) -> list[dict]:
     """Measured next to modelled, per strategy, for the run's rank -> node map and link."""
+    from dataclasses import replace
+
     import rl3d.bench  # noqa: F401  registers the baselines
     from rl3d.bench.link_model import LinkSetup, model_strategy
     from rl3d.bench.measured import _training_nodes
@@ -177,18 +179,29 @@ def table_rows(result: dict, args) -> list[dict]:
         nodes=_training_nodes(nodes, train.world_size),
     )
     cal = result["calibration"]
-    setup = LinkSetup(nodes, args.link_gbit, local_gbit=cal["local_gbit"] or 20.0, alpha_s=cal["alpha_s"])
+    setup = LinkSetup(
+        nodes,
+        args.link_gbit,
+        local_gbit=cal["local_gbit"] or 20.0,
+        alpha_s=cal["alpha_s"],
+        local_alpha_s=cal["local_alpha_s"],
+    )
+    measured_link = replace(setup, link_gbit=cal["stream_gbit"], two_way_gbit=cal["duplex_gbit"])
     rows = []
     for name, s in result["strategies"].items():
         model = model_strategy(plan, name, setup, bucket_mb=args.bucket_mb)
+        calibrated = model_strategy(plan, name, measured_link, bucket_mb=args.bucket_mb)["seconds"]
         counted = max((s.get("links") or {}).get("inter_out", {}).values(), default=None)
         rows.append(
             {
                 "strategy": name,
                 "measured_s": s["seconds"],
+                "raw_s": s["raw_seconds"],
                 "modeled_s": model["seconds"],
                 "measured_over_modeled": s["seconds"] / model["seconds"] if model["seconds"] else None,
                 "modeled_latency_s": model["latency_seconds"],
+                "modeled_at_measured_link_s": calibrated,
+                "measured_over_modeled_at_measured_link": s["seconds"] / calibrated if calibrated else None,
                 "calls_measured": s["calls_max"],
                 "calls_modeled": model["calls_max"],
                 "node_out_counted": counted,
@@ -205,24 +218,28 @@ def write_outputs(rows: list[dict], result: dict, args, out: Path, wall_s: float
     cal = result["calibration"]
     head = f"{args.nodes} nodes ({args.placement}: {result['nodes']}), link {args.link_gbit:g} Gbit/s (tbf)"
     head += f", {args.model}, train {args.train}, gen {args.gen}, median of {args.repeats}"
-    cols = "| strategy | measured s | modelled s | measured / modelled | modelled latency s | calls"
-    cols += " (measured / modelled) | busiest node sent: counted / planned"
+    cols = "| strategy | measured s | raw s | modelled s | measured / modelled"
+    cols += " | modelled at the measured link s | measured / that | calls (measured / modelled)"
+    cols += " | busiest node sent: counted / planned"
     cols += " | on the wire: modelled / measured |"
-    lines = [f"# {head}", "", cols, "|---|---|---|---|---|---|---|---|"]
+    lines = [f"# {head}", "", cols, "|" + "---|" * 10]
     fmt = lambda v, f: "n/a" if v is None else format(v, f)  # noqa: E731
     for r in rows:
-        cells = [r["strategy"], fmt(r["measured_s"], ".3f"), fmt(r["modeled_s"], ".3f")]
-        cells += [fmt(r["measured_over_modeled"], ".2f"), fmt(r["modeled_latency_s"], ".3f")]
+        cells = [r["strategy"], *(fmt(r[k], ".3f") for k in ("measured_s", "raw_s", "modeled_s"))]
+        cells += [fmt(r["measured_over_modeled"], ".2f"), fmt(r["modeled_at_measured_link_s"], ".3f")]
+        cells += [fmt(r["measured_over_modeled_at_measured_link"], ".2f")]
         cells += [f"{r['calls_measured']} / {r['calls_modeled']}"]
         cells += [f"{fmt(r['node_out_counted'], 'd')} / {r['node_out_planned']}"]
         cells += [f"{r['wire_out_modeled']} / {fmt(r['wire_out_measured'], 'd')}"]
         lines.append("| " + " | ".join(cells) + " |")
-    local = "n/a" if cal["local_gbit"] is None else f"{cal['local_gbit']:.2f}"
+    local = "n/a"
+    if cal["local_gbit"] is not None:
+        local = f"{cal['local_gbit']:.2f} Gbit/s, per-call latency {cal['local_alpha_s'] * 1e3:.2f} ms"
     lines += [
         "",
         f"link measured in the same run ({cal['bytes']} B): one stream {cal['stream_gbit']:.3f} Gbit/s, "
         f"two-way exchange {cal['duplex_gbit']:.3f} Gbit/s per direction, per-call latency "
-        f"{cal['alpha_s'] * 1e3:.2f} ms, inside a node {local} Gbit/s",
+        f"{cal['alpha_s'] * 1e3:.2f} ms; inside a node {local}",
         f"bytes each node sent over its link in the whole run: {sent}; wall {wall_s:.0f} s",
     ]
     text = "\n".join(lines)

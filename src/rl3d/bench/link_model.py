@@ -21,12 +21,15 @@ per-call latency, in three steps:
    broadcast is gloo's binomial tree (`gloo/broadcast.cc`: in round i every virtual rank
    v < 2^i sends to v + 2^i, the root being virtual rank 0); a send is one transfer.
 3. Time: per round of a call, the busiest egress (a node's link: bytes leaving the node /
-   `link_gbit`; inside a node: the bytes one rank sends to node-mates / `local_gbit`), plus
-   `alpha_s` per latency step of the call (ring n-1, tree its rounds, send 1). Calls add up.
+   `link_gbit`, or / `two_way_gbit` when given and the link also carries bytes in; inside a
+   node: the bytes one rank sends to node-mates / `local_gbit`), plus `alpha_s` per latency
+   step of the call (ring n-1, tree its rounds, send 1; `local_alpha_s` for a call whose
+   ranks share one node). Calls add up.
 
 Not modelled: packing and layout copies (CPU time, reported by the measured benchmark), TCP
-and tbf behaviour (the link is taken at its nominal rate; the benchmark measures what a
-stream and a two-way exchange really get on it, next to this prediction).
+and tbf behaviour: the nominal model takes the link at its rate both ways; the benchmark also
+predicts with the rates a one-way stream and a two-way exchange got from the link in the
+same run (`link_gbit`, `two_way_gbit` measured), next to the nominal prediction.
 """
 
 from __future__ import annotations
@@ -45,7 +48,11 @@ class LinkSetup:
     nodes: NodeMap  # every rank of the run, rollout ranks included
     link_gbit: float  # each node's network link, per direction (the tbf rate)
     local_gbit: float = 20.0  # one rank's sends to node-mates (loopback)
-    alpha_s: float = 0.0  # latency per step of a call (a ring step, a tree round, a send)
+    alpha_s: float = 0.0  # latency per step of a call across nodes (a ring step, a tree round, a send)
+    local_alpha_s: float | None = None  # the same for a call inside one node; None: alpha_s
+    # per direction while the node's link carries bytes both ways in the same round (a ring
+    # across nodes); None: `link_gbit` (the nominal model). Measured: `rl3d.bench.link_probe`.
+    two_way_gbit: float | None = None
 
 
 @dataclass(frozen=True)
@@ -184,19 +191,25 @@ def executor_calls(plan: TransitionPlan, strategy: str, *, bucket_mb: float) -> 
 def call_seconds(call: Call, setup: LinkSetup) -> tuple[float, dict[int, int]]:
     """(seconds, bytes each node sent over its link) of one call."""
     link, local = setup.link_gbit * 1e9 / 8, setup.local_gbit * 1e9 / 8
-    seconds, sent = call.steps * setup.alpha_s, defaultdict(int)
+    two_way = (setup.two_way_gbit or setup.link_gbit) * 1e9 / 8
+    inside = len({setup.nodes.node_of(r) for r in call.ranks}) == 1 and setup.local_alpha_s is not None
+    seconds = call.steps * (setup.local_alpha_s if inside else setup.alpha_s)
+    sent: dict[int, int] = defaultdict(int)
     for step in call.rounds:
         egress: dict[int, int] = defaultdict(int)
+        ingress: dict[int, int] = defaultdict(int)
         mates: dict[int, int] = defaultdict(int)
         for (src, dst), nbytes in step.items():
             a, b = setup.nodes.node_of(src), setup.nodes.node_of(dst)
             if a != b:
                 egress[a] += nbytes
+                ingress[b] += nbytes
             else:
                 mates[src] += nbytes
         for node, nbytes in egress.items():
             sent[node] += nbytes
-        seconds += max(max(egress.values(), default=0) / link, max(mates.values(), default=0) / local)
+        out = [nbytes / (two_way if ingress.get(node) else link) for node, nbytes in egress.items()]
+        seconds += max(max(out, default=0.0), max(mates.values(), default=0) / local)
     return seconds, dict(sent)
 
 
@@ -208,16 +221,16 @@ def model_strategy(plan: TransitionPlan, strategy: str, setup: LinkSetup, *, buc
     missing = sorted({r for c in calls for r in c.ranks} - set(setup.nodes._node_of))
     if missing:
         raise ValueError(f"ranks {missing} of {strategy} are on no node of {setup.nodes.to_json()}")
-    seconds, wire = 0.0, defaultdict(int)
+    seconds, latency, wire = 0.0, 0.0, defaultdict(int)
     per_rank: dict[int, int] = defaultdict(int)
     for call in calls:
         t, sent = call_seconds(call, setup)
         seconds += t
+        latency += call_seconds(Call(call.name, (), call.steps, call.ranks), setup)[0]
         for node, nbytes in sent.items():
             wire[node] += nbytes
         for r in call.ranks:
             per_rank[r] += 1
-    latency = sum(c.steps for c in calls) * setup.alpha_s
     planned = plan.link_bytes(strategy, setup.nodes)
     return {
         "seconds": seconds,

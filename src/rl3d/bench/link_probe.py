@@ -6,8 +6,8 @@ times, between the first rank of node 0 and the first rank of node 1:
   latency `rl3d.bench.link_model` charges per step;
 - `stream_gbit`: one send of `nbytes` one way (a single TCP stream over the link);
 - `duplex_gbit`: an all-gather of `nbytes` per rank (both directions at once, as a ring does);
-- `local_gbit`: one send of 4 x `nbytes` between the first two ranks of node 0, where node 0
-  has two (None otherwise).
+- `local_gbit`, `local_alpha_s`: one send of 4 x `nbytes`, and the tiny all-gather, between
+  the first two ranks of node 0, where node 0 has two (None otherwise).
 The model predicts at the link's nominal rate; these say how far gloo's traffic gets from it.
 """
 
@@ -38,11 +38,11 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         fn()  # warm-up (connections, allocations)
         return statistics.median(_timed(fn, device) for _ in range(repeats))
 
-    def latency():
-        if me in (a, b):
+    def latency(group=pair, members=(a, b)):
+        if me in members:
             outs = [torch.empty(1), torch.empty(1)]
             for _ in range(TINY_CALLS):
-                dist.all_gather(outs, tiny, group=pair)
+                dist.all_gather(outs, tiny, group=group)
 
     def stream(src=a, dst=b, tensor=buf):
         if me == src:
@@ -61,10 +61,14 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         "stream_gbit": gbit(median(stream)),
         "duplex_gbit": gbit(median(duplex)),
         "local_gbit": None,
+        "local_alpha_s": None,
     }
     if len(nodes.nodes[0]) > 1:
         big = torch.zeros(4 * numel)
         mate = nodes.nodes[0][1]
+        mates = dist.new_group([a, mate])
         out["local_gbit"] = gbit(median(lambda: stream(a, mate, big)), 4 * nbytes)
+        out["local_alpha_s"] = median(lambda: latency(mates, (a, mate))) / TINY_CALLS
+        dist.destroy_process_group(mates)
     dist.destroy_process_group(pair)
     return out
