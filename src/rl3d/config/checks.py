@@ -15,6 +15,7 @@ from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
 from rl3d.config.schema import RL3DConfig
 from rl3d.config.tracking import check_trackers
 from rl3d.config.validation import check_validation
+from rl3d.config.warm_start import check_warm_start
 
 
 def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> None:
@@ -27,6 +28,7 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
     _check_roles(cfg, fail)
     check_validation(cfg, fail)
     check_trackers(cfg, fail)
+    check_warm_start(cfg, fail)
 
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:

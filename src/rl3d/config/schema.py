@@ -22,6 +22,7 @@ from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPool
 from rl3d.config.errors import FieldError
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.validation import ValidationFields
+from rl3d.config.warm_start import WarmStartConfig
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -128,6 +129,7 @@ class ActorConfig(TrainedRoleConfig):
     # update (no KL in the reward): pi_old is then the policy being updated, and the loss uses
     # its own detached log-probs.
     recompute_old_logp: Literal["auto", "always", "never"] = "auto"
+    warm_start: WarmStartConfig | None = None  # SFT on demonstrations before RL (rl3d.config.warm_start)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -63,26 +63,31 @@ def build_rank_workers(
     """The role workers of this rank's pool (actor+rollout and the colocated roles, or the
     roles of an own pool), in role-table order.
 
-    Every role starts from the actor's initial network. A colocated one copies it in memory; one
-    in its own pool (another world, maybe another layout) loads `model.hf_path`, else the
-    actor's initial weights, which the actor's pool writes to `run_dir/init_weights` before
-    `sync()` (a barrier across pools under spmd; under Ray the driver sets the actor's pool up
-    first)."""
+    Every role starts from the actor's initial network (after its SFT, `actor.warm_start`). A
+    colocated one copies it in memory; one in its own pool (another world, maybe another layout)
+    loads `model.hf_path` (not after a warm start), else the actor's initial weights, which the
+    actor's pool writes to `run_dir/init_weights` before `sync()` (a barrier across pools under
+    spmd; under Ray the driver sets the actor's pool up first)."""
     from rl3d.workers.context import RoleContext
 
     rank = RankWorkers(groups, pool)
     ctx = RoleContext(cfg, spec, groups, tokenizer)
     table = role_table(cfg)
     init_dir = run_dir / INIT_WEIGHTS
+    warmed = cfg.actor.warm_start is not None  # the actor's initial weights are its SFT's
     if pool.name == ACTOR:
         actor = rank.workers[ACTOR] = build_worker(table[0], ctx)
-        if len(pools) > 1 and not cfg.model.hf_path:
+        if warmed:
+            from rl3d.controller.warm_start import warm_start
+
+            warm_start(actor, cfg, tokenizer, run_dir)
+        if len(pools) > 1 and (warmed or not cfg.model.hf_path):
             export_initial_weights(actor.role, init_dir)
         sync()
         ctx = replace(ctx, init_from=actor.role)
     else:
         sync()
-        ctx = replace(ctx, init_path=cfg.model.hf_path or str(init_dir))
+        ctx = replace(ctx, init_path=str(init_dir) if warmed else cfg.model.hf_path or str(init_dir))
     for role in table[1:]:
         if role.name in pool.roles:
             rank.workers[role.name] = build_worker(role, ctx)

@@ -165,6 +165,50 @@ def score_turns(a: int, b: int, turns: Sequence[tuple[str, str | None]]) -> floa
     return score
 
 
+def tool_multiply_demonstrations(
+    num_examples: int = 32,
+    seed: int = 0,
+    *,
+    digits: int = 4,
+    max_observation_tokens: int = 16,
+    observation_tags: tuple[str, str] = (OBS_TEXT, OBS_END_TEXT),
+) -> list[dict]:
+    """Ideal `tool_multiply` trajectories for a warm start (`actor.warm_start.data`): the call
+    with the prompt's operands, the calculator's observation, the product copied, EOS.
+
+    The call is parsed (`rl3d.tools.ToolCallParser`) and run through the real calculator
+    (`rl3d.tools.ToolBox`), and the observation is tokenized, cut to `max_observation_tokens` and
+    wrapped in the tags as the agent loop does (`rl3d.rollout.agent_loop`), so a demonstration
+    is a trajectory the loop itself produces for this policy. Rows (`rl3d.controller.warm_start`):
+    ``{"prompt_ids", "segments": [call (loss), observation (no loss), answer + EOS (loss)]}``.
+    Prompts come from their own seed stream, not the RL prompts' (`make_prompts`)."""
+    from rl3d.tools import ToolBox, ToolCall, ToolCallParser
+    from rl3d.tools.calculator import Calculator
+
+    tok, tools = ToolTokenizer(), ToolBox([Calculator()])
+    parser = ToolCallParser(open_tag="<tool_call>", close_tag="</tool_call>")
+    rng = random.Random(f"rl3d.demonstrations:tool_multiply:{digits}:{seed}")
+    lo, hi = 10 ** (digits - 1), 10**digits - 1
+    rows = []
+    for _ in range(num_examples):
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        call_text = f"{CALL_TEXT}{a}*{b}{CALL_END_TEXT}"
+        call = parser.parse(call_text)
+        assert isinstance(call, ToolCall), call
+        result = tools.call(call.name, call.arguments)
+        assert result.ok, result.error
+        body = tok.encode(result.observation())[:max_observation_tokens]
+        observation = tok.encode(observation_tags[0]) + body + tok.encode(observation_tags[1])
+        answer = tok.encode(result.text.strip()) + [EOS_ID]
+        segments = [
+            {"ids": tok.encode(call_text), "loss": True},
+            {"ids": observation, "loss": False},
+            {"ids": answer, "loss": True},
+        ]
+        rows.append({"prompt_ids": tok.encode(f"{a}*{b}="), "segments": segments})
+    return rows
+
+
 # Registered without `register_synthetic_task`'s check that symbols start at SYMBOL_BASE: this
 # vocabulary is its own (`ToolTokenizer`), whose specials are PAD 0 and EOS 1, as there.
 TOOL_MULTIPLY = ToolMultiplyTask(

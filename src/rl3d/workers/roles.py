@@ -389,7 +389,8 @@ class ReferenceWorker(_LogProbMixin):
     def __init__(self, ctx: RoleContext):
         cfg, spec, groups = ctx.cfg, ctx.spec, ctx.groups
         self.cfg, self.spec, self.groups = cfg, spec, groups
-        path = cfg.model.hf_path or ctx.init_path
+        warmed = cfg.actor.warm_start is not None  # then the actor's SFT'd weights, never hf_path's
+        path = ctx.init_path if warmed else cfg.model.hf_path or ctx.init_path
         self.role = MegatronRole(
             spec,
             groups,
