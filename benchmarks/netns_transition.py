@@ -185,6 +185,7 @@ def table_rows(result: dict, args) -> list[dict]:
         local_gbit=cal["local_gbit"] or 20.0,
         alpha_s=cal["alpha_s"],
         local_alpha_s=cal["local_alpha_s"],
+        burst_bytes=int(args.burst_kb * 1024),  # tc's kb: 1024 bytes
     )
     measured_link = replace(setup, link_gbit=cal["stream_gbit"], two_way_gbit=cal["duplex_gbit"])
     rows = []

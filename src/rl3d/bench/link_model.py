@@ -24,7 +24,9 @@ per-call latency, in three steps:
    `link_gbit`, or / `two_way_gbit` when given and the link also carries bytes in; inside a
    node: the bytes one rank sends to node-mates / `local_gbit`), plus `alpha_s` per latency
    step of the call (ring n-1, tree its rounds, send 1; `local_alpha_s` for a call whose
-   ranks share one node). Calls add up.
+   ranks share one node). Calls add up. With `burst_bytes` (tbf's bucket) a node link banks
+   tokens while idle (before the transition, during a call's latency, while its peers finish
+   a round) and sends that many bytes at once: latency and transfer then overlap.
 
 Not modelled: packing and layout copies (CPU time, reported by the measured benchmark), TCP
 and tbf behaviour: the nominal model takes the link at its rate both ways; the benchmark also
@@ -53,6 +55,9 @@ class LinkSetup:
     # per direction while the node's link carries bytes both ways in the same round (a ring
     # across nodes); None: `link_gbit` (the nominal model). Measured: `rl3d.bench.link_probe`.
     two_way_gbit: float | None = None
+    # tbf's bucket (bytes): a node link idle for t seconds banks min(burst, rate x t) bytes that
+    # then leave at once (between calls, while a call waits on its latency); 0: no bucket
+    burst_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -188,12 +193,23 @@ def executor_calls(plan: TransitionPlan, strategy: str, *, bucket_mb: float) -> 
     return calls
 
 
-def call_seconds(call: Call, setup: LinkSetup) -> tuple[float, dict[int, int]]:
-    """(seconds, bytes each node sent over its link) of one call."""
+def call_seconds(
+    call: Call, setup: LinkSetup, tokens: dict[int, float] | None = None
+) -> tuple[float, dict[int, int]]:
+    """(seconds, bytes each node sent over its link) of one call. `tokens`: each node's tbf
+    bucket before the call (with `setup.burst_bytes`), updated in place."""
     link, local = setup.link_gbit * 1e9 / 8, setup.local_gbit * 1e9 / 8
     two_way = (setup.two_way_gbit or setup.link_gbit) * 1e9 / 8
     inside = len({setup.nodes.node_of(r) for r in call.ranks}) == 1 and setup.local_alpha_s is not None
     seconds = call.steps * (setup.local_alpha_s if inside else setup.alpha_s)
+    bucket = tokens if setup.burst_bytes and tokens is not None else None
+
+    def idle(node: int, seconds_idle: float) -> None:
+        if bucket is not None:
+            bucket[node] = min(setup.burst_bytes, bucket.get(node, setup.burst_bytes) + link * seconds_idle)
+
+    for node in range(setup.nodes.num_nodes):
+        idle(node, seconds)  # the call's latency: no bytes on the link yet
     sent: dict[int, int] = defaultdict(int)
     for step in call.rounds:
         egress: dict[int, int] = defaultdict(int)
@@ -206,10 +222,17 @@ def call_seconds(call: Call, setup: LinkSetup) -> tuple[float, dict[int, int]]:
                 ingress[b] += nbytes
             else:
                 mates[src] += nbytes
+        busy = {}
         for node, nbytes in egress.items():
             sent[node] += nbytes
-        out = [nbytes / (two_way if ingress.get(node) else link) for node, nbytes in egress.items()]
-        seconds += max(max(out, default=0.0), max(mates.values(), default=0) / local)
+            banked = bucket.get(node, setup.burst_bytes) if bucket is not None else 0.0
+            busy[node] = max(0.0, nbytes - banked) / (two_way if ingress.get(node) else link)
+            if bucket is not None:
+                bucket[node] = max(0.0, banked - nbytes)
+        span = max(max(busy.values(), default=0.0), max(mates.values(), default=0) / local)
+        for node in range(setup.nodes.num_nodes):
+            idle(node, span - busy.get(node, 0.0))
+        seconds += span
     return seconds, dict(sent)
 
 
@@ -223,8 +246,9 @@ def model_strategy(plan: TransitionPlan, strategy: str, setup: LinkSetup, *, buc
         raise ValueError(f"ranks {missing} of {strategy} are on no node of {setup.nodes.to_json()}")
     seconds, latency, wire = 0.0, 0.0, defaultdict(int)
     per_rank: dict[int, int] = defaultdict(int)
+    tokens: dict[int, float] = {}  # full buckets: the link was idle before the transition
     for call in calls:
-        t, sent = call_seconds(call, setup)
+        t, sent = call_seconds(call, setup, tokens)
         seconds += t
         latency += call_seconds(Call(call.name, (), call.steps, call.ranks), setup)[0]
         for node, nbytes in sent.items():

@@ -14,13 +14,14 @@ The model predicts at the link's nominal rate; these say how far gloo's traffic 
 from __future__ import annotations
 
 import statistics
+import time
 
 import torch
 import torch.distributed as dist
 
 from rl3d.hybrid_engine.nodes import NodeMap
 
-TINY_CALLS = 20
+TINY_CALLS = 41
 
 
 def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3) -> dict:
@@ -38,11 +39,19 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         fn()  # warm-up (connections, allocations)
         return statistics.median(_timed(fn, device) for _ in range(repeats))
 
-    def latency(group=pair, members=(a, b)):
+    def latency(group=pair, members=(a, b)) -> float:
+        """The median of TINY_CALLS tiny all-gathers timed one by one on `members[0]` (a median,
+        not a mean: on a shared CPU a few calls wait for the scheduler)."""
+        times = []
         if me in members:
             outs = [torch.empty(1), torch.empty(1)]
             for _ in range(TINY_CALLS):
+                start = time.perf_counter()
                 dist.all_gather(outs, tiny, group=group)
+                times.append(time.perf_counter() - start)
+        mine = torch.tensor([statistics.median(times) if me == members[0] else 0.0], dtype=torch.float64)
+        dist.all_reduce(mine)
+        return float(mine.item())
 
     def stream(src=a, dst=b, tensor=buf):
         if me == src:
@@ -57,7 +66,7 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
     gbit = lambda seconds, size=nbytes: size * 8 / seconds / 1e9  # noqa: E731
     out = {
         "bytes": nbytes,
-        "alpha_s": median(latency) / TINY_CALLS,
+        "alpha_s": latency(),
         "stream_gbit": gbit(median(stream)),
         "duplex_gbit": gbit(median(duplex)),
         "local_gbit": None,
@@ -68,7 +77,7 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         mate = nodes.nodes[0][1]
         mates = dist.new_group([a, mate])
         out["local_gbit"] = gbit(median(lambda: stream(a, mate, big)), 4 * nbytes)
-        out["local_alpha_s"] = median(lambda: latency(mates, (a, mate))) / TINY_CALLS
+        out["local_alpha_s"] = latency(mates, (a, mate))
         dist.destroy_process_group(mates)
     dist.destroy_process_group(pair)
     return out
