@@ -77,15 +77,45 @@ def hf_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def single_rank(hf_dir):
     """One process: the warm start's curve, then the masking check on a fresh actor."""
-    [out] = run_distributed(single_rank_worker, 1, str(hf_dir), timeout_s=240)
+    run_dir = hf_dir.parent / "run"
+    run_dir.mkdir()
+    [out] = run_distributed(single_rank_worker, 1, str(hf_dir), str(run_dir), timeout_s=300)
     return out
 
 
-def single_rank_worker(rank, world, hf_dir):
+def single_rank_worker(rank, world, hf_dir, run_dir):
     history, after = sft_worker(rank, world, (1, 1, 1), hf_dir)
-    return {"losses": [r["warm_start/loss"] for r in history], "after": after} | mask_worker(
-        rank, world, hf_dir
+    out = {"losses": [r["warm_start/loss"] for r in history], "after": after}
+    return out | mask_worker(rank, world, hf_dir) | reference_worker(rank, world, hf_dir, run_dir)
+
+
+def reference_worker(rank, world, hf_dir, run_dir):
+    """The rank's roles as a run builds them (`build_rank_workers`): the reference is the warmed
+    actor, not `model.hf_path`'s weights."""
+    from pathlib import Path
+
+    from rl3d.config import load_config
+    from rl3d.config.pools import hosting, role_pools
+    from rl3d.controller.rank import build_rank_workers
+    from rl3d.data.tool_task import ToolTokenizer
+    from rl3d.models.bootstrap import destroy_megatron, init_megatron
+    from rl3d.models.spec import spec_of
+    from rl3d.parallel.layout import ParallelLayout
+
+    cfg = load_config(RECIPE, overrides(hf_dir)).config
+    groups = init_megatron(ParallelLayout(1, 1, 1), seed=cfg.trainer.seed)
+    spec = spec_of(cfg.model)
+    pools = role_pools(cfg)
+    tok = ToolTokenizer(spec.vocab_size)
+    built = build_rank_workers(
+        cfg, spec, groups, tok, pools=pools, pool=hosting(pools, "actor"), run_dir=Path(run_dir)
     )
+    actor = built.workers["actor"].role.unwrapped().state_dict()
+    ref = built.workers["reference"].role.unwrapped().state_dict()
+    same = all(torch.equal(actor[k], v) for k, v in ref.items() if torch.is_tensor(v) and k in actor)
+    destroy_megatron()
+    rows = (Path(run_dir) / "warm_start.jsonl").read_text().splitlines()
+    return {"reference_is_warmed_actor": same, "log_rows": len(rows)}
 
 
 def test_sft_trains_and_leaves_a_fresh_optimizer(single_rank):
@@ -93,6 +123,12 @@ def test_sft_trains_and_leaves_a_fresh_optimizer(single_rank):
     assert len(losses) == STEPS
     assert losses[-1] < 0.7 * losses[0], losses  # from ~3.5 nats (uniform over 32 ids)
     assert after == {"lrs_kept": True, "scheduler_kept": True, "adam_state": 0}
+
+
+def test_a_built_rank_warms_the_actor_first_and_the_reference_copies_it(single_rank):
+    # with model.hf_path set, the reference would otherwise load the unwarmed weights
+    assert single_rank["reference_is_warmed_actor"]
+    assert single_rank["log_rows"] == STEPS  # run_dir/warm_start.jsonl, one row per step
 
 
 @pytest.mark.slow
