@@ -110,3 +110,31 @@ def test_killed_rollout_rank_actor_ends_the_run_naming_pool_and_rank(tmp_path):
     assert "rollout/rank0" in proc.stderr
     assert sorted(metrics_by_step(tmp_path / "run")) == [1, 2]
     assert took < 20, took  # Ray's shutdown included; rollout.async.timeout_s is 60
+
+
+STOP_HOOK = """
+def fail_at_5(step, batch, metrics):
+    if step == 5:
+        raise RuntimeError("stopped by the test")
+"""
+
+
+@pytest.mark.slow
+def test_ray_separate_pool_resumes_to_the_uninterrupted_run(tmp_path):
+    """Checkpoint at step 3, fail at step 5 with step 6's rollout maybe in flight, resume: steps
+    4-6 equal the uninterrupted run's (max_staleness 0: the same weights make the same samples)."""
+    (tmp_path / "stop_hook.py").write_text(STOP_HOOK)
+    env = env_with(tmp_path)
+    steps = ("trainer.total_steps=6", "checkpoint.save_every=3", "rollout.async.max_staleness=0", RAY)
+    straight, _ = train(tmp_path / "straight", *steps, env=env)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    failed, _ = train(tmp_path / "resumed", *steps, "trainer.hooks.on_step_end=stop_hook:fail_at_5", env=env)
+    assert failed.returncode == 1 and "stopped by the test" in failed.stderr, failed.stderr[-3000:]
+    resumed, _ = train(tmp_path / "resumed", *steps, env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "(step 3)" in resumed.stderr
+    a, b = metrics_by_step(tmp_path / "straight"), metrics_by_step(tmp_path / "resumed")
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4, 5, 6]
+    for step in (4, 5, 6):
+        for key in ("reward/score_mean", "actor/pg_loss", "actor/grad_norm", "async/staleness_max"):
+            assert b[step][key] == a[step][key], (step, key)
