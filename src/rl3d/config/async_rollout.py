@@ -85,10 +85,8 @@ def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) 
     if al.dynamic_sampling or al.adv_estimator == "remax":
         key = "algorithm.dynamic_sampling" if al.dynamic_sampling else "algorithm.adv_estimator"
         raise fail(key, "needs extra rollout rounds in a step, which placement: separate does not run")
-    if getattr(cfg.trainer, "validates", False):
-        raise fail(
-            "trainer.val_every", "validation generates on the actor's ranks, not with placement: separate"
-        )
+    if cfg.launch.backend != "spmd" and getattr(cfg.trainer, "validates", False):  # spmd: pool requests
+        raise fail("trainer.val_every", "validation with placement: separate: spmd only so far")
     t, t_g = cfg.actor.parallel.tp, ro.pool.tp
     if t % t_g and t_g % t:
         raise fail("rollout.pool.tp", f"tp={t_g} must divide or be a multiple of actor.parallel.tp={t}")

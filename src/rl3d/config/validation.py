@@ -73,8 +73,6 @@ def check_validation(cfg, fail) -> None:
             "validation needs data.val_files (parquet like data.train_files); "
             "only synthetic data makes its own split",
         )
-    if getattr(cfg.rollout, "placement", "colocated") != "colocated":  # AsyncTrainer has its own fit
-        raise fail("trainer.val_every", "validation runs with rollout.placement: colocated only (for now)")
     n = validation_samples(cfg)
     if n % cfg.rollout.n:
         raise fail("trainer.val_n", f"must be a multiple of rollout.n = {cfg.rollout.n}, got {n}")

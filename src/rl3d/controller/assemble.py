@@ -249,7 +249,7 @@ def assemble_trainer(
 
         trainer.validation = Validator(
             cfg,
-            trainer.roles.actor,
+            trainer.rollout,
             trainer.score,
             data.val_prompts,
             sinks=sinks,

@@ -36,7 +36,7 @@ from rl3d.config import LoadedConfig
 from rl3d.config.async_rollout import ROLLOUT_POOL
 from rl3d.config.roles import ACTOR
 from rl3d.controller.trainer import RLTrainer
-from rl3d.single_controller.async_link import AsyncLink, AsyncLinkError
+from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import MODES, Dispatch, Slot
 
@@ -49,7 +49,13 @@ def step_uids(step: int, n: int) -> list[int]:
 
 
 class AsyncTrainer(RLTrainer):
-    """`RLTrainer` on the training ranks of a run with a separate rollout pool."""
+    """`RLTrainer` on the training ranks of a run with a separate rollout pool.
+
+    Every generation is the rollout pool's: a step's first round is the one the pool made ahead
+    (`put_part`); any other call (an algorithm's extra round: DAPO's refill, ReMax's greedy
+    baseline; validation) is a request (`put_request`) the pool answers with the newest policy
+    sent, which the trainer checks: with max_staleness 0 every round is generated exactly as
+    the colocated loop would (same weights, seeds, prompts and uids)."""
 
     def __init__(
         self,
@@ -65,6 +71,11 @@ class AsyncTrainer(RLTrainer):
         self.link, self.send, self.rollout_ranks = link, send, rollout_ranks
         self.sync_bytes, self.rank = sync_bytes, rank
         self.max_staleness = self.cfg.rollout.async_.max_staleness
+        self.published = self.start_step - 1  # the newest policy version sent to the pool
+        self.phase = self.start_step  # the step being trained or just trained (its validation)
+        self.num_requests = 0  # requests are numbered alike on every training rank
+        self.issued: list[tuple[int, int]] = []  # (phase, number) of requests not yet dropped
+        self.step_waits: dict[str, float] = {}
 
     def fit(self) -> list[dict[str, float]]:
         if self.rank == 0:
@@ -81,37 +92,78 @@ class AsyncTrainer(RLTrainer):
 
     def publish_weights(self, version: int) -> dict[str, float]:
         """Send policy `version` (after `version` updates) to the rollout pool, unless no step
-        is left to use it."""
-        if version >= self.cfg.trainer.total_steps:
+        or validation is left to use it."""
+        if version >= self.cfg.trainer.total_steps and not self.validation.due(version):
             return {"weight_sync/bytes": 0.0, "weight_sync/seconds": 0.0}
         if self.rank == 0:
             self.link.announce_weights(version)
-        stats = self.send()
+        stats = self.send()  # returns once the pool holds it
+        self.published = version
         return {"weight_sync/bytes": float(self.sync_bytes), "weight_sync/seconds": stats.seconds}
 
     def generate(self, step: int, metrics: dict[str, float]) -> DataBatch:
         from rl3d.workers.rollout_worker import check_staleness, staleness_metrics
 
-        expected = self.sampler.next_batch()  # the trainer's own copy of the prompt order
+        self.phase = step
+        self.step_waits = {"async/wait_trainer_s": 0.0, "async/requests": 0.0}
+        if self.rank == 0 and step - 2 > self.start_step:  # every training rank has read them
+            self.link.drop_parts(step - 2, len(self.rollout_ranks))
+            self.link.drop_position(step - 2)
+        for _, n in [r for r in self.issued if r[0] <= step - 2]:
+            if self.rank == 0:
+                self.link.drop_request(n, len(self.rollout_ranks))
+        self.issued = [r for r in self.issued if r[0] > step - 2]
+        batch = super().generate(step, metrics)  # the first round, extra rounds, scoring
+        if self.rank == 0 and follows_trainer(self.cfg) and step < self.cfg.trainer.total_steps:
+            self.link.put_position(step + 1, self.sampler.sampler.state_dict())
+        check_staleness(batch, step, self.max_staleness)  # every round's samples
+        metrics |= staleness_metrics(batch, step) | self.step_waits
+        return batch
+
+    def rollout_round(self, prompts: DataBatch, step: int, round_index: int) -> DataBatch:
+        """Round 0: the samples the pool generated ahead from its copy of the sampler, checked
+        against the trainer's prompts. Later rounds (dynamic sampling): requests."""
+        if round_index:
+            return super().rollout_round(prompts, step, round_index)
         start = time.perf_counter()
         parts = self.link.get_parts(step, len(self.rollout_ranks), self.rollout_ranks)
-        waited = time.perf_counter() - start
+        self.step_waits["async/wait_trainer_s"] += time.perf_counter() - start
         batch = GEN.collect([(slot, out) for slot, out, _ in parts], "mean")
-        got, want = sorted(set(batch["index"])), sorted(set(expected["index"]))
+        got, want = sorted(set(batch["index"])), sorted(set(prompts["index"]))
         if got != want:
             raise AsyncLinkError(
                 f"step {step}: the rollout pool generated prompts {got}, the trainer expected {want}"
             )
-        check_staleness(batch, step, self.max_staleness)
-        metrics |= staleness_metrics(batch, step)
-        metrics["async/wait_trainer_s"] = waited
-        metrics["async/wait_rollout_s"] = max(info["wait_rollout_s"] for *_, info in parts)
-        metrics["async/rollout_generate_s"] = max(info["generate_s"] for *_, info in parts)
-        if self.rank == 0 and step - 2 > self.start_step:
-            self.link.drop_parts(step - 2, len(self.rollout_ranks))
-        batch = self.score(batch, metrics)
-        metrics["generate/rounds"] = 1
+        self.step_waits["async/wait_rollout_s"] = max(info["wait_rollout_s"] for *_, info in parts)
+        self.step_waits["async/rollout_generate_s"] = max(info["generate_s"] for *_, info in parts)
         return batch
+
+    def rollout(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:
+        """A generation request to the rollout pool, answered with policy version
+        `self.published` (the newest sent; none newer can come while the trainer waits)."""
+        from rl3d.workers.rollout_worker import POLICY_VERSION
+
+        n, self.num_requests = self.num_requests, self.num_requests + 1
+        self.issued.append((self.phase, n))
+        request = {"prompts": prompts, "seed": step, "greedy": greedy, "version": self.published}
+        if self.rank == 0:
+            self.link.put_request(n, request)
+        start = time.perf_counter()
+        parts = self.link.get_replies(n, len(self.rollout_ranks), self.rollout_ranks)
+        waits = self.step_waits  # a validation's requests count in no step's metrics
+        waits["async/wait_trainer_s"] = waits.get("async/wait_trainer_s", 0.0) + time.perf_counter() - start
+        waits["async/requests"] = waits.get("async/requests", 0.0) + 1
+        batch = GEN.collect(parts, "mean")
+        made = batch[POLICY_VERSION][batch["response_mask"].bool()]
+        if made.numel() and (made != self.published).any():
+            raise AsyncLinkError(
+                f"generation request {n}: the rollout pool answered with policy versions "
+                f"{sorted(set(made.tolist()))}, the trainer sent {self.published}"
+            )
+        return batch
+
+    def end_rollout(self) -> None:
+        pass  # the training ranks hold no generation weights
 
 
 class RolloutPoolRunner:
@@ -134,6 +186,9 @@ class RolloutPoolRunner:
         return []
 
     def _loop(self) -> None:
+        """Serve the trainer's requests first; else generate the next step ahead as soon as the
+        staleness bound (and, with dynamic sampling, the trainer's sampler position) allows;
+        else take in new weights; until the trainer stops."""
         cfg, worker, link = self.cfg, self.worker, self.link
         timeout, staleness = cfg.rollout.async_.timeout_s, cfg.rollout.async_.max_staleness
         start = link.get_start()
@@ -142,24 +197,67 @@ class RolloutPoolRunner:
         worker.version = first - 2  # the trainer sends its current policy (a resumed one: not 0) first
         if not worker.wait_for(first - 1, timeout):
             return
-        slot = Slot(worker.dp_rank, cfg.rollout.pool.dp, worker.tp_rank == 0)
-        for step in range(first, cfg.trainer.total_steps + 1):
-            waited = time.perf_counter()
-            if not worker.wait_for(step - 1 - staleness, timeout):  # the staleness bound
-                return
-            waited = time.perf_counter() - waited
-            prompts = self.sampler.next_batch()
-            prompts.set("uid", step_uids(step, len(prompts)))
-            began = time.perf_counter()
-            part = worker.generate(GEN.split(prompts, slot), step=step * 16)
-            info = {"wait_rollout_s": waited, "generate_s": time.perf_counter() - began}
-            if slot.collects:
-                link.put_part(step, worker.dp_rank, (slot, part, info))
+        self.slot = Slot(worker.dp_rank, cfg.rollout.pool.dp, worker.tp_rank == 0)
+        self.next_request, self.pending = 0, None
+        follows, last = follows_trainer(cfg), cfg.trainer.total_steps
+        step, idle, held = first, time.monotonic(), 0.0  # held: time the next step was held back
+        while True:
+            began = time.monotonic()
+            if self._serve_request():
+                held, idle = held + began - idle, time.monotonic()  # serving is not being held back
+                continue
+            ready = step <= last and worker.version >= step - 1 - staleness  # the staleness bound
+            if ready and (not follows or step == first or worker.agree(link.has_position(step))):
+                if follows and step > first:  # the trainer's sampler after step - 1's rounds
+                    self.sampler.sampler.load_state_dict(link.get_position(step))
+                self._generate_step(step, held + time.monotonic() - idle)
+                step, idle, held = step + 1, time.monotonic(), 0.0
+                continue
+            if worker.poll():
+                continue
             if worker.stopped():
                 return
-        while not worker.stopped():  # the trainer may still send versions before its last step
-            if not worker.poll():
-                time.sleep(0.01)
+            if step <= last and time.monotonic() - idle > timeout:
+                what = f"step {step}'s prompts" if ready else f"policy version {step - 1 - staleness}"
+                raise AsyncLinkError(
+                    f"rollout pool rank {worker.pool_rank}: {what} did not come within {timeout:.0f} s"
+                )
+            time.sleep(POLL_S if step <= last else 0.01)
+
+    def _generate_step(self, step: int, waited: float) -> None:
+        """Step `step`'s first round from this rank's copy of the sampler, handed over."""
+        prompts = self.sampler.next_batch()
+        prompts.set("uid", step_uids(step, len(prompts)))
+        began = time.perf_counter()
+        part = self.worker.generate(GEN.split(prompts, self.slot), step=step * 16)
+        info = {"wait_rollout_s": waited, "generate_s": time.perf_counter() - began}
+        if self.slot.collects:
+            self.link.put_part(step, self.worker.dp_rank, (self.slot, part, info))
+
+    def _serve_request(self) -> bool:
+        """Answer the trainer's next generation request once this rank holds its version."""
+        worker, n = self.worker, self.next_request
+        if self.pending is None:
+            if not worker.agree(self.link.has_request(n)):
+                return False
+            self.pending = self.link.get_request(n)
+        request = self.pending
+        if worker.version < request["version"]:
+            return False
+        share = GEN.split(request["prompts"], self.slot)
+        part = worker.generate(share, step=request["seed"], greedy=request["greedy"])
+        if self.slot.collects:
+            self.link.put_reply(n, worker.dp_rank, (self.slot, part))
+        self.next_request, self.pending = n + 1, None
+        return True
+
+
+def follows_trainer(cfg) -> bool:
+    """Whether each step's prompts start where the trainer's previous step ended (dynamic
+    sampling takes a varying number of rounds per step), not one sampler batch per step."""
+    from rl3d.algos import Algorithm
+
+    return Algorithm(cfg.algorithm).max_rounds > 1
 
 
 def build_async(loaded: LoadedConfig, run_dir: Path, pools: list) -> Any:

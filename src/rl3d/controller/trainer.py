@@ -56,6 +56,9 @@ class NoValidation:
     def after(self, step: int) -> dict[str, float]:
         return {}
 
+    def due(self, step: int) -> bool:
+        return False
+
 
 class RLTrainer:
     def __init__(
@@ -157,25 +160,19 @@ class RLTrainer:
         """Sample prompts, roll out, score, in rounds until the step has its prompts: the
         algorithm's hooks may add to a round (ReMax's greedy baseline) and keep only part of it
         (DAPO's dynamic sampling). Then the generation weights are released."""
-        wanted, algo, actor = self.cfg.data.prompts_per_step, self.algorithm, self.roles.actor
+        wanted, algo = self.cfg.data.prompts_per_step, self.algorithm
         kept: list[DataBatch] = []
         num_kept = rounds = 0
 
         def rollout(prompts: DataBatch, **sampling) -> DataBatch:  # a hook's extra generation
-            return self.score(actor.call("generate_sequences", prompts, step=step, **sampling), {})
+            return self.score(self.rollout(prompts, step=step, **sampling), {})
 
         while num_kept < wanted:
             prompts = self.sampler.next_batch()
             # a unique id per prompt of this step: GRPO-style groups and DAPO's filter key on it
             prompts.set("uid", [step * 1_000_000 + rounds * 10_000 + i for i in range(len(prompts))])
-            batch = self.score(actor.call("generate_sequences", prompts, step=step * 16 + rounds), metrics)
-            batch = algo.on_rollout(
-                batch,
-                prompts,
-                lambda p, **sampling: self.score(
-                    actor.call("generate_sequences", p, step=step, **sampling), {}
-                ),
-            )
+            batch = self.score(self.rollout_round(prompts, step, rounds), metrics)
+            batch = algo.on_rollout(batch, prompts, rollout)
             rounds += 1
             part = algo.keep(batch)
             if len(part):
@@ -189,11 +186,24 @@ class RLTrainer:
                     rounds,
                 )
                 kept, num_kept = [batch], wanted
-        actor.call("release_generation")
+        self.end_rollout()
         metrics["generate/rounds"] = rounds
         merged = DataBatch.concat(kept)
         uids = set(list(dict.fromkeys(merged["uid"].tolist()))[:wanted])
         return merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in uids])
+
+    def rollout_round(self, prompts: DataBatch, step: int, round_index: int) -> DataBatch:
+        """Round `round_index` of step `step`'s rollout (seeded `step * 16 + round_index`)."""
+        return self.rollout(prompts, step=step * 16 + round_index)
+
+    def rollout(self, prompts: DataBatch, *, step: int, **sampling) -> DataBatch:
+        """One generation call, seeded by `step` (`greedy=True`: one greedy response per prompt):
+        on the actor's ranks here, on the rollout pool with a separate one (`AsyncTrainer`).
+        Training rounds, an algorithm's extra rounds and validation all generate through it."""
+        return self.roles.actor.call("generate_sequences", prompts, step=step, **sampling)
+
+    def end_rollout(self) -> None:
+        self.roles.actor.call("release_generation")
 
     def score(self, batch: DataBatch, metrics: dict[str, float]) -> DataBatch:
         scores, reward_metrics = self.roles.reward.call("compute_reward", batch)

@@ -11,7 +11,11 @@ reward group, and logs with that step's metrics:
   "Evaluating Large Language Models Trained on Code") from the n samples of each prompt, a
   sample passing when its score >= `trainer.val_pass_threshold`, averaged over prompts. The
   score is the rule reward's (`reward.fn`): with a learned reward model, `rule_score`;
-- `val/response_length_greedy`, `val/response_length_sampled`; `time/validation`.
+- `val/response_length_greedy`, `val/response_length_sampled`; `time/validation`;
+- with a separate rollout pool (`rollout.placement: separate`), `val/policy_version`: the
+  policy version that generated the answers. The controller's generation calls are then
+  requests to that pool, made after the step's weights were sent: validation after step k
+  answers with version k (the actor after k updates), the policy a colocated run validates.
 
 Validation leaves training exactly as it would have been without it: it only calls worker-group
 methods that keep no state between calls (the engine samples from per-sample generators
@@ -107,12 +111,14 @@ class Validator:
     """Runs validation when due; `after(step)` returns the `val/*` metrics to log with the step."""
 
     def __init__(
-        self, cfg: RL3DConfig, actor, score, prompts: list, *, sinks: list, run_dir: Path, writes: bool
+        self, cfg: RL3DConfig, rollout, score, prompts: list, *, sinks: list, run_dir: Path, writes: bool
     ):
-        """`actor`: the actor's worker group; `score(batch, metrics) -> batch`: the trainer's
-        scoring (the reward group, then any learned reward or cost model)."""
+        """`rollout(prompts, step=, greedy=) -> batch`: the trainer's generation call
+        (`RLTrainer.rollout`: the actor's ranks, or the separate rollout pool);
+        `score(batch, metrics) -> batch`: the trainer's scoring (the reward group, then any
+        learned reward or cost model)."""
         assert prompts, "validation needs prompts"
-        self.cfg, self.actor, self.score, self.prompts = cfg, actor, score, prompts
+        self.cfg, self.rollout, self.score, self.prompts = cfg, rollout, score, prompts
         self.sinks, self.run_dir, self.writes = sinks, Path(run_dir), writes
         self.num_samples = validation_samples(cfg)
 
@@ -123,11 +129,13 @@ class Validator:
             for sink in self.sinks:
                 sink.log(0, metrics)
 
-    def after(self, step: int) -> dict[str, float]:
+    def due(self, step: int) -> bool:
+        """Whether `after(step)` validates."""
         every, last = self.cfg.trainer.val_every, self.cfg.trainer.total_steps
-        if every <= 0 or (step % every and step != last):
-            return {}
-        return self.run(step)
+        return every > 0 and (step % every == 0 or step == last)
+
+    def after(self, step: int) -> dict[str, float]:
+        return self.run(step) if self.due(step) else {}
 
     def run(self, step: int) -> dict[str, float]:
         from rl3d.checkpoint.rng import capture_rng_state, restore_rng_state
@@ -145,6 +153,9 @@ class Validator:
                 metrics[f"val/{key}_sampled"] = _mean(sampled[key])
         metrics["val/response_length_greedy"] = _mean(greedy["length"])
         metrics["val/response_length_sampled"] = _mean(sampled["length"])
+        versions = greedy["policy_version"] + sampled["policy_version"]
+        if versions:  # a separate rollout pool's answers carry the version that made them
+            metrics["val/policy_version"] = float(max(versions))
         tr = self.cfg.trainer
         for k in tr.val_pass_k:
             metrics[f"val/pass_at_{k}"] = mean_pass_at_k(sampled["by_prompt"], k, tr.val_pass_threshold)
@@ -162,6 +173,7 @@ class Validator:
     def _generate(self, *, greedy: bool, repeats: int) -> dict[str, Any]:
         """Scores and response lengths of every response; sampled ones grouped by prompt."""
         from rl3d.controller.assemble import prompt_batch
+        from rl3d.workers.rollout_worker import POLICY_VERSION
 
         chunk = self.cfg.data.prompts_per_step
         out: dict[str, Any] = defaultdict(list)
@@ -173,13 +185,15 @@ class Validator:
                 prompts = prompt_batch(items)
                 prompts.set("uid", [item.index for item in items])
                 seed_step = VAL_STEP_BASE + call
-                batch = self.actor.call("generate_sequences", prompts, step=seed_step, greedy=greedy)
+                batch = self.rollout(prompts, step=seed_step, greedy=greedy)
                 call += 1
                 batch = self.score(batch, {})
                 for key in SCORE_KEYS:
                     if key in batch:
                         out[key] += batch[key].tolist()
                 out["length"] += batch["response_mask"].sum(-1).tolist()
+                if POLICY_VERSION in batch:
+                    out["policy_version"] += batch[POLICY_VERSION][batch["response_mask"].bool()].tolist()
                 passed_on = batch["rule_score"] if "rule_score" in batch else batch["score"]
                 for index, score in zip(batch["index"], passed_on.tolist(), strict=True):
                     by_prompt[int(index)].append(score)

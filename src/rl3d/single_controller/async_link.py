@@ -7,7 +7,10 @@ Keys (under ``async/``):
 - ``start``: {"step", "sampler"} from training rank 0: where the run starts (or resumed);
 - ``weights/<v>``: the trainer is sending policy version v (v = the number of updates made);
 - ``batch/<k>/<dp>``: step k's samples from generation-DP rank dp, with its timings;
-- ``stop``: the trainer is done; ``failed``: a rank of either pool failed (its line).
+- ``stop``: the trainer is done; ``failed``: a rank of either pool failed (its line);
+- ``request/<n>``, ``reply/<n>/<dp>``: the trainer's n-th generation request (an extra rollout
+  round, validation: prompts, seed, greedy, the policy version to use) and each engine's answer;
+- ``position/<k>``: with dynamic sampling, the trainer's sampler position where step k starts.
 
 Under Ray the driver serves the store and runs the trainer's side; a rollout rank actor that
 dies writes no ``failed`` line, so the driver's link is given a `check` that raises naming it
@@ -113,3 +116,39 @@ class AsyncLink:
         """Free a step's parts (every training rank has read them: call two steps later)."""
         for dp in range(num_parts):
             self.store.delete_key(f"batch/{step}/{dp}")
+
+    # -- generation requests and step positions --------------------------------------------------
+    def put_request(self, n: int, request: dict) -> None:
+        self.store.set(f"request/{n}", pickle.dumps(request))
+
+    def has_request(self, n: int) -> bool:
+        return self._has(f"request/{n}")
+
+    def get_request(self, n: int) -> dict:
+        return pickle.loads(self._wait(f"request/{n}", f"generation request {n}"))
+
+    def put_reply(self, n: int, dp_rank: int, part: Any) -> None:
+        self.store.set(f"reply/{n}/{dp_rank}", pickle.dumps(part))
+
+    def get_replies(self, n: int, num_parts: int, pool_ranks: list[int]) -> list[Any]:
+        out = []
+        for dp in range(num_parts):
+            what = f"generation request {n} (world rank {pool_ranks[dp]})"
+            out.append(pickle.loads(self._wait(f"reply/{n}/{dp}", what)))
+        return out
+
+    def drop_request(self, n: int, num_parts: int) -> None:
+        for key in [f"request/{n}", *(f"reply/{n}/{dp}" for dp in range(num_parts))]:
+            self.store.delete_key(key)
+
+    def put_position(self, step: int, sampler_state: dict) -> None:
+        self.store.set(f"position/{step}", pickle.dumps(sampler_state))
+
+    def has_position(self, step: int) -> bool:
+        return self._has(f"position/{step}")
+
+    def get_position(self, step: int) -> dict:
+        return pickle.loads(self._wait(f"position/{step}", f"step {step}'s sampler position"))
+
+    def drop_position(self, step: int) -> None:
+        self.store.delete_key(f"position/{step}")

@@ -12,6 +12,7 @@ Every token records the version of the logits it was sampled from (`policy_versi
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import time
@@ -82,6 +83,10 @@ class RolloutWorker:
         dist.all_reduce(value, op=dist.ReduceOp.MAX, group=self.tp_group)
         return bool(value.item())
 
+    def agree(self, flag: bool) -> bool:
+        """`flag` agreed over this engine's TP ranks (the pool's loop branches on it)."""
+        return self._agreed(flag)
+
     def _announced(self, version: int) -> bool:
         return self._agreed(self.link.weights_announced(version))
 
@@ -125,14 +130,16 @@ class RolloutWorker:
         self._chunk_versions[-1].append(self.version)
 
     # -- generation ----------------------------------------------------------------------------
-    def generate(self, prompts: DataBatch, *, step: int) -> DataBatch | None:
+    def generate(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
         """This rank's share of a step's prompts, like `ActorRolloutWorker.generate_sequences`
-        (same seeds, same rows), plus `policy_version` per token."""
+        (same seeds, same rows, `greedy` as there), plus `policy_version` per token."""
         from rl3d.workers.roles import ActorRolloutWorker, rollout_sampling
 
         if not len(prompts):
             return None
         params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.dp_rank)
+        if greedy:
+            params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
         self._chunk_versions = []
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
         logps = out.token_logprobs(raw=out.raw_logprobs is not None)

@@ -56,9 +56,20 @@ def test_defaults_keep_the_colocated_loop():
         (ASYNC, ["rollout.pool.tp=3", "launch.nproc_per_node=4"], "rollout.pool.tp"),
         (ASYNC, ["rollout.pool.dp=0"], "rollout.pool.dp"),
         (ASYNC, ["algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling"),
+        (ASYNC, ["launch.backend=ray", "trainer.val_every=2"], "trainer.val_every"),
     ],
 )
 def test_bad_async_settings_name_the_key(recipe, overrides, key):
     with pytest.raises(ConfigError) as err:
         load_config(recipe, overrides)
     assert err.value.key == key, str(err.value)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [["trainer.val_every=2"]],
+)
+def test_extra_rounds_and_validation_run_on_a_separate_pool(overrides):
+    """spmd: validation is requests to the pool."""
+    cfg = load_config(ASYNC, overrides).config
+    assert cfg.rollout.placement == "separate"

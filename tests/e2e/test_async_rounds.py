@@ -1,0 +1,63 @@
+"""Validation on a separate rollout pool (`rollout.placement: separate`),
+end to end on 2 gloo ranks (one training rank, one rollout rank).
+
+A step's first round is the pool's, generated ahead; DAPO's refill rounds, ReMax's greedy
+baseline and validation are generation requests to the pool, answered with the newest policy
+the trainer sent (validation after step k: version k, as the colocated run validates).
+
+- max_staleness 1: DAPO (with ReMax's baseline) and validation run; every training token's
+  recorded version is within the bound, refill rounds happen, validation reports the version
+  it used;
+- max_staleness 0 (slow): validation gives the colocated run's val/* bit for bit and leaves the
+  training metrics as without it; DAPO and ReMax equal the colocated run bit for bit.
+"""
+
+import pytest
+from train_helpers import ROOT, metrics_by_step, run_train
+
+pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
+
+ASYNC = ROOT / "recipes/quickstart_cpu_grpo_async.yaml"
+COLOCATED = ("rollout.placement=colocated", "launch.nproc_per_node=1")  # the same 1-1-1 actor
+WALL_CLOCK = ("time", "perf/", "async/", "weight_sync/", "reshard/")
+VALIDATE = ("trainer.val_every=2", "trainer.val_before_train=true", "trainer.val_pass_k=[1,4]")
+# one response token: a group of 4 often scores all 0 or all 1, so DAPO refills
+DAPO = ("algorithm.dynamic_sampling=true", "rollout.max_new_tokens=1")
+REMAX = ("algorithm.adv_estimator=remax",)
+
+HOOK = """
+import json, os
+
+def record(step, batch, metrics):
+    with open(os.environ["RL3D_TEST_VERSIONS"], "a") as f:
+        v = batch["policy_version"][batch["response_mask"].bool()]
+        f.write(json.dumps({"step": step, "min": int(v.min()), "max": int(v.max())}) + "\\n")
+"""
+
+
+def same(a: dict, b: dict, *, prefix: str = "") -> None:
+    """Every metric of `a` that starts with `prefix` and is no wall-clock one is in `b`, equal."""
+    assert sorted(a) == sorted(b)
+    for step, row in a.items():
+        for key, value in row.items():
+            if key.startswith(prefix) and not key.startswith(WALL_CLOCK):
+                assert b[step].get(key) == value, (step, key, value, b[step].get(key))
+
+
+@pytest.mark.slow
+def test_validation_on_the_pool_equals_colocated_at_staleness_0(tmp_path):
+    common = ("trainer.total_steps=3", "checkpoint.save_every=0", "rollout.async.max_staleness=0")
+    common += ("algorithm.rollout_correction.mode=none",)
+    runs = {
+        "colocated": (*common, *VALIDATE, *COLOCATED),
+        "separate": (*common, *VALIDATE),
+        "unvalidated": common,
+    }
+    for name, overrides in runs.items():
+        proc = run_train(ASYNC, tmp_path / name, *overrides)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    col, sep, plain = (metrics_by_step(tmp_path / name) for name in runs)
+    same(col, sep)  # val/* bit for bit, and the training metrics
+    assert [s for s in sep if "val/score_greedy" in sep[s]] == [0, 2, 3]
+    assert all(sep[s]["val/policy_version"] == s for s in (0, 2, 3))
+    same(plain, {s: sep[s] for s in plain})  # validation changes no training metric
