@@ -82,11 +82,12 @@ def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) 
         return
     if ro.engine != "torch":
         raise fail("rollout.engine", f"placement: separate runs the torch engine, got {ro.engine!r}")
-    if al.dynamic_sampling or al.adv_estimator == "remax":
-        key = "algorithm.dynamic_sampling" if al.dynamic_sampling else "algorithm.adv_estimator"
-        raise fail(key, "needs extra rollout rounds in a step, which placement: separate does not run")
-    if cfg.launch.backend != "spmd" and getattr(cfg.trainer, "validates", False):  # spmd: pool requests
-        raise fail("trainer.val_every", "validation with placement: separate: spmd only so far")
+    if cfg.launch.backend != "spmd":  # spmd: extra rounds and validation are requests to the pool
+        if al.dynamic_sampling or al.adv_estimator == "remax":
+            key = "algorithm.dynamic_sampling" if al.dynamic_sampling else "algorithm.adv_estimator"
+            raise fail(key, "extra rollout rounds with placement: separate: spmd only so far")
+        if getattr(cfg.trainer, "validates", False):
+            raise fail("trainer.val_every", "validation with placement: separate: spmd only so far")
     t, t_g = cfg.actor.parallel.tp, ro.pool.tp
     if t % t_g and t_g % t:
         raise fail("rollout.pool.tp", f"tp={t_g} must divide or be a multiple of actor.parallel.tp={t}")

@@ -55,7 +55,7 @@ def test_defaults_keep_the_colocated_loop():
         (ASYNC, ["launch.nproc_per_node=3"], "launch.nproc_per_node"),
         (ASYNC, ["rollout.pool.tp=3", "launch.nproc_per_node=4"], "rollout.pool.tp"),
         (ASYNC, ["rollout.pool.dp=0"], "rollout.pool.dp"),
-        (ASYNC, ["algorithm.dynamic_sampling=true"], "algorithm.dynamic_sampling"),
+        (ASYNC, ["launch.backend=ray", "algorithm.adv_estimator=remax"], "algorithm.adv_estimator"),
         (ASYNC, ["launch.backend=ray", "trainer.val_every=2"], "trainer.val_every"),
     ],
 )
@@ -67,9 +67,9 @@ def test_bad_async_settings_name_the_key(recipe, overrides, key):
 
 @pytest.mark.parametrize(
     "overrides",
-    [["trainer.val_every=2"]],
+    [["algorithm.dynamic_sampling=true"], ["algorithm.adv_estimator=remax"], ["trainer.val_every=2"]],
 )
 def test_extra_rounds_and_validation_run_on_a_separate_pool(overrides):
-    """spmd: validation is requests to the pool."""
+    """spmd: DAPO's refill rounds, ReMax's greedy round and validation are requests to the pool."""
     cfg = load_config(ASYNC, overrides).config
     assert cfg.rollout.placement == "separate"
