@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from multinode_helpers import QUICK, TIMEOUT_S, metrics_lines, wait_all, wait_until
-from train_helpers import GRPO, assert_same_metrics, metrics_by_step, train_env
+from train_helpers import GRPO, assert_same_metrics, metrics_by_step, run_train, train_env
 
 from rl3d.launch.torchrun import STUCK_AFTER_S
 
@@ -18,16 +18,18 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.distributed]
 RDZV_PORT = 29400
 
 
-def start_torchrun(nodes, run_dir: Path, *overrides: str) -> list[subprocess.Popen]:
-    """One torchrun per node (1 rank each), rendezvous at node0; output in run_dir/node<i>.out."""
+def start_torchrun(nodes, run_dir: Path, *overrides: str, per_node: int = 1) -> list[subprocess.Popen]:
+    """One torchrun per node (`per_node` ranks each), rendezvous at node0; output in
+    run_dir/node<i>.out."""
     run_dir.mkdir(parents=True, exist_ok=True)
     procs = []
     for node in nodes:
         cmd = [
-            sys.executable, "-m", "rl3d.launch.torchrun", f"--nnodes={len(nodes)}", "--nproc-per-node=1",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint={nodes[0].hostname}:{RDZV_PORT}", "--rdzv-id=mn",
+            sys.executable, "-m", "rl3d.launch.torchrun", f"--nnodes={len(nodes)}",
+            f"--nproc-per-node={per_node}", "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={nodes[0].hostname}:{RDZV_PORT}", "--rdzv-id=mn",
             "--max-restarts=0", "-m", "rl3d.train", str(GRPO), f"trainer.run_dir={run_dir}",
-            f"launch.nnodes={len(nodes)}", "launch.nproc_per_node=1", *overrides,
+            f"launch.nnodes={len(nodes)}", f"launch.nproc_per_node={per_node}", *overrides,
         ]  # fmt: skip
         out = open(run_dir / f"node{node.index}.out", "w")
         procs.append(node.popen(cmd, env=train_env(), stdout=out, stderr=subprocess.STDOUT))
@@ -44,6 +46,21 @@ def test_two_nodes_train_like_one_node_with_two_ranks(sim_nodes, single_node_met
     codes = [proc.wait(timeout=240) for proc in procs]
     assert codes == [0, 0], outputs(run_dir)
     assert_same_metrics(single_node_metrics, metrics_by_step(run_dir), exact=True)
+
+
+FOUR_RANKS = ("actor.parallel.dp=2",)  # the quickstart's tp=2, twice: 4 ranks
+
+
+def test_two_nodes_of_two_ranks_train_like_one_node_with_four(sim_nodes, tmp_path):
+    """2 nodes x 2 ranks (each node one TP pair, DP across the nodes) == 1 node x 4 ranks."""
+    single = tmp_path / "single"
+    proc = run_train(GRPO, single, *QUICK, *FOUR_RANKS, "launch.nproc_per_node=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_dir = tmp_path / "run"
+    procs = start_torchrun(sim_nodes, run_dir, *QUICK, *FOUR_RANKS, per_node=2)
+    codes = [proc.wait(timeout=240) for proc in procs]
+    assert codes == [0, 0], outputs(run_dir)
+    assert_same_metrics(metrics_by_step(single), metrics_by_step(run_dir), exact=True)
 
 
 def test_link_down_mid_run_ends_both_nodes_within_the_timeout(sim_nodes, tmp_path):
