@@ -10,6 +10,7 @@ separate`): the rollout pool is its own placement group of rank actors, the driv
 
 import json
 import os
+import re
 import subprocess
 import time
 
@@ -106,7 +107,8 @@ def test_killed_rollout_rank_actor_ends_the_run_naming_pool_and_rank(tmp_path):
     )
     took = time.time() - float(killed_at.read_text())
     assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "WorkerDiedError: rollout pool rank 0 died during" in proc.stderr, proc.stderr[-3000:]
+    named = re.search(r"WorkerDiedError: rollout pool rank 0 on node \S+ \(\S+\) died during", proc.stderr)
+    assert named, proc.stderr[-3000:]
     assert "rollout/rank0" in proc.stderr
     assert sorted(metrics_by_step(tmp_path / "run")) == [1, 2]
     assert took < 20, took  # Ray's shutdown included; rollout.async.timeout_s is 60

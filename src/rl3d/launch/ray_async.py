@@ -114,12 +114,15 @@ class RolloutPool:
         self.ranks, self.refs = ranks, refs  # RankActors, one `run_rollout_rank` ref per rank
 
     def check(self, what: str = "the rollout loop") -> None:
-        """Raise if a rollout rank's loop has ended: died (named), or failed (its error)."""
+        """Raise if a rollout rank's loop has ended: died (named), or failed (its error); or if
+        a rollout rank has been silent for `launch.timeout_s` (its node lost, `Liveness`)."""
         import ray
 
         done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
         if done:
             self._raise(done, what)
+        if self.ranks.liveness is not None:
+            self.ranks.liveness.check(self.ranks.ranks, role="rollout pool", what=what)
 
     def _raise(self, done: list, what: str) -> None:
         import ray
@@ -133,8 +136,10 @@ class RolloutPool:
                 ray.get(ref, timeout=0)
             except RayActorError as err:
                 reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                nodes = self.ranks.liveness.nodes if self.ranks.liveness is not None else None
+                where = f" on node {nodes[rank]}" if nodes else ""
                 raise WorkerDiedError(
-                    f"rollout pool rank {rank} died during {what} (its Ray actor "
+                    f"rollout pool rank {rank}{where} died during {what} (its Ray actor "
                     f"{ROLLOUT_POOL}/rank{rank} is gone: {reason})",
                     role=ROLLOUT_POOL,
                     rank=rank,
@@ -150,8 +155,9 @@ class RolloutPool:
             f"rollout pool rank {rank} left the rollout loop during {what}", role=ROLLOUT_POOL, rank=rank
         )
 
-    def wait(self, refs: list, *, role: str, what: str, timeout_s: float) -> list:
-        """`refs`' values in order, watching the rollout ranks meanwhile."""
+    def wait(self, refs: list, *, role: str, what: str, timeout_s: float, liveness=None) -> list:
+        """`refs`' values in order (rank i's call is refs[i]), watching the rollout ranks
+        meanwhile, and with `liveness` (the called pool's) the called ranks' nodes."""
         import ray
 
         from rl3d.single_controller.ray import gather
@@ -162,10 +168,13 @@ class RolloutPool:
             self.check(what)
             if len(ready) == len(refs):
                 break
+            if liveness is not None:
+                liveness.check([r for r, ref in enumerate(refs) if ref not in ready], role=role, what=what)
             if time.monotonic() > deadline:
                 break  # gather names the late ranks
+        ranks = list(range(len(refs)))
         try:
-            out = gather(refs, list(range(len(refs))), role=role, what=what, timeout_s=0.0)
+            out = gather(refs, ranks, role=role, what=what, timeout_s=0.0, liveness=liveness)
         except Exception:
             time.sleep(WATCH_S)  # a broken transfer: name the rollout rank behind it, if one died
             self.check(what)
@@ -213,7 +222,7 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
     ro = cfg.rollout.async_
     for pool in train_pools:
         res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
-        run.pools[pool.name] = ranks = RankActors(res)
+        run.pools[pool.name] = ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
         ranks.init_distributed(backend, timeout_s=cfg.launch.timeout_s)
         ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
 
@@ -224,7 +233,7 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
     data = build_data(cfg)
     plan = sync_plan(cfg, data.spec, actor)
     res = ResourcePool(ROLLOUT_POOL, num_bundles=rollout.size, bundle=bundle, strategy=strategy)
-    ranks = RankActors(res)
+    ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
     run.rollout = RolloutPool(ranks, [])
     ranks.init_distributed(backend, timeout_s=cfg.launch.timeout_s)
     run.rollout.refs = [
@@ -236,12 +245,17 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
         h.run.remote(join_bridge, host, port, plan, rollout.size, device, ro.timeout_s)
         for h in actor_ranks.handles
     ]
-    run.rollout.wait(joins, role=ACTOR, what="the weight bridge's set-up", timeout_s=ro.timeout_s)
+    live = actor_ranks.liveness
+    run.rollout.wait(
+        joins, role=ACTOR, what="the weight bridge's set-up", timeout_s=ro.timeout_s, liveness=live
+    )
     logger.info("rollout pool: %d rank actor(s); %s", rollout.size, plan.describe())
 
     def send() -> _SendStats:
         refs = [h.run.remote(send_actor_weights) for h in actor_ranks.handles]
-        stats = run.rollout.wait(refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s)
+        stats = run.rollout.wait(
+            refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s, liveness=live
+        )
         sent = sum(s.bytes for s in stats)
         if sent != plan.total_bytes:  # the plan's bytes are what the metric reports
             raise RuntimeError(f"weight sync sent {sent} bytes, the plan has {plan.total_bytes}")
