@@ -45,3 +45,15 @@ def single_node_metrics(tmp_path_factory) -> dict[int, dict]:
     proc = run_train(GRPO, run_dir, *QUICK)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return metrics_by_step(run_dir)
+
+
+@pytest.fixture(scope="session")
+def four_rank_metrics(tmp_path_factory) -> dict[int, dict]:
+    """The GRPO quickstart at tp 2 x dp 2, as 1 node x 4 ranks with `rl3d train` (spmd)."""
+    from multinode_helpers import FOUR_RANKS, QUICK
+    from train_helpers import GRPO, metrics_by_step, run_train
+
+    run_dir = tmp_path_factory.mktemp("single_node_4") / "run"
+    proc = run_train(GRPO, run_dir, *QUICK, *FOUR_RANKS, "launch.nproc_per_node=4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return metrics_by_step(run_dir)

@@ -8,6 +8,7 @@ from pathlib import Path
 STEPS = 3  # every multi-node run that must finish trains the GRPO quickstart this many steps
 QUICK = (f"trainer.total_steps={STEPS}", "checkpoint.save_every=0")
 TIMEOUT_S = 15  # launch.timeout_s of the fault tests
+FOUR_RANKS = ("actor.parallel.dp=2",)  # the quickstart's tp=2 pair, twice: 2 nodes x 2 ranks
 
 
 def metrics_lines(run_dir: Path) -> int:

@@ -1,9 +1,9 @@
 """`rl3d slurm RECIPE --nodes 2` on a real SLURM cluster of two simulated nodes: slurmctld and
 a slurmd on node0, a slurmd on node1, munge shared. The generated sbatch script's srun starts
 one torchrun per node, the c10d rendezvous crosses nodes, and the GRPO quickstart as 2 nodes x
-1 rank trains as 1 node x 2 ranks. A node that loses its link mid-run fails the job, and
-`rl3d slurm status` says why; with --requeue the job comes back when the node does, and
-resumes from its last checkpoint."""
+1 rank trains as 1 node x 2 ranks (and 2 nodes x 2 ranks as 1 node x 4). A node that loses
+its link mid-run fails the job, and `rl3d slurm status` says why; with --requeue the job comes
+back when the node does, and resumes from its last checkpoint."""
 
 import re
 import shutil
@@ -13,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from multinode_helpers import QUICK, TIMEOUT_S, metrics_lines, wait_until
+from multinode_helpers import FOUR_RANKS, QUICK, TIMEOUT_S, metrics_lines, wait_until
 from train_helpers import GRPO, ROOT, assert_same_metrics, metrics_by_step, train_env
 
 from rl3d.launch.slurm import read_job_id
@@ -86,6 +86,17 @@ def test_quickstart_on_two_nodes_trains_like_one_node(cluster, run_root, single_
     assert again.returncode == 0 and "overwrite: removed " in again.stdout, again.stdout + again.stderr
     assert "metrics.jsonl" in again.stdout and read_job_id(run_dir) != job_id
     cluster.client(["scancel", read_job_id(run_dir)])
+
+
+def test_two_nodes_of_two_ranks_train_like_one_node_with_four(cluster, run_root, four_rank_metrics):
+    run_dir = run_root / "run"
+    four = (*QUICK, *FOUR_RANKS, "launch.nproc_per_node=4")  # a valid 4-rank recipe, split over 2 nodes
+    proc = rl3d_slurm(cluster, str(GRPO), "--nodes", "2", f"trainer.run_dir={run_dir}", *four)
+    assert proc.returncode == 0 and "2 node(s) x 2 ranks" in proc.stdout, proc.stdout + proc.stderr
+    job_id = read_job_id(run_dir)
+    state = cluster.wait_for_job(job_id, timeout_s=240)
+    assert state == "COMPLETED", logs(cluster, run_dir)
+    assert_same_metrics(four_rank_metrics, metrics_by_step(run_dir), exact=True)
 
 
 def test_node_losing_its_link_fails_the_job_and_status_says_why(cluster, run_root):

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from multinode_helpers import QUICK, TIMEOUT_S, metrics_lines, wait_all, wait_until
-from train_helpers import GRPO, assert_same_metrics, metrics_by_step, run_train, train_env
+from multinode_helpers import FOUR_RANKS, QUICK, TIMEOUT_S, metrics_lines, wait_all, wait_until
+from train_helpers import GRPO, assert_same_metrics, metrics_by_step, train_env
 
 from rl3d.launch.torchrun import STUCK_AFTER_S
 
@@ -48,19 +48,13 @@ def test_two_nodes_train_like_one_node_with_two_ranks(sim_nodes, single_node_met
     assert_same_metrics(single_node_metrics, metrics_by_step(run_dir), exact=True)
 
 
-FOUR_RANKS = ("actor.parallel.dp=2",)  # the quickstart's tp=2, twice: 4 ranks
-
-
-def test_two_nodes_of_two_ranks_train_like_one_node_with_four(sim_nodes, tmp_path):
+def test_two_nodes_of_two_ranks_train_like_one_node_with_four(sim_nodes, four_rank_metrics, tmp_path):
     """2 nodes x 2 ranks (each node one TP pair, DP across the nodes) == 1 node x 4 ranks."""
-    single = tmp_path / "single"
-    proc = run_train(GRPO, single, *QUICK, *FOUR_RANKS, "launch.nproc_per_node=4")
-    assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = tmp_path / "run"
     procs = start_torchrun(sim_nodes, run_dir, *QUICK, *FOUR_RANKS, per_node=2)
     codes = [proc.wait(timeout=240) for proc in procs]
     assert codes == [0, 0], outputs(run_dir)
-    assert_same_metrics(metrics_by_step(single), metrics_by_step(run_dir), exact=True)
+    assert_same_metrics(four_rank_metrics, metrics_by_step(run_dir), exact=True)
 
 
 def test_link_down_mid_run_ends_both_nodes_within_the_timeout(sim_nodes, tmp_path):
