@@ -117,3 +117,22 @@ def test_extra_rounds_on_the_pool_equal_colocated_at_staleness_0(tmp_path, algo)
         r - 1 + g for r, g in zip(rounds, greedy_rounds, strict=True)
     ]
     assert algo != DAPO or max(rounds) > 1  # DAPO refilled: those rounds were requests
+
+
+@pytest.mark.slow
+def test_rounds_and_validation_under_ray_equal_spmd(tmp_path):
+    """The Ray driver runs the same AsyncTrainer and its rollout rank actors the same loop:
+    DAPO + ReMax + validation at max_staleness 0 give the spmd run's metrics bit for bit."""
+    pytest.importorskip("ray")
+    from test_ray_async import RAY, env_with, train
+
+    common = ("trainer.total_steps=4", "checkpoint.save_every=0", "rollout.async.max_staleness=0")
+    common += ("algorithm.rollout_correction.mode=none", *DAPO, *REMAX, *VALIDATE)
+    env = env_with(tmp_path)
+    for name, extra in (("spmd", ()), ("ray", (RAY,))):
+        proc, _ = train(tmp_path / name, *common, *extra, env=env)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    spmd, ray = metrics_by_step(tmp_path / "spmd"), metrics_by_step(tmp_path / "ray")
+    same(spmd, ray)
+    assert all(ray[s]["val/policy_version"] == s for s in (0, 2, 4))
+    assert any(ray[s]["async/requests"] > 1 for s in range(1, 5))  # refill and baseline requests

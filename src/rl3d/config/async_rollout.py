@@ -71,7 +71,7 @@ def is_separate(cfg: RL3DConfig) -> bool:
 
 def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) -> None:
     """Cross-section checks (before any process group starts); `fail(key, message)`."""
-    ro, al = cfg.rollout, cfg.algorithm
+    ro = cfg.rollout
     if not is_separate(cfg):
         if ro.async_.max_staleness > 0:
             raise fail(
@@ -82,12 +82,6 @@ def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) 
         return
     if ro.engine != "torch":
         raise fail("rollout.engine", f"placement: separate runs the torch engine, got {ro.engine!r}")
-    if cfg.launch.backend != "spmd":  # spmd: extra rounds and validation are requests to the pool
-        if al.dynamic_sampling or al.adv_estimator == "remax":
-            key = "algorithm.dynamic_sampling" if al.dynamic_sampling else "algorithm.adv_estimator"
-            raise fail(key, "extra rollout rounds with placement: separate: spmd only so far")
-        if getattr(cfg.trainer, "validates", False):
-            raise fail("trainer.val_every", "validation with placement: separate: spmd only so far")
     t, t_g = cfg.actor.parallel.tp, ro.pool.tp
     if t % t_g and t_g % t:
         raise fail("rollout.pool.tp", f"tp={t_g} must divide or be a multiple of actor.parallel.tp={t}")
