@@ -120,6 +120,33 @@ def test_extra_rounds_on_the_pool_equal_colocated_at_staleness_0(tmp_path, algo)
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ("actor.parallel.tp=2", "rollout.t_g=2", "rollout.pool.tp=2"),  # one engine over 2 ranks
+        ("actor.parallel.dp=2", "rollout.pool.dp=2"),  # 2 training ranks, 2 engines
+    ],
+    ids=["tp2", "dp2"],
+)
+def test_rounds_and_validation_on_a_two_rank_pool_equal_colocated(tmp_path, layout):
+    """The TP ranks of an engine agree on which request to serve; two engines each answer
+    their share; two training ranks read every answer."""
+    common = ("trainer.total_steps=4", "checkpoint.save_every=0", "rollout.async.max_staleness=0")
+    common += ("algorithm.rollout_correction.mode=none", *DAPO, *REMAX, *VALIDATE, *layout)
+    runs = {
+        "colocated": ("rollout.placement=colocated", "launch.nproc_per_node=2"),
+        "separate": ("launch.nproc_per_node=4",),
+    }
+    for name, extra in runs.items():
+        proc = run_train(ASYNC, tmp_path / name, *common, *extra)
+        assert proc.returncode == 0, (name, proc.stderr[-3000:])
+    col, sep = metrics_by_step(tmp_path / "colocated"), metrics_by_step(tmp_path / "separate")
+    same(col, sep)
+    assert any(sep[s]["generate/rounds"] > 1 for s in range(1, 5))
+    assert all(sep[s]["val/policy_version"] == s for s in (0, 2, 4))
+
+
+@pytest.mark.slow
 def test_rounds_and_validation_under_ray_equal_spmd(tmp_path):
     """The Ray driver runs the same AsyncTrainer and its rollout rank actors the same loop:
     DAPO + ReMax + validation at max_staleness 0 give the spmd run's metrics bit for bit."""

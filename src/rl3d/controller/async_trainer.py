@@ -9,6 +9,14 @@ sends. The other ranks run `AsyncTrainer`, the same `RLTrainer` loop whose gener
 takes the finished samples instead of generating, and whose reshard stage sends the updated
 weights to the rollout pool instead of resharding in place.
 
+Every other generation of the loop is a request to the pool (`RLTrainer.rollout`): DAPO's
+refill rounds, ReMax's greedy baseline and validation. The pool answers requests before
+generating ahead, with the newest policy the trainer sent (the trainer waits for the answer, so
+none newer can come meanwhile): an extra round of step k with version k - 1, validation after
+step k with version k, so at max_staleness 0 every generation is the colocated loop's. With
+dynamic sampling a step takes a varying number of sampler batches, so the pool starts step
+k + 1 at the trainer's sampler position after step k's rounds (posted when they end).
+
 Old log-probs of stale samples are the current actor's (as in the colocated loop: recomputed,
 or the update's own detached log-probs when one update covers the step): PPO's trust region is
 then around the policy being updated (decoupled PPO, as AReaL), and the behaviour policy,
