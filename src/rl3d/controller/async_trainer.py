@@ -105,7 +105,7 @@ class AsyncTrainer(RLTrainer):
             return {"weight_sync/bytes": 0.0, "weight_sync/seconds": 0.0}
         if self.rank == 0:
             self.link.announce_weights(version)
-        stats = self.send()  # returns once the pool holds it
+        stats = self.send()  # returns once the pool took every bucket
         self.published = version
         return {"weight_sync/bytes": float(self.sync_bytes), "weight_sync/seconds": stats.seconds}
 
