@@ -1,6 +1,7 @@
 """The tool recipe end to end (issue 25): real torchrun, megatron actor at tp=2, the agent loop
 over the torch engine with the calculator, GRPO on multi-turn trajectories."""
 
+import json
 import statistics
 
 import pytest
@@ -14,10 +15,17 @@ TOOL_KEYS = {"tool/calls_mean", "tool/errors", "tool/timeouts", "turns/mean", "r
 def test_tool_recipe_logs_tool_metrics_and_matching_logprobs(tmp_path):
     run_dir = tmp_path / "run"
     # recompute pi_old with the actor, so the batch holds the trainer's log-probs of every token
-    proc = run_train(TOOL, run_dir, "trainer.total_steps=3", "actor.recompute_old_logp=always")
+    proc = run_train(
+        TOOL, run_dir, "trainer.total_steps=3", "actor.recompute_old_logp=always", "actor.warm_start.steps=30"
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = metrics_by_step(run_dir)
     assert sorted(steps) == [1, 2, 3]
+    # the SFT warm start ran first (its loss falls), and the reference is the warmed policy:
+    # the KL term of the first update (before it changes the actor) is zero
+    sft = [json.loads(line) for line in (run_dir / "warm_start.jsonl").read_text().splitlines()]
+    assert len(sft) == 30 and sft[-1]["warm_start/loss"] < 0.8 * sft[0]["warm_start/loss"]
+    assert steps[1]["actor/kl_loss"] < 1e-9
     for row in steps.values():
         assert TOOL_KEYS <= set(row)
         # multi-turn trajectories: observations in the context, policy tokens after them
@@ -30,16 +38,18 @@ def test_tool_recipe_logs_tool_metrics_and_matching_logprobs(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_tool_recipe_learns(seed, tmp_path):
-    """The tool demo's promise (README): over 200 steps the mean reward of the last 20 steps is
-    clearly above the first 20 (the policy learns to open its answer with a valid calculator
-    call; benchmarks/demo/tool_multiply.md: 0.048-0.057 -> 0.212-0.248 over seeds 1-3)."""
+def test_tool_recipe_learns_to_copy_the_tools_result(seed, tmp_path):
+    """The tool demo's promise (README, benchmarks/demo/tool_multiply.md): after the SFT warm
+    start, 200 GRPO steps raise the share of exact answers (the calculator's result copied, after
+    a call with the prompt's operands) above what the warmed policy starts with. Measured over
+    seeds 1-3, first-20 -> last-20 step means: 0.403 -> 0.819, 0.619 -> 0.856, 0.897 -> 0.956
+    (each window 640 trajectories: a standard error of ~0.02 or less)."""
     run_dir = tmp_path / "run"
     proc = run_train(TOOL, run_dir, f"trainer.seed={seed}", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     steps = [row for _, row in sorted(metrics_by_step(run_dir).items())]
     assert len(steps) == 200
-    first = statistics.fmean(r["reward/score_mean"] for r in steps[:20])
-    last = statistics.fmean(r["reward/score_mean"] for r in steps[-20:])
-    print(f"seed {seed}: first-20 {first:.3f} last-20 {last:.3f}")
-    assert first <= 0.15 and last >= 0.18 and last - first >= 0.1, (first, last)
+    first = statistics.fmean(r["tool_task/answer_exact"] for r in steps[:20])
+    last = statistics.fmean(r["tool_task/answer_exact"] for r in steps[-20:])
+    print(f"seed {seed}: exact answers first-20 {first:.3f} last-20 {last:.3f}")
+    assert last >= 0.75 and last - first >= 0.04, (first, last)
