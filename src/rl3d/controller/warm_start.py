@@ -147,11 +147,15 @@ def step_rows(num_rows: int, *, steps: int, batch_size: int, seed: int) -> list[
     return out
 
 
-def sft_loss(actor: Any):
-    """Token-mean NLL over the trained response tokens (`loss_of` for `MegatronRole`)."""
+def sft_loss(role: Any):
+    """Token-mean NLL over the trained response tokens (`loss_of` for the `MegatronRole` `role`;
+    log-probs over the TP-sharded vocabulary, as the policy loss reads them)."""
+    from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 
     def loss_of(output: torch.Tensor, micro: DataBatch):
-        logp, _ = actor._logp_entropy(output, micro, actor.role)
+        logits = role.response_slice(output, micro)
+        tp_group, vocab = role.groups.tp_group, role.spec.vocab_size
+        logp, _ = vocab_parallel_logprobs_entropy(logits, micro["responses"], tp_group, vocab_size=vocab)
         mask = micro["response_mask"].to(logp.dtype)
         nll = -(logp * mask).sum()
         loss = nll / mask.sum().clamp(min=1.0)
@@ -183,7 +187,7 @@ def warm_start(actor: Any, cfg: Any, tokenizer: Any, run_dir: Path | None = None
     for g in role.optimizer.param_groups:
         g["lr"] = ws.lr
     history: list[dict[str, float]] = []
-    loss_of = sft_loss(actor)
+    loss_of = sft_loss(role)
     start = time.perf_counter()
     try:
         for step, chosen in enumerate(

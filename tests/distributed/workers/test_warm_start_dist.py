@@ -154,7 +154,8 @@ def mask_worker(rank, world, hf_dir):
     mask = batch["response_mask"]
     observed = int((mask[0] == 0).nonzero()[0])  # the first observation token of row 0
     policy = int(mask[0].nonzero()[0])
-    loss_of, role = sft_loss(actor), actor.role
+    role = actor.role
+    loss_of = sft_loss(role)
 
     def loss_and_grads(b):
         outs = role.run_forward(b, 4, loss_of)
