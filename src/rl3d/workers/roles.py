@@ -47,14 +47,15 @@ def _megatron_info(
     )
 
 
-def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int):
+def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bool = False):
     """The engine's sampling for a step's rollout on one generation-DP rank: the recipe's
     `rollout` settings and a seed of (trainer seed, step, rank), the same wherever it runs
-    (colocated actor or a separate rollout pool)."""
+    (colocated actor or a separate rollout pool). `greedy`: one temperature-0 response per
+    prompt (ReMax's baseline, validation's greedy answers)."""
     from rl3d.rollout import SamplingParams
 
     ro = cfg.rollout
-    return SamplingParams(
+    params = SamplingParams(
         temperature=ro.temperature,
         top_p=ro.top_p,
         top_k=ro.top_k,
@@ -63,6 +64,7 @@ def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int):
         n=ro.n,
         seed=cfg.trainer.seed * 100003 + step * 1009 + gen_dp_rank,
     )
+    return dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1) if greedy else params
 
 
 def _count_unit(mode: str):
@@ -220,9 +222,8 @@ class ActorRolloutWorker(_LogProbMixin):
         collects the rows from generation-TP rank 0).
 
         `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
-        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.gen.coords(self.groups.rank).dp_g)
-        if greedy:
-            params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
+        dp_g = self.gen.coords(self.groups.rank).dp_g
+        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=dp_g, greedy=greedy)
         if not len(prompts):
             return None
         if self.agent is not None:

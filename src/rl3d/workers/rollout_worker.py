@@ -12,7 +12,6 @@ Every token records the version of the logits it was sampled from (`policy_versi
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import logging
 import time
@@ -137,9 +136,7 @@ class RolloutWorker:
 
         if not len(prompts):
             return None
-        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.dp_rank)
-        if greedy:
-            params = dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1)
+        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.dp_rank, greedy=greedy)
         self._chunk_versions = []
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
         logps = out.token_logprobs(raw=out.raw_logprobs is not None)
