@@ -47,6 +47,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=2, metavar="K")
     parser.add_argument("--link-gbit", type=float, required=True, metavar="R", help="inter-node rate")
     parser.add_argument("--burst-kb", type=float, default=64.0)
+    parser.add_argument("--tbf-latency-ms", type=float, default=100.0, help="tbf's queue, in time")
     parser.add_argument("--placement", choices=("contiguous", "spread"), default="spread")
     parser.add_argument("--model", default="llama2-7b-shape-1/64")
     parser.add_argument("--train", default="1,2,1", help="P,T,D")
@@ -133,7 +134,8 @@ def outer(args: argparse.Namespace) -> int:
     ranks_on = placement(world, args.nodes, args.placement)
     started = time.perf_counter()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # still remove the nodes when killed
-    with SimNodes(args.nodes, rate_mbit=args.link_gbit * 1000, burst_kb=args.burst_kb) as nodes:
+    shaping = dict(rate_mbit=args.link_gbit * 1000, burst_kb=args.burst_kb, latency_ms=args.tbf_latency_ms)
+    with SimNodes(args.nodes, **shaping) as nodes:
         procs = []
         for node, ranks in zip(nodes, ranks_on):
             for local, rank in enumerate(ranks):
@@ -217,7 +219,8 @@ def table_rows(result: dict, args) -> list[dict]:
 
 def write_outputs(rows: list[dict], result: dict, args, out: Path, wall_s: float, sent: list[int]) -> None:
     cal = result["calibration"]
-    head = f"{args.nodes} nodes ({args.placement}: {result['nodes']}), link {args.link_gbit:g} Gbit/s (tbf)"
+    head = f"{args.nodes} nodes ({args.placement}: {result['nodes']}), link {args.link_gbit:g} Gbit/s"
+    head += f" (tbf, latency {args.tbf_latency_ms:g} ms)"
     head += f", {args.model}, train {args.train}, gen {args.gen}, median of {args.repeats}"
     cols = "| strategy | measured s | raw s | modelled s | measured / modelled"
     cols += " | modelled at the measured link s | measured / that | calls (measured / modelled)"
@@ -239,7 +242,8 @@ def write_outputs(rows: list[dict], result: dict, args, out: Path, wall_s: float
     lines += [
         "",
         f"link measured in the same run ({cal['bytes']} B): one stream {cal['stream_gbit']:.3f} Gbit/s, "
-        f"two-way exchange {cal['duplex_gbit']:.3f} Gbit/s per direction, per-call latency "
+        f"two-way exchange {cal['duplex_gbit']:.3f} Gbit/s per direction (plain TCP socket: "
+        f"{cal.get('tcp_duplex_gbit', float('nan')):.3f}), per-call latency "
         f"{cal['alpha_s'] * 1e3:.2f} ms; inside a node {local}",
         f"bytes each node sent over its link in the whole run: {sent}; wall {wall_s:.0f} s",
     ]

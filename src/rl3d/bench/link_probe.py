@@ -6,6 +6,8 @@ times, between the first rank of node 0 and the first rank of node 1:
   latency `rl3d.bench.link_model` charges per step;
 - `stream_gbit`: one send of `nbytes` one way (a single TCP stream over the link);
 - `duplex_gbit`: an all-gather of `nbytes` per rank (both directions at once, as a ring does);
+- `tcp_duplex_gbit`: the same two-way exchange on a plain TCP socket between the two (no
+  gloo): what the link itself gives two-way traffic;
 - `local_gbit`, `local_alpha_s`: one send of 4 x `nbytes`, and the tiny all-gather, between
   the first two ranks of node 0, where node 0 has two (None otherwise).
 The model predicts at the link's nominal rate; these say how far gloo's traffic gets from it.
@@ -22,6 +24,49 @@ import torch.distributed as dist
 from rl3d.hybrid_engine.nodes import NodeMap
 
 TINY_CALLS = 41
+
+
+def _tcp_two_way(me: int, a: int, b: int, nbytes: int, repeats: int) -> float:
+    """Median seconds of `nbytes` each way at once over one TCP connection from rank a to rank b
+    (every rank calls it; the others wait at the barriers)."""
+    import socket
+    import threading
+
+    server, conn = None, None
+    port = [0]
+    if me == b:
+        server = socket.create_server(("", 0))
+        port = [server.getsockname()[1]]
+    dist.broadcast_object_list(port, src=b)
+    host = [socket.gethostname()]
+    dist.broadcast_object_list(host, src=b)
+    if me == a:
+        conn = socket.create_connection((host[0], port[0]))
+    elif me == b:
+        conn, _ = server.accept()
+    payload = b"x" * nbytes
+    times = []
+    for _ in range(repeats + 1):  # the first one warms the connection up
+        dist.barrier()
+        start = time.perf_counter()
+        if conn is not None:
+            got = [0]
+
+            def receive(conn=conn, got=got):
+                while got[0] < nbytes:
+                    got[0] += len(conn.recv(min(1 << 20, nbytes - got[0])))
+
+            reader = threading.Thread(target=receive)
+            reader.start()
+            conn.sendall(payload)
+            reader.join()
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        times.append(float(seconds.item()))
+    for sock in (conn, server):
+        if sock is not None:
+            sock.close()
+    return statistics.median(times[1:])
 
 
 def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3) -> dict:
@@ -69,6 +114,7 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         "alpha_s": latency(),
         "stream_gbit": gbit(median(stream)),
         "duplex_gbit": gbit(median(duplex)),
+        "tcp_duplex_gbit": gbit(_tcp_two_way(me, a, b, nbytes, repeats)),
         "local_gbit": None,
         "local_alpha_s": None,
     }

@@ -190,11 +190,12 @@ class SimNodes:
         *,
         rate_mbit: float | None = None,
         burst_kb: float = 64.0,
+        latency_ms: float = 100.0,
         hostname_prefix: str = "node",
     ):
         assert 1 <= num_nodes <= 16, num_nodes
         self.num_nodes = num_nodes
-        self.rate_mbit, self.burst_kb = rate_mbit, burst_kb
+        self.rate_mbit, self.burst_kb, self.latency_ms = rate_mbit, burst_kb, latency_ms
         self.tag = f"{PREFIX}{os.getpid():x}k{next(_counter) % 256:02x}"
         self.bridge = f"{self.tag}b"
         self.nodes = [
@@ -243,17 +244,18 @@ class SimNodes:
                 (HOSTS_DIR / node.netns).mkdir(parents=True, exist_ok=True)
                 (HOSTS_DIR / node.netns / "hosts").write_text(hosts)
                 if self.rate_mbit:
-                    self.shape(node.index, self.rate_mbit, self.burst_kb)
+                    self.shape(node.index, self.rate_mbit, self.burst_kb, self.latency_ms)
         except BaseException:
             self.close()
             raise
 
-    def shape(self, index: int, rate_mbit: float, burst_kb: float = 64.0) -> None:
-        """Limit node `index`'s egress (so every transfer it sends) to `rate_mbit` with `tbf`."""
+    def shape(self, index: int, rate_mbit: float, burst_kb: float = 64.0, latency_ms: float = 100.0) -> None:
+        """Limit node `index`'s egress (so every transfer it sends) to `rate_mbit` with `tbf`;
+        `latency_ms` bounds how long a packet may wait in its queue (the queue's length)."""
         node = self.nodes[index]
         tc = [
             "ip", "netns", "exec", node.netns, "tc", "qdisc", "replace", "dev", "eth0", "root", "tbf",
-            "rate", f"{rate_mbit}mbit", "burst", f"{burst_kb}kb", "latency", "100ms",
+            "rate", f"{rate_mbit}mbit", "burst", f"{burst_kb}kb", "latency", f"{latency_ms}ms",
         ]  # fmt: skip
         proc = subprocess.run(tc, capture_output=True, text=True, timeout=30)
         if proc.returncode != 0:
