@@ -60,7 +60,7 @@ def _tcp_two_way(me: int, a: int, b: int, nbytes: int, repeats: int) -> float:
             reader.start()
             conn.sendall(payload)
             reader.join()
-        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64, device="cpu")
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         times.append(float(seconds.item()))
     for sock in (conn, server):
@@ -77,8 +77,8 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
     a, b = nodes.nodes[0][0], nodes.nodes[1][0]
     pair = dist.new_group([a, b])
     numel = nbytes // 4
-    buf = torch.zeros(numel)
-    tiny = torch.zeros(1)
+    buf = torch.zeros(numel, device=device)
+    tiny = torch.zeros(1, device=device)
 
     def median(fn) -> float:
         fn()  # warm-up (connections, allocations)
@@ -89,12 +89,13 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         not a mean: on a shared CPU a few calls wait for the scheduler)."""
         times = []
         if me in members:
-            outs = [torch.empty(1), torch.empty(1)]
+            outs = [torch.empty(1, device=device), torch.empty(1, device=device)]
             for _ in range(TINY_CALLS):
                 start = time.perf_counter()
                 dist.all_gather(outs, tiny, group=group)
                 times.append(time.perf_counter() - start)
-        mine = torch.tensor([statistics.median(times) if me == members[0] else 0.0], dtype=torch.float64)
+        median_s = statistics.median(times) if me == members[0] else 0.0
+        mine = torch.tensor([median_s], dtype=torch.float64, device=device)
         dist.all_reduce(mine)
         return float(mine.item())
 
@@ -106,7 +107,8 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
 
     def duplex():
         if me in (a, b):
-            dist.all_gather([torch.empty(numel), torch.empty(numel)], buf, group=pair)
+            outs = [torch.empty(numel, device=device), torch.empty(numel, device=device)]
+            dist.all_gather(outs, buf, group=pair)
 
     gbit = lambda seconds, size=nbytes: size * 8 / seconds / 1e9  # noqa: E731
     out = {
@@ -119,7 +121,7 @@ def calibrate_link(nodes: NodeMap, *, nbytes: int = 2_000_000, repeats: int = 3)
         "local_alpha_s": None,
     }
     if len(nodes.nodes[0]) > 1:
-        big = torch.zeros(4 * numel)
+        big = torch.zeros(4 * numel, device=device)
         mate = nodes.nodes[0][1]
         mates = dist.new_group([a, mate])
         out["local_gbit"] = gbit(median(lambda: stream(a, mate, big)), 4 * nbytes)
