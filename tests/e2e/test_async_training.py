@@ -77,7 +77,13 @@ def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
         "rollout.max_new_tokens=12",
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    metrics = metrics_by_step(tmp_path / "run")
+    check_staleness_within_one(metrics_by_step(tmp_path / "run"), versions)
+
+
+def check_staleness_within_one(metrics: dict, versions) -> list[dict]:
+    """An 8-step run at max_staleness 1 whose hook wrote each step's token versions to
+    `versions`: no token over the bound on either side, the pool ran ahead, the async/* and
+    weight_sync/* metrics logged with the plan's bytes. Returns the hook's rows."""
     rows = [json.loads(line) for line in versions.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 9))
     for r in rows:  # the trainer at step k holds version k - 1; max_staleness = 1
@@ -88,4 +94,5 @@ def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
         for key in ("async/wait_trainer_s", "async/wait_rollout_s", "weight_sync/seconds"):
             assert m[key] >= 0.0
     assert any(m["async/staleness_max"] == 1.0 for m in metrics.values())  # it did run ahead
-    assert all(metrics[s]["weight_sync/bytes"] == 500992.0 for s in range(1, 8))
+    assert all(metrics[s]["weight_sync/bytes"] == 500992.0 for s in range(1, 8))  # the plan's
+    return rows

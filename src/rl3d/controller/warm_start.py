@@ -106,6 +106,22 @@ def demonstration(row: dict, tokenizer: Any, where: str = "demonstration") -> De
     return Demonstration(prompt, response, mask)
 
 
+def demonstrations(rows: list[dict], tokenizer: Any) -> tuple[list[Demonstration], int]:
+    """The usable demonstrations of `rows` and how many were not: a bad row is reported (its
+    index and why) and counted, never fatal, unless no row is usable."""
+    demos, bad = [], 0
+    for i, row in enumerate(rows):
+        where = f"actor.warm_start.data[{i}]"
+        try:
+            demos.append(demonstration(row, tokenizer, where))
+        except (ValueError, TypeError, KeyError) as err:
+            bad += 1
+            logger.warning("warm start: skipping %s: %s", where, err)
+    if not demos:
+        raise ValueError(f"actor.warm_start.data: none of the {len(rows)} rows is a usable demonstration")
+    return demos, bad
+
+
 def demonstration_batch(
     demos: list[Demonstration], *, pad_token_id: int, width: tuple[int, int]
 ) -> DataBatch:
@@ -176,7 +192,7 @@ def warm_start(actor: Any, cfg: Any, tokenizer: Any, run_dir: Path | None = None
     also written to warm_start.jsonl there), else []."""
     ws, role, groups = cfg.actor.warm_start, actor.role, actor.groups
     rows = load_rows(ws)
-    demos = [demonstration(r, tokenizer, f"actor.warm_start.data[{i}]") for i, r in enumerate(rows)]
+    demos, bad = demonstrations(rows, tokenizer)
     width = (max(len(d.prompt_ids) for d in demos), max(len(d.response_ids) for d in demos))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     dp, dp_rank = groups.layout.d, groups.dp_rank
@@ -208,6 +224,7 @@ def warm_start(actor: Any, cfg: Any, tokenizer: Any, run_dir: Path | None = None
                 total = torch.tensor([sum(n for n, _ in sums), sum(t for _, t in sums)], device=groups.device)
                 torch.distributed.all_reduce(total, group=groups.dp_group)
                 row = {"warm_start/step": step + 1, "warm_start/loss": float(total[0] / total[1])}
+                row["warm_start/bad_rows"] = float(bad)
                 row["warm_start/seconds"] = time.perf_counter() - start
                 row |= {f"warm_start/{k}": r[k] for r in out for k in ("grad_norm",) if k in r}
             if collector:

@@ -6,7 +6,13 @@ import json
 import pytest
 
 from rl3d.config import ConfigError, load_config
-from rl3d.controller.warm_start import demonstration, demonstration_batch, load_rows, step_rows
+from rl3d.controller.warm_start import (
+    demonstration,
+    demonstration_batch,
+    demonstrations,
+    load_rows,
+    step_rows,
+)
 from rl3d.data.tool_task import (
     OBS_END_ID,
     OBS_ID,
@@ -115,3 +121,14 @@ def test_steps_cycle_through_seeded_epochs():
     steps = step_rows(5, steps=4, batch_size=4, seed=0)
     assert sorted(steps[0] + steps[1][:1]) == [0, 1, 2, 3, 4]  # a whole epoch before repeating
     assert steps == step_rows(5, steps=4, batch_size=4, seed=0) != step_rows(5, steps=4, batch_size=4, seed=1)
+
+
+def test_a_bad_row_is_reported_and_counted_not_fatal(caplog):
+    good = [{"prompt": "2*3=", "response": "6"}, {"prompt": "4*1=", "response": "4"}]
+    rows = [good[0], {"prompt": "2*3="}, {"segments": []}, good[1]]
+    with caplog.at_level("WARNING", logger="rl3d.controller.warm_start"):
+        demos, bad = demonstrations(rows, TOK)
+    assert bad == 2 and [d.response_ids[:1] for d in demos] == [TOK.encode("6"), TOK.encode("4")]
+    assert "actor.warm_start.data[1]" in caplog.text and "actor.warm_start.data[2]" in caplog.text
+    with pytest.raises(ValueError, match="none of the 2 rows"):
+        demonstrations(rows[1:3], TOK)
