@@ -34,17 +34,23 @@ GOAL_LAST, GOAL_FIRST, GOAL_TRAIN_S = 0.9, 0.6, 120.0
 COLUMNS = ("seed", "steps", "first20", "last20", "kl_last20", "train_s", "wall_s", "meets_goal")
 
 
-def run_one(recipe: Path, seed: int, overrides: list[str], run_dir: Path) -> dict:
-    cmd = [sys.executable, "-m", "rl3d.cli", "train", str(recipe), f"trainer.seed={seed}"]
-    cmd += [f"trainer.run_dir={run_dir}", "checkpoint.save_every=0", *overrides, "--overwrite"]
+def train_run(recipe: Path, run_dir: Path, overrides: list[str]) -> tuple[list[dict], float]:
+    """`rl3d train` of `recipe` into `run_dir` (no checkpoints): its metrics rows in step order
+    and the wall seconds; a failed run ends the sweep with its command and stderr."""
+    cmd = [sys.executable, "-m", "rl3d.cli", "train", str(recipe), f"trainer.run_dir={run_dir}"]
+    cmd += ["checkpoint.save_every=0", *overrides, "--overwrite"]
     start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - start
     if proc.returncode != 0:
-        raise SystemExit(f"seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     by_step = {r["step"]: r for r in rows}
-    steps = [by_step[s] for s in sorted(by_step)]
+    return [by_step[s] for s in sorted(by_step)], wall
+
+
+def run_one(recipe: Path, seed: int, overrides: list[str], run_dir: Path) -> dict:
+    steps, wall = train_run(recipe, run_dir, [f"trainer.seed={seed}", *overrides])
     rewards = [r["reward/score_mean"] for r in steps]
     kls = [r.get("kl/actor_ref_k1", float("nan")) for r in steps[-WINDOW:]]
     row = {

@@ -19,11 +19,12 @@ import csv
 import json
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from demo_sweep import train_run  # noqa: E402 - the same `rl3d train` run
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes/quickstart_cpu_tool_grpo.yaml"
@@ -48,16 +49,9 @@ COLUMNS = (
 
 
 def train(recipe: Path, run_dir: Path, overrides: list[str]) -> tuple[list[dict], list[dict], float]:
-    cmd = [sys.executable, "-m", "rl3d.cli", "train", str(recipe), f"trainer.run_dir={run_dir}"]
-    cmd += ["checkpoint.save_every=0", *overrides, "--overwrite"]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    wall = time.monotonic() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rows, wall = train_run(recipe, run_dir, overrides)
     sft = [json.loads(line) for line in (run_dir / "warm_start.jsonl").read_text().splitlines() if line]
-    return sorted(rows, key=lambda r: r["step"]), sft, wall
+    return rows, sft, wall
 
 
 def mean(rows: list[dict], key: str) -> float:
