@@ -12,7 +12,7 @@ from rl3d.controller.validation import summary_lines as validation_summary
 
 logger = logging.getLogger(__name__)
 
-# The demo's promise is stated over 20-step windows (README; benchmarks/demo_sweep.py): one step's
+# The demo's promise is stated over 20-step windows (docs/demo.md; benchmarks/demo_sweep.py): one step's
 # mean reward over 8 prompts x 4 samples is too noisy to judge a run by a few steps.
 WINDOW = 20
 HEADLINE = (

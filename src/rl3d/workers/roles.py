@@ -196,7 +196,7 @@ class ActorRolloutWorker(_LogProbMixin):
         self.pad_token_id = pad_token_id
         self.weights = None
         self.policy_loss = algos.policy_loss_of(cfg.algorithm)
-        self.agent = None  # multi-turn rollouts with tools (rollout.multi_turn, issue 25)
+        self.agent = None  # multi-turn rollouts with tools (rollout.multi_turn)
         if cfg.rollout.multi_turn.enabled:
             from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
 
