@@ -25,7 +25,7 @@ kinds: *random* prompts (8 tokens drawn independently from the alphabet) and *re
   copying learnable: a random policy over 256 ids scores 0.5/256 + 0.25 ~= 0.252, a constant
   policy at most 0.3125, matching the low bits 0.5, and copying the first token exactly 1.0.
 
-On the demo's settings the *repeat* tasks learn within tens of steps and the *random* ones are
+On the demo's settings the *repeat* tasks' reward rises within tens of steps and the *random* ones are
 the harder benchmarks; ``parity_repeat`` is the demo's task. The measured curves, their seed
 sweeps and the commands that made them are in docs/demo.md.
 """
