@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from rl3d.config.agent import MultiTurnConfig
 from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig
+from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.errors import FieldError
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.validation import ValidationFields
@@ -335,36 +336,6 @@ class AlgorithmConfig:
     @property
     def kl_estimator(self) -> str:
         return self.kl.estimator or ("k1" if self.kl_placement == "reward" else "k3")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SyntheticDataConfig:
-    task: str = "copy_first"  # a task from rl3d.data.synthetic
-    num_prompts: int = 512
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        _positive(self, "num_prompts")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # parquet files
-    synthetic: SyntheticDataConfig | None = None  # used when train_files is empty
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    template: str = "{prompt}"
-    tokenizer: str | None = None  # HF tokenizer dir; None = the model's, or the synthetic vocab
-    max_prompt_length: int = 64
-    prompts_per_step: int = 8
-    shuffle: bool = True
-    on_bad_row: Literal["skip", "error"] = "skip"
-    val_files: list[str] = field(default_factory=list)  # parquet prompts for trainer.val_every
-
-    def __post_init__(self) -> None:
-        _positive(self, "max_prompt_length", "prompts_per_step")
-        if not self.train_files and self.synthetic is None:
-            raise FieldError("train_files", "give parquet files, or a data.synthetic block")
 
 
 @dataclass(frozen=True, kw_only=True)
