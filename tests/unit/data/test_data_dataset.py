@@ -70,7 +70,10 @@ def test_answers_are_optional_without_a_check(tmp_path, wordlevel):
     path = _write(tmp_path / "a.parquet", {"prompt": ["what is two", "is"]})
     ds = load_prompt_dataset(_cfg([path]), wordlevel)
     assert [item.answer for item in ds] == [None, None]
-    with pytest.raises(DataError, match=f"{path} has no column 'answer or reward_model.ground_truth' \\(data.answer_key\\): the reward needs answers"):
+    wanted = (
+        r"has no column 'answer or reward_model.ground_truth' \(data.answer_key\): the reward needs answers"
+    )
+    with pytest.raises(DataError, match=f"{path} {wanted}"):
         load_prompt_dataset(_cfg([path]), wordlevel, answer_check=lambda a: a)
 
 
