@@ -201,7 +201,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     max_new_tokens: int = 64
+    # Generation stops at these and, unless ignore_eos, at the model's end ids for text data
+    # (generation_config.json's, config.json's and the tokenizer's: rl3d.rollout.stops)
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
     # the rollout engine's weights and compute; None: the training dtype (model.dtype). A lower
     # precision than training makes the rollout-training mismatch that rollout_correction fixes
     dtype: Literal["float32", "bfloat16", "float16"] | None = None

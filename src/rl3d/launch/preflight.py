@@ -176,9 +176,12 @@ def _check_data(check: _Check) -> None:
 
 
 def _tokenizer_dir(check: _Check) -> str | None:
-    """The run's HF tokenizer directory (`rl3d.controller.rank.tokenizer_path` for text data)."""
-    path = check.cfg.data.tokenizer or check.cfg.model.hf_path
-    return None if path is None or ":" in path else path
+    """The run's HF tokenizer directory (None: a synthetic vocabulary)."""
+    from rl3d.data.tokenizer import tokenizer_path
+    from rl3d.utils.imports import is_import_path
+
+    path = tokenizer_path(check.cfg)
+    return None if path is None or is_import_path(path) else path
 
 
 def _has_chat_template(check: _Check) -> bool:
