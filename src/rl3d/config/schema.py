@@ -381,6 +381,11 @@ class LoggingConfig:
     tensorboard: bool = True
     progress: bool = True
     trackers: list[str] | None = None  # tensorboard|wandb|mlflow; None: [tensorboard] (config.tracking)
+    # decoded responses per step (and per validation) in samples.jsonl (rl3d.logging.samples); 0 = off
+    samples: int = 4
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "samples")
 
 
 @dataclass(frozen=True, kw_only=True)

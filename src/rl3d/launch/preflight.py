@@ -222,6 +222,7 @@ def _check_imports(check: _Check) -> None:
 RUN_OUTPUTS = (
     "checkpoints",
     "metrics.jsonl",
+    "samples.jsonl",
     "metrics.csv",
     "tensorboard",
     "logs",
