@@ -9,11 +9,11 @@ already checked the recipe as data; this module looks at the machine and the use
 - `model.hf_path` holds an HF directory (config.json + safetensors) or an rl3d Megatron weight
   directory whose shapes are those of `model.name` (`rl3d.models.spec.spec_of`), or, with the
   name unset, whose shapes the run takes;
-- every `data.train_files` entry is a readable parquet file whose columns the data config can
-  read (`rl3d.data.check_layout`): the prompt column, text or chat messages (the first row's
-  messages well formed), the template's columns, the answer (when the reward needs answers)
-  and data-source columns of a usable type; dotted keys reach into struct columns; prompts
-  framed by the chat template need a tokenizer directory that has one;
+- every `data.train_files` and `data.val_files` entry is a readable parquet file whose columns
+  the data config can read (`rl3d.data.check_layout`): the prompt column, text or chat
+  messages (the first row's messages well formed), the template's columns, the answer (when
+  the reward needs answers) and data-source columns of a usable type; dotted keys reach into
+  struct columns; prompts framed by the chat template need a tokenizer directory that has one;
 - user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
 - the run directory (`check_run_dir`): a run never mixes with another. `checkpoint.resume:
   never` into a directory holding an earlier run is refused unless the user passes
@@ -150,8 +150,9 @@ def _check_data(check: _Check) -> None:
     except DataError as err:
         raise check.fail("data.template", str(err)) from None
     needs_answer = answer_check_for(cfg.reward, cfg.data) is not None
-    for i, name in enumerate(cfg.data.train_files):
-        key = f"data.train_files[{i}]"
+    files = [(f"data.train_files[{i}]", name) for i, name in enumerate(cfg.data.train_files)]
+    files += [(f"data.val_files[{i}]", name) for i, name in enumerate(cfg.data.val_files)]
+    for key, name in files:
         if check.absent_ok and not Path(name).exists():
             continue
         if not Path(name).is_file():

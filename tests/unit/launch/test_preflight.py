@@ -238,6 +238,9 @@ def test_chat_data_column_types_and_roles(capsys, tmp_path, chat_data):
     )
     err = train_fails(capsys, tmp_path, f"data.train_files=[{chat_data['words']}]", tok)
     assert_one_line(err, "data.train_files[0]", "column 'prompt' (data.prompt_key) is list<element: string>")
+    good = f"data.train_files=[{chat_data['good']}]"
+    err = train_fails(capsys, tmp_path, good, tok, f"data.val_files=[{chat_data['words']}]")
+    assert_one_line(err, "data.val_files[0]", "words.parquet: column 'prompt' (data.prompt_key) is list")
     err = train_fails(capsys, tmp_path, f"data.train_files=[{chat_data['good']}]")  # synthetic vocabulary
     assert_one_line(err, "data.chat_template", "verl.parquet: the prompts need the tokenizer's chat template")
     code, err = run_cli(
