@@ -89,3 +89,33 @@ def test_gpu_recipes_stop_at_the_model_eos(recipe, tmp_path):
     cfg = _cfg(recipe, f"model.hf_path={model}")  # its own data.train_files: text data
     assert cfg.data.train_files and not cfg.rollout.ignore_eos and not cfg.rollout.stop_token_ids
     assert stop_token_ids(cfg) == (2,)
+
+
+def test_sglang_gets_the_same_stops_with_eos_on(inputs):
+    """SGLang stops at the model's EOS ids (config.json, generation_config.json) unless
+    ignore_eos, which also turns its stop ids off: with the resolved stops the model's EOS ids
+    are among them, so ignore_eos stays off and SGLang stops exactly where the torch engine does."""
+    from rl3d.rollout import SamplingParams
+    from rl3d.rollout.sglang_weights import to_sglang_sampling
+    from rl3d.rollout.stops import model_eos_token_ids
+
+    text = [f"data.train_files=[{inputs['data']}]", f"data.tokenizer={inputs['tok']}"]
+    eos = model_eos_token_ids(str(inputs["model"]))
+    assert eos == {2, 5}
+    cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}")
+    sampling = to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
+    assert sampling["ignore_eos"] is False and sampling["stop_token_ids"] == [2, CHAT_EOS_ID, 5]
+    cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}", "rollout.ignore_eos=true")
+    sampling = to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
+    assert sampling["ignore_eos"] is True and sampling["stop_token_ids"] is None
+    cfg = _cfg(
+        GRPO,
+        *text,
+        f"model.hf_path={inputs['model']}",
+        "rollout.ignore_eos=true",
+        "rollout.stop_token_ids=[9]",
+    )
+    with pytest.raises(
+        ValueError, match=r"SGLang also stops at the model's EOS ids \[2, 5\].*drop ignore_eos"
+    ):
+        to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
