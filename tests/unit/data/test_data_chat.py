@@ -151,3 +151,16 @@ def test_column_of_the_wrong_type_is_a_recipe_error(tmp_path, chat_tok, columns,
 def test_messages_need_a_tokenizer_with_a_chat_template(verl_file, wordlevel):
     with pytest.raises(DataError, match=r"the prompts need a chat template \(data.chat_template: auto\)"):
         load_prompt_dataset(DataConfig(train_files=[verl_file]), wordlevel)
+
+
+def test_verl_layout_with_the_real_smollm2_tokenizer(smollm2_dir, verl_file):
+    """SmolLM2-135M-Instruct's own tokenizer and chat template (`rl3d models fetch`): the ids
+    are those of transformers' tokenizing chat template (no second BOS), the frame is ChatML."""
+    tok = load_tokenizer(str(smollm2_dir), vocab_size=49152)
+    ds = load_prompt_dataset(DataConfig(train_files=[verl_file]), tok)
+    messages = [{"role": "user", "content": QUESTIONS[0][0]}]
+    expected = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    expected = expected["input_ids"] if isinstance(expected, dict) or hasattr(expected, "keys") else expected
+    assert ds[0].prompt_ids == list(expected)
+    assert ds[0].prompt_text == _framed(QUESTIONS[0][0])  # its default system prompt, as above
+    assert tok.convert_ids_to_tokens(ds[0].prompt_ids[:1]) == ["<|im_start|>"]

@@ -119,3 +119,20 @@ def test_sglang_gets_the_same_stops_with_eos_on(inputs):
         ValueError, match=r"SGLang also stops at the model's EOS ids \[2, 5\].*drop ignore_eos"
     ):
         to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
+
+
+def test_the_real_smollm2_stops_at_im_end(smollm2_dir, inputs):
+    """config.json, generation_config.json and the tokenizer of SmolLM2-135M-Instruct all name
+    `<|im_end|>` (id 2)."""
+    from transformers import AutoTokenizer
+
+    cfg = _cfg(
+        GRPO,
+        f"model.hf_path={smollm2_dir}",
+        "model.name=null",
+        "actor.parallel.tp=1",
+        "launch.nproc_per_node=1",
+        f"data.train_files=[{inputs['data']}]",
+    )
+    assert stop_token_ids(cfg) == (2,)
+    assert AutoTokenizer.from_pretrained(str(smollm2_dir)).convert_ids_to_tokens([2]) == ["<|im_end|>"]
