@@ -39,12 +39,15 @@ def model_eos_token_ids(model_path: str | None) -> frozenset[int]:
 
 @functools.lru_cache(maxsize=8)
 def _tokenizer_eos_id(path: str) -> int | None:
+    """The EOS id of the HF tokenizer in `path`; None when it has none or does not load (the
+    run loads the same tokenizer for its prompts, `rl3d.data.load_tokenizer`, and that load
+    reports why before anything is generated)."""
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-    except Exception as err:
-        raise ValueError(f"tokenizer {path!r}: cannot load it to read its EOS token: {err}") from err
+    except Exception:
+        return None
     return tokenizer.eos_token_id
 
 

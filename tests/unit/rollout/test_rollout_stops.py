@@ -136,3 +136,19 @@ def test_the_real_smollm2_stops_at_im_end(smollm2_dir, inputs):
     )
     assert stop_token_ids(cfg) == (2,)
     assert AutoTokenizer.from_pretrained(str(smollm2_dir)).convert_ids_to_tokens([2]) == ["<|im_end|>"]
+
+
+def test_the_launcher_says_where_generation_stops(inputs):
+    from rl3d.launch.train import describe
+
+    text = [f"data.train_files=[{inputs['data']}]", f"data.tokenizer={inputs['tok']}"]
+    line = describe(load_config(GRPO, [*text, f"model.hf_path={inputs['model']}"])).splitlines()[5]
+    assert line == (
+        "stops        at token ids [2, 3, 5] (the model's end ids [2, 3, 5] and rollout.stop_token_ids), "
+        "else after 8 tokens"
+    )
+    line = describe(load_config(GRPO, [])).splitlines()[5]
+    assert line == (
+        "stops        at token ids none (rollout.stop_token_ids; a synthetic task has no end id), "
+        "else after 8 tokens"
+    )
