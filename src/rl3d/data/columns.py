@@ -125,8 +125,9 @@ def check_layout(
             "expected a string or a list of {role, content} messages"
         )
     if messages:
+        default = getattr(type(cfg), "template", None)  # the dataclass default, "{prompt}"
         extra = [c for c in template_columns if c != column_of(cfg.prompt_key, names)]
-        if extra:
+        if extra and cfg.template != default:
             raise DataError(
                 f"{path}: data.template {cfg.template!r} reads {extra}, but column {cfg.prompt_key!r} "
                 "holds chat messages, which go through the chat template as they are"

@@ -164,3 +164,17 @@ def test_verl_layout_with_the_real_smollm2_tokenizer(smollm2_dir, verl_file):
     assert ds[0].prompt_ids == list(expected)
     assert ds[0].prompt_text == _framed(QUESTIONS[0][0])  # its default system prompt, as above
     assert tok.convert_ids_to_tokens(ds[0].prompt_ids[:1]) == ["<|im_start|>"]
+
+
+def test_messages_under_another_key_and_a_template_that_would_be_ignored(tmp_path, chat_tok):
+    rows = [
+        dict(verl_row("what is two ?", "2", 0), conversation=[{"role": "user", "content": "what is two ?"}])
+    ]
+    path = write_verl_parquet(tmp_path / "t.parquet", rows)
+    ds = load_prompt_dataset(DataConfig(train_files=[path], prompt_key="conversation"), chat_tok)
+    assert ds[0].prompt_text == _framed("what is two ?")  # the default template is not in the way
+    with pytest.raises(
+        DataError,
+        match=r"data.template '\{ability\}: \{prompt\}' reads \['ability'\], but column 'prompt' holds chat",
+    ):
+        load_prompt_dataset(DataConfig(train_files=[path], template="{ability}: {prompt}"), chat_tok)
