@@ -384,6 +384,7 @@ def rollout_runner(
         cfg,
         data.spec,
         pad_token_id=0 if pad is None else pad,
+        tokenizer=data.tokenizer,
         pool_rank=local,
         bridge=bridge,
         plan=plan,
