@@ -200,14 +200,15 @@ def assemble_trainer(
     backend: Backend,
     data: RunData,
     *,
-    make: Callable[..., RLTrainer] = RLTrainer,
+    placement: Any = None,
 ) -> RLTrainer:
-    """The controller around the role groups: KL controller, resume, metric sinks, hooks.
-    `make` builds it (`AsyncTrainer` with a separate rollout pool)."""
+    """The controller around the role groups: KL controller, resume, metric sinks, hooks, and
+    where the rollout runs (`placement`; default: colocated with the actor)."""
     from rl3d import algos
     from rl3d.config.tracking import trackers_of
     from rl3d.config.typed import to_dict
     from rl3d.controller.hooks import load_hooks
+    from rl3d.controller.placement import Colocated
     from rl3d.logging import JsonlMetricsWriter, Progress
     from rl3d.logging.trackers import make_trackers
 
@@ -230,9 +231,10 @@ def assemble_trainer(
     progress = Progress(
         cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
     )
-    trainer = make(
+    roles = role_groups(cfg, backend)
+    trainer = RLTrainer(
         cfg,
-        role_groups(cfg, backend),
+        roles,
         sampler=PromptBatches(data.sampler),
         kl_ctl=kl_ctl,
         sinks=sinks,
@@ -242,6 +244,7 @@ def assemble_trainer(
         start_step=start_step,
         agree=backend.agree,
         algorithm=algorithm,
+        placement=placement or Colocated(roles.actor),
     )
     trainer.history = history
     if cfg.trainer.validates:

@@ -1,8 +1,8 @@
 """The Ray driver with a separate rollout pool (`launch.backend: ray`, `rollout.placement: separate`).
 
     driver:  a TCPStore (the async link and the weight bridge's rendezvous) and the controller,
-             `AsyncTrainer` exactly as under spmd; the trainer-side pools' rank actors as in
-             `build_ray_trainer`
+             the one `RLTrainer` with a `SeparatePool` placement, as under spmd; the
+             trainer-side pools' rank actors as in `build_ray_trainer`
     "rollout": its own placement group of rank actors and its own torch.distributed world
              (the generation TP groups); each rank actor runs `RolloutPoolRunner` in one long
              call, started at set-up and collected when the trainer stops
@@ -26,7 +26,6 @@ from typing import Any
 from rl3d.config import RL3DConfig
 from rl3d.config.async_rollout import ROLLOUT_POOL
 from rl3d.config.roles import ACTOR
-from rl3d.controller.async_trainer import AsyncTrainer
 
 logger = logging.getLogger("rl3d.launch.ray")
 
@@ -86,7 +85,7 @@ def run_rollout_rank(
 
     from rl3d.config.pools import hosting, role_pools
     from rl3d.controller.assemble import build_data
-    from rl3d.controller.async_trainer import rollout_runner
+    from rl3d.controller.rollout_pool import rollout_runner
     from rl3d.logging import setup_logging
 
     pools = role_pools(cfg)
@@ -196,19 +195,15 @@ class RolloutPool:
         self.ranks.shutdown()
 
 
-class _SendStats:
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-
 def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, threads: int, bundle, strategy):
-    """The trainer-side pools, the rollout pool and the controller (`AsyncTrainer`)."""
+    """The trainer-side pools, the rollout pool and the controller (`RLTrainer` with a `SeparatePool` placement)."""
     import ray
     import torch.distributed as dist
 
     from rl3d.config.pools import role_pools
     from rl3d.controller.assemble import assemble_trainer, build_data
-    from rl3d.controller.async_trainer import sync_plan
+    from rl3d.controller.placement import SeparatePool
+    from rl3d.controller.rollout_pool import sync_plan
     from rl3d.launch.ray_launch import RayBackend, setup_rank_process
     from rl3d.single_controller.async_link import AsyncLink
     from rl3d.single_controller.ray import RankActors, ResourcePool
@@ -251,7 +246,7 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
     )
     logger.info("rollout pool: %d rank actor(s); %s", rollout.size, plan.describe())
 
-    def send() -> _SendStats:
+    def send() -> float:
         refs = [h.run.remote(send_actor_weights) for h in actor_ranks.handles]
         stats = run.rollout.wait(
             refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s, liveness=live
@@ -259,35 +254,12 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
         sent = sum(s.bytes for s in stats)
         if sent != plan.total_bytes:  # the plan's bytes are what the metric reports
             raise RuntimeError(f"weight sync sent {sent} bytes, the plan has {plan.total_bytes}")
-        return _SendStats(max(s.seconds for s in stats))
+        return max(s.seconds for s in stats)
 
     link = AsyncLink(store, timeout_s=ro.timeout_s, who="the Ray driver", check=run.rollout.check)
 
-    def make(*args, **kwargs):
-        return DriverAsyncTrainer(
-            *args,
-            link=link,
-            send=send,
-            rollout_ranks=list(rollout.ranks)[:: cfg.rollout.pool.tp],  # each engine's collector
-            sync_bytes=plan.total_bytes,
-            rank=0,
-            rollout=run.rollout,
-            store=store,
-            **kwargs,
-        )
-
-    return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, train_pools), data, make=make)
-
-
-class DriverAsyncTrainer(AsyncTrainer):
-    """`AsyncTrainer` in the driver: after its stop, the rollout ranks' loops are collected (an
-    error there fails the run). It holds the store the ranks talk through."""
-
-    def __init__(self, *args: Any, rollout: RolloutPool, store: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.rollout_pool, self.store = rollout, store
-
-    def fit(self) -> list[dict[str, float]]:
-        history = super().fit()
-        self.rollout_pool.finish()
-        return history
+    run.store = store  # the rank actors talk through it until the run closes
+    placement = SeparatePool(  # after the trainer's stop, the rollout ranks' loops are collected
+        cfg, link=link, send=send, sync_bytes=plan.total_bytes, rank=0, on_stop=run.rollout.finish
+    )
+    return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, train_pools), data, placement=placement)

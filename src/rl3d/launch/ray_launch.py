@@ -103,6 +103,7 @@ class RayRun:
         self.pools: dict[str, Any] = {}  # pool name -> RankActors
         self.reward_pool: Any = None
         self.rollout: Any = None  # rl3d.launch.ray_async.RolloutPool with placement: separate
+        self.store: Any = None  # the TCPStore of the rollout pool's link and weight bridge
 
     def close(self) -> None:
         for part in (self.rollout, self.reward_pool, *self.pools.values()):
