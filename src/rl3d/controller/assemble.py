@@ -1,6 +1,6 @@
 """Assemble a run from its resolved config, the same way on both worker-group backends.
 
-A backend (`SPMDBackend` in `rl3d.controller.build`, `RayBackend` in `rl3d.launch.ray_launch`)
+A backend (`SPMDBackend` in `rl3d.launch.spmd_backend`, `RayBackend` in `rl3d.launch.ray_launch`)
 says how a role's worker group is reached, how ranks write checkpoint files, how controllers
 agree on a stop, and whether this process writes logs. Everything else (the role groups from
 the role table, data, the KL controller, checkpoints, logging, the trainer) is built here once.
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from rl3d.config import RL3DConfig
 from rl3d.config.roles import ACTOR, RoleSpec, role_table
-from rl3d.controller.rank import tokenizer_path
+from rl3d.controller.rank import run_tokenizer
 from rl3d.controller.trainer import RLTrainer
 from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
 
@@ -170,12 +170,12 @@ class RunData:
 
 def build_data(cfg: RL3DConfig) -> RunData:
     """Model spec, tokenizer, prompt dataset and sampler (no process group needed)."""
-    from rl3d.data import PromptSampler, load_prompt_dataset, load_tokenizer
+    from rl3d.data import PromptSampler, load_prompt_dataset
     from rl3d.models.spec import spec_of
     from rl3d.rewards import answer_check_for
 
     spec = spec_of(cfg.model)
-    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+    tokenizer = run_tokenizer(cfg, spec)
     dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
     if dataset.num_bad_rows:
         logger.warning("data: skipped %d bad rows (see the log above for file and row)", dataset.num_bad_rows)
