@@ -48,6 +48,14 @@ def round_uids(step: int, round_index: int, n: int) -> list[int]:
     return [step * 1_000_000 + round_index * 10_000 + i for i in range(n)]
 
 
+def follows_trainer(cfg) -> bool:
+    """Whether each step's prompts start where the trainer's previous step ended (dynamic
+    sampling takes a varying number of rounds per step), not one sampler batch per step."""
+    from rl3d.algos import Algorithm
+
+    return Algorithm(cfg.algorithm).max_rounds > 1
+
+
 class Colocated:
     """The actor's ranks generate, on weights resharded in place from its training layout."""
 
@@ -186,7 +194,6 @@ class SeparatePool:
 
     def end_step(self, step: int, batch: DataBatch, sampler_state: Callable[[], dict]) -> dict[str, float]:
         """Post the sampler's position for the pool's next step; check and report staleness."""
-        from rl3d.controller.rollout_pool import follows_trainer
         from rl3d.workers.rollout_worker import check_staleness, staleness_metrics
 
         if self.rank == 0 and follows_trainer(self.cfg) and step < self.cfg.trainer.total_steps:

@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from rl3d.controller.placement import GEN, round_seed, round_uids
+from rl3d.controller.placement import GEN, follows_trainer, round_seed, round_uids
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.dispatch import Slot
 
@@ -105,14 +105,6 @@ class RolloutPoolRunner:
             self.link.put_reply(n, worker.dp_rank, (self.slot, part))
         self.next_request, self.pending = n + 1, None
         return True
-
-
-def follows_trainer(cfg) -> bool:
-    """Whether each step's prompts start where the trainer's previous step ended (dynamic
-    sampling takes a varying number of rounds per step), not one sampler batch per step."""
-    from rl3d.algos import Algorithm
-
-    return Algorithm(cfg.algorithm).max_rounds > 1
 
 
 def sync_plan(cfg, spec, actor) -> Any:
