@@ -12,7 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from rl3d.config import ConfigError, load_config, run_dir_of, write_resolved_config
@@ -43,26 +42,14 @@ def main(argv: list[str] | None = None) -> int:
         from rl3d.launch.ray_launch import run_driver
 
         return run_driver(loaded)
-    import faulthandler
-    import signal
-    import warnings
-
-    from rl3d.logging import setup_logging
-
-    # `kill -USR2 <pid>` prints every thread's stack: the first thing to look at in a hung job.
-    faulthandler.register(signal.SIGUSR2, all_threads=True)
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
+    from rl3d.logging.process import setup_process, threads_per_rank
+    from rl3d.utils.device import init_process_group, resolve_device
 
     run_dir = run_dir_of(cfg)
     rank = int(os.environ.get("RANK", "0"))
-    setup_logging(
-        level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=run_dir / "logs"
-    )
-    from rl3d.utils.device import init_process_group, resolve_device
-
     device = resolve_device(cfg.launch.device)  # the configured device decides, not the host
-    if device == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.launch.nproc_per_node)))
+    threads = threads_per_rank(cfg) if device == "cpu" else None
+    setup_process(cfg, rank=rank, log_dir=run_dir / "logs", num_threads=threads)
     init_process_group(device, timeout_s=cfg.launch.timeout_s)
     if dist.get_world_size() != cfg.launch.world_size:
         logger.error(
@@ -75,10 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if world_rank == 0:
             write_resolved_config(loaded, run_dir)
-        from rl3d.controller.build import build_trainer
+        from rl3d.controller.build import build_run
         from rl3d.controller.summary import write_summary
+        from rl3d.launch.spmd_backend import SPMDRun
 
-        trainer = build_trainer(loaded, Path(run_dir))
+        trainer = build_run(cfg, Path(run_dir), SPMDRun())
         history = trainer.fit()
         if world_rank == 0:
             write_summary(cfg, history, Path(run_dir))

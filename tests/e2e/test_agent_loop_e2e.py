@@ -1,11 +1,12 @@
-"""The tool recipe end to end: real torchrun, megatron actor at tp=2, the agent loop
-over the torch engine with the calculator, GRPO on multi-turn trajectories."""
+"""The tool recipe end to end: real torchrun, megatron actor at tp=2, the agent loop over the
+torch engine with the calculator, GRPO on multi-turn trajectories; on a separate rollout pool the
+pool runs the same agent loop."""
 
 import json
 import statistics
 
 import pytest
-from train_helpers import ROOT, metrics_by_step, run_train
+from train_helpers import ROOT, assert_same_metrics, metrics_by_step, run_train
 
 pytestmark = pytest.mark.e2e
 TOOL = ROOT / "recipes/quickstart_cpu_tool_grpo.yaml"
@@ -34,6 +35,47 @@ def test_tool_recipe_logs_tool_metrics_and_matching_logprobs(tmp_path):
         # the rollout engine's log-probs of the policy tokens (response_mask 1) against the megatron
         # actor's recomputed ones over the same multi-turn contexts: the single-turn tolerance
         assert row["rollout/logp_diff_max"] < 1e-5
+
+
+# one training rank (actor 1-1-1) and one rollout-pool rank, synchronous (max_staleness 0)
+SEPARATE = ("rollout.placement=separate", "actor.parallel.tp=1", "actor.warm_start.steps=5")
+
+
+@pytest.mark.distributed
+def test_tool_recipe_on_a_separate_rollout_pool_trains_on_trajectories(tmp_path):
+    """The pool's rank generates through the agent loop too: the recipe's metrics hook reads
+    every row's trajectory, and the rows are multi-turn."""
+    run_dir = tmp_path / "run"
+    proc = run_train(TOOL, run_dir, "trainer.total_steps=2", *SEPARATE)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = metrics_by_step(run_dir)
+    assert sorted(steps) == [1, 2]
+    for row in steps.values():
+        assert TOOL_KEYS <= set(row) and "tool_task/answer_exact" in row
+        assert row["turns/mean"] > 1 and 0 < row["response/tool_token_fraction"] < 1
+        assert row["async/staleness_max"] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_tool_recipe_on_a_separate_rollout_pool_equals_the_colocated_run(tmp_path):
+    """At max_staleness 0 the pool's trajectories are the colocated actor's: same weights, seeds
+    and prompts. The first step's rollout (the warm-started policy's trajectories, rewards, tool
+    calls) is equal bit for bit; the training metrics agree within fp32 rounding (the colocated
+    run's one rank computes with 2 threads, the separate run's training rank with 1: rank
+    processes split the cores, so reductions add in another order)."""
+    colocated = ("rollout.placement=colocated", "launch.nproc_per_node=1")
+    own = ("async/", "weight_sync/", "reshard/")  # the placement's own metrics
+    runs = {}
+    for name, placement in [("separate", ()), ("colocated", colocated)]:
+        proc = run_train(TOOL, tmp_path / name, "trainer.total_steps=3", *SEPARATE, *placement)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        steps = metrics_by_step(tmp_path / name)
+        runs[name] = {s: {k: v for k, v in r.items() if not k.startswith(own)} for s, r in steps.items()}
+    sep, col = runs["separate"], runs["colocated"]
+    assert_same_metrics(sep, col)
+    rollout = [k for k in sep[1] if k.startswith(("reward/", "tool", "turns/", "response/"))]
+    assert len(rollout) > 8 and all(sep[1][k] == col[1][k] for k in rollout)
 
 
 @pytest.mark.slow

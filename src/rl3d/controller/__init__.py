@@ -1,5 +1,6 @@
 """The single controller: the RL loop (`RLTrainer`) over the role table, assembled the same way
-for both worker-group backends (`assemble_trainer`; `build_trainer` is the spmd entry)."""
+for both worker-group backends (`assemble_trainer`), built once per (config, backend) by
+`build_run`."""
 
 from rl3d.utils.imports import lazy_attributes
 
@@ -7,7 +8,7 @@ _LAZY = {
     "RLTrainer": "rl3d.controller.trainer",
     "RoleGroups": "rl3d.controller.assemble",
     "assemble_trainer": "rl3d.controller.assemble",
-    "build_trainer": "rl3d.controller.build",
+    "build_run": "rl3d.controller.build",
 }
 
 __all__ = list(_LAZY)

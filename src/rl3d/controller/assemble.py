@@ -1,6 +1,6 @@
 """Assemble a run from its resolved config, the same way on both worker-group backends.
 
-A backend (`SPMDBackend` in `rl3d.controller.build`, `RayBackend` in `rl3d.launch.ray_launch`)
+A backend (`SPMDBackend` in `rl3d.launch.spmd_backend`, `RayBackend` in `rl3d.launch.ray_launch`)
 says how a role's worker group is reached, how ranks write checkpoint files, how controllers
 agree on a stop, and whether this process writes logs. Everything else (the role groups from
 the role table, data, the KL controller, checkpoints, logging, the trainer) is built here once.
@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from rl3d.config import RL3DConfig
 from rl3d.config.roles import ACTOR, RoleSpec, role_table
-from rl3d.controller.rank import tokenizer_path
+from rl3d.controller.rank import run_tokenizer
 from rl3d.controller.trainer import RLTrainer
 from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
 
@@ -171,12 +171,12 @@ class RunData:
 
 def build_data(cfg: RL3DConfig) -> RunData:
     """Model spec, tokenizer, prompt dataset and sampler (no process group needed)."""
-    from rl3d.data import PromptSampler, load_prompt_dataset, load_tokenizer
+    from rl3d.data import PromptSampler, load_prompt_dataset
     from rl3d.models.spec import spec_of
     from rl3d.rewards import answer_check_for
 
     spec = spec_of(cfg.model)
-    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+    tokenizer = run_tokenizer(cfg, spec)
     dataset = load_prompt_dataset(cfg.data, tokenizer, answer_check=answer_check_for(cfg.reward, cfg.data))
     if dataset.num_bad_rows:
         logger.warning("data: skipped %d bad rows (see the log above for file and row)", dataset.num_bad_rows)
@@ -201,14 +201,15 @@ def assemble_trainer(
     backend: Backend,
     data: RunData,
     *,
-    make: Callable[..., RLTrainer] = RLTrainer,
+    placement: Any = None,
 ) -> RLTrainer:
-    """The controller around the role groups: KL controller, resume, metric sinks, hooks.
-    `make` builds it (`AsyncTrainer` with a separate rollout pool)."""
+    """The controller around the role groups: KL controller, resume, metric sinks, hooks, and
+    where the rollout runs (`placement`; default: colocated with the actor)."""
     from rl3d import algos
     from rl3d.config.tracking import trackers_of
     from rl3d.config.typed import to_dict
     from rl3d.controller.hooks import load_hooks
+    from rl3d.controller.placement import Colocated
     from rl3d.logging import JsonlMetricsWriter, Progress
     from rl3d.logging.trackers import make_trackers
 
@@ -231,9 +232,10 @@ def assemble_trainer(
     progress = Progress(
         cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
     )
-    trainer = make(
+    roles = role_groups(cfg, backend)
+    trainer = RLTrainer(
         cfg,
-        role_groups(cfg, backend),
+        roles,
         sampler=PromptBatches(data.sampler),
         kl_ctl=kl_ctl,
         sinks=sinks,
@@ -243,6 +245,7 @@ def assemble_trainer(
         start_step=start_step,
         agree=backend.agree,
         algorithm=algorithm,
+        placement=placement or Colocated(roles.actor),
     )
     trainer.history = history
     if writes and cfg.logging.samples:

@@ -23,6 +23,13 @@ logger = logging.getLogger(__name__)
 INIT_WEIGHTS = "init_weights"  # run_dir subfolder: the actor's initial weights, for other pools
 
 
+def run_tokenizer(cfg: RL3DConfig, spec) -> Any:
+    """The run's tokenizer (`tokenizer_path`), the same in every process that needs one."""
+    from rl3d.data import load_tokenizer
+
+    return load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+
+
 @dataclass
 class RankWorkers:
     """What one rank hosts: its pool, megatron groups, role workers by role name, and the
@@ -103,7 +110,6 @@ def export_initial_weights(role, dst: Path) -> None:
 def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankWorkers:
     """One rank of pool `pool_name` on its pool's initialised torch.distributed world (a Ray
     rank actor)."""
-    from rl3d.data import load_tokenizer
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.spec import spec_of
 
@@ -111,7 +117,7 @@ def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankW
     pools = role_pools(cfg)
     pool = hosting(pools, pool_name)  # a pool hosts the role it is named after
     groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
-    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+    tokenizer = run_tokenizer(cfg, spec)
     return build_rank_workers(cfg, spec, groups, tokenizer, pools=pools, pool=pool, run_dir=Path(run_dir))
 
 

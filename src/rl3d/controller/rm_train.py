@@ -314,7 +314,7 @@ def write_rm_summary(history: list[dict[str, float]], run_dir: Path, final: dict
 def main(argv: list[str] | None = None) -> int:
     """The torchrun entry: `torchrun --nproc-per-node N -m rl3d.controller.rm_train RECIPE [k=v ...]`."""
     from rl3d.config import ConfigError, load_config, run_dir_of, write_resolved_config
-    from rl3d.logging import setup_logging
+    from rl3d.logging.process import setup_process, threads_per_rank
     from rl3d.utils.device import init_process_group, resolve_device
 
     argv = sys.argv[1:] if argv is None else argv
@@ -327,17 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(cfg, RMJobConfig):
         print(f"rl3d: {argv[0]} is not a reward-model recipe (job: reward_model)", file=sys.stderr)  # noqa: T201
         return 2
-    import warnings
-
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
     run_dir = run_dir_of(cfg)
     rank = int(os.environ.get("RANK", "0"))
-    setup_logging(
-        level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=run_dir / "logs"
-    )
     device = resolve_device(cfg.launch.device)
-    if device == "cpu":
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, cfg.launch.nproc_per_node)))
+    threads = threads_per_rank(cfg) if device == "cpu" else None
+    setup_process(cfg, rank=rank, log_dir=run_dir / "logs", num_threads=threads)
     init_process_group(device, timeout_s=cfg.launch.timeout_s)
     try:
         if rank == 0:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from rl3d.algos import response_stats
 from rl3d.config import RL3DConfig
+from rl3d.controller.placement import round_seed, round_uids
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,7 @@ class RLTrainer:
         start_step: int = 0,
         agree,
         algorithm,
+        placement,
     ):
         self.cfg, self.roles = cfg, roles  # rl3d.controller.assemble.RoleGroups
         self.sampler, self.kl_ctl, self.sinks, self.hooks = sampler, kl_ctl, sinks, hooks
@@ -83,6 +85,7 @@ class RLTrainer:
         self.stop_requested = False
         self.agree = agree  # the backend's: True everywhere once any controller's flag is set
         self.algorithm = algorithm  # rl3d.algos.Algorithm: estimator, policy loss, hooks
+        self.placement = placement  # rl3d.controller.placement: Colocated or SeparatePool
         self.validation = NoValidation()  # or rl3d.controller.validation.Validator (trainer.val_every)
         self.samples = None  # rl3d.logging.samples.SamplesLog on the writing process (logging.samples)
 
@@ -92,6 +95,8 @@ class RLTrainer:
 
     def fit(self) -> list[dict[str, float]]:
         previous = signal.signal(signal.SIGUSR1, self._on_signal)
+        self.placement.start(self.start_step, self.sampler.sampler.state_dict)
+        error: BaseException | None = None
         try:
             self.publish_weights(self.start_step)  # the first generation needs generation shards
             self.validation.start(self.start_step)  # trainer.val_before_train: logged as step 0
@@ -108,8 +113,12 @@ class RLTrainer:
                 if stop:
                     logger.warning("stopped at step %d on request (checkpoint saved)", step)
                     break
+        except BaseException as err:
+            error = err
+            raise
         finally:
             signal.signal(signal.SIGUSR1, previous)
+            self.placement.stop(error)
         return self.history
 
     def run_step(self, step: int) -> dict[str, float]:
@@ -155,25 +164,26 @@ class RLTrainer:
         return metrics
 
     def publish_weights(self, version: int) -> dict[str, float]:
-        """Make policy `version` (after `version` updates) the one that generates: reshard in
-        place here; a separate rollout pool is sent it (`rl3d.controller.async_trainer`)."""
-        return self.roles.actor.call("reshard")
+        """Make policy `version` (after `version` updates) the one that generates; a placement
+        may skip it when no step or validation is left to use it."""
+        needed = version < self.cfg.trainer.total_steps or self.validation.due(version)
+        return self.placement.publish(version, needed=needed)
 
     def generate(self, step: int, metrics: dict[str, float]) -> DataBatch:
         """Sample prompts, roll out, score, in rounds until the step has its prompts: the
         algorithm's hooks may add to a round (ReMax's greedy baseline) and keep only part of it
-        (DAPO's dynamic sampling). Then the generation weights are released."""
+        (DAPO's dynamic sampling). Then the placement ends the step's rollout."""
         wanted, algo = self.cfg.data.prompts_per_step, self.algorithm
         kept: list[DataBatch] = []
         num_kept = rounds = 0
+        self.placement.begin_step(step)
 
         def rollout(prompts: DataBatch, **sampling) -> DataBatch:  # a hook's extra generation
             return self.score(self.rollout(prompts, step=step, **sampling), {})
 
         while num_kept < wanted:
             prompts = self.sampler.next_batch()
-            # a unique id per prompt of this step: GRPO-style groups and DAPO's filter key on it
-            prompts.set("uid", [step * 1_000_000 + rounds * 10_000 + i for i in range(len(prompts))])
+            prompts.set("uid", round_uids(step, rounds, len(prompts)))
             batch = self.score(self.rollout_round(prompts, step, rounds), metrics)
             batch = algo.on_rollout(batch, prompts, rollout)
             rounds += 1
@@ -189,24 +199,24 @@ class RLTrainer:
                     rounds,
                 )
                 kept, num_kept = [batch], wanted
-        self.end_rollout()
         metrics["generate/rounds"] = rounds
         merged = DataBatch.concat(kept)
         uids = set(list(dict.fromkeys(merged["uid"].tolist()))[:wanted])
-        return merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in uids])
+        batch = merged.select([i for i, u in enumerate(merged["uid"].tolist()) if u in uids])
+        metrics |= self.placement.end_step(step, batch, self.sampler.sampler.state_dict)
+        return batch
 
     def rollout_round(self, prompts: DataBatch, step: int, round_index: int) -> DataBatch:
-        """Round `round_index` of step `step`'s rollout (seeded `step * 16 + round_index`)."""
-        return self.rollout(prompts, step=step * 16 + round_index)
+        """Round `round_index` of step `step`'s rollout (seeded `round_seed(step, round_index)`);
+        the first is the placement's (a separate pool made it ahead)."""
+        if round_index == 0:
+            return self.placement.first_round(prompts, step)
+        return self.rollout(prompts, step=round_seed(step, round_index))
 
     def rollout(self, prompts: DataBatch, *, step: int, **sampling) -> DataBatch:
-        """One generation call, seeded by `step` (`greedy=True`: one greedy response per prompt):
-        on the actor's ranks here, on the rollout pool with a separate one (`AsyncTrainer`).
-        Training rounds, an algorithm's extra rounds and validation all generate through it."""
-        return self.roles.actor.call("generate_sequences", prompts, step=step, **sampling)
-
-    def end_rollout(self) -> None:
-        self.roles.actor.call("release_generation")
+        """One generation call, seeded by `step` (`greedy=True`: one greedy response per prompt).
+        An algorithm's extra rounds and validation generate through it."""
+        return self.placement.generate(prompts, step=step, **sampling)
 
     def score(self, batch: DataBatch, metrics: dict[str, float]) -> DataBatch:
         scores, reward_metrics = self.roles.reward.call("compute_reward", batch)

@@ -5,9 +5,10 @@
        critic), one torch.distributed world (gloo on CPU, NCCL on GPU)
     -> pools "critic" / "reference" when they are not colocated: the same, in their own layout
     -> pool "rollout" with `rollout.placement: separate`: rank actors generating on their own,
-       sent the actor's weights after each update (`rl3d.launch.ray_async`)
+       sent the actor's weights after each update (`rl3d.launch.ray_rollout_pool`)
     -> reward: in the driver, or a pool of `reward.num_workers` CPU actors
-    -> RLTrainer.fit() exactly as under spmd -> summary -> ray.shutdown() if Ray was ours
+    -> the run built by `rl3d.controller.build.build_run` as under spmd; RLTrainer.fit()
+    -> summary -> ray.shutdown() if Ray was ours
 
 The rank actors write their logs to `run_dir/logs/rank{N}.log`, the driver to `driver.log`;
 Ray's own logs are under the session directory printed at start. A worker that dies stops the
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from rl3d.config import LoadedConfig, RL3DConfig
+from rl3d.logging.process import setup_process, threads_per_rank
 
 logger = logging.getLogger("rl3d.launch.ray")
 
@@ -37,11 +39,6 @@ FORWARDED_ENV = (
 )
 
 
-def threads_per_rank(cfg: RL3DConfig) -> int:
-    """The spmd backend's torch thread count per CPU rank, so both compute alike."""
-    return max(1, (os.cpu_count() or 1) // max(1, cfg.launch.nproc_per_node))
-
-
 def describe_driver(cfg: RL3DConfig) -> str:
     where = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS") or "a local Ray instance"
     return f"Ray driver in this process on {where}: {cfg.launch.world_size} rank actor(s)" + (
@@ -50,39 +47,23 @@ def describe_driver(cfg: RL3DConfig) -> str:
 
 
 def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int, pool: str = "actor"):
-    """Runs inside each rank actor of `pool`: logging, threads, then the rank's workers."""
-    import faulthandler
-    import signal
-    import warnings
-
-    import torch
-
-    from rl3d.controller.rank import build_rank
-    from rl3d.logging import setup_logging
-
-    faulthandler.register(signal.SIGUSR2, all_threads=True)
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
+    """Runs inside each rank actor of `pool`: the process set-up, then the rank's workers."""
     from rl3d.config.pools import hosting, role_pools
+    from rl3d.controller.rank import build_rank
 
     offset = hosting(role_pools(cfg), pool).offset
     rank = offset + int(os.environ["RANK"])  # the world rank the spmd backend would give it
-    setup_logging(
-        level=cfg.logging.level, rank=rank, all_ranks=cfg.logging.all_ranks, log_dir=Path(run_dir) / "logs"
-    )
-    torch.set_num_threads(num_threads)
+    setup_process(cfg, rank=rank, log_dir=Path(run_dir) / "logs", num_threads=num_threads)
     return build_rank(cfg, run_dir, pool)
 
 
 def make_reward_worker(cfg: RL3DConfig):
     """Runs inside each reward actor (and in the driver when scoring is not fanned out)."""
-    from rl3d.controller.rank import tokenizer_path
-    from rl3d.data import load_tokenizer
+    from rl3d.controller.rank import run_tokenizer
     from rl3d.models.spec import spec_of
     from rl3d.workers.roles import RewardWorker
 
-    spec = spec_of(cfg.model)
-    tokenizer = load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
-    return RewardWorker(cfg, tokenizer)
+    return RewardWorker(cfg, run_tokenizer(cfg, spec_of(cfg.model)))
 
 
 def _device_kind(cfg: RL3DConfig) -> str:
@@ -102,7 +83,38 @@ class RayRun:
     def __init__(self) -> None:
         self.pools: dict[str, Any] = {}  # pool name -> RankActors
         self.reward_pool: Any = None
-        self.rollout: Any = None  # rl3d.launch.ray_async.RolloutPool with placement: separate
+        self.rollout: Any = None  # rl3d.launch.ray_rollout_pool.RolloutPool with placement: separate
+        self.store: Any = None  # the TCPStore of the rollout pool's link and weight bridge
+
+    def start(self, cfg: RL3DConfig, run_dir: Path, data, plan):
+        """One placement group and torch.distributed world per resource pool
+        (`rl3d.config.pools`), the actor's first, so a role in its own pool can load the actor's
+        initial weights; then, with `plan`, the rollout pool (`rl3d.launch.ray_rollout_pool`).
+        `rl3d.controller.build.RunBackend`."""
+        from rl3d.config.pools import role_pools
+        from rl3d.controller.build import Started
+        from rl3d.single_controller.ray import RankActors, ResourcePool
+
+        device = _device_kind(cfg)
+        threads = threads_per_rank(cfg)
+        bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
+        strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
+        pools = role_pools(cfg)
+        train_pools = pools[:-1] if plan is not None else pools
+        for pool in train_pools:
+            res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
+            self.pools[pool.name] = ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
+            ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
+            ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
+        roles = RayBackend(cfg, self, train_pools)
+        if plan is None:
+            return Started(roles=roles)
+        from rl3d.launch.ray_rollout_pool import start_rollout_pool
+
+        link, send, on_stop = start_rollout_pool(
+            self, cfg, run_dir, plan, device=device, threads=threads, bundle=bundle, strategy=strategy
+        )
+        return Started(roles=roles, link=link, send=send, rank=0, on_stop=on_stop)
 
     def close(self) -> None:
         for part in (self.rollout, self.reward_pool, *self.pools.values()):
@@ -156,58 +168,22 @@ class RayBackend:
         return flag  # one driver decides
 
 
-def build_ray_trainer(cfg: RL3DConfig, run_dir: Path, run: RayRun):
-    """One placement group and torch.distributed world per resource pool (`rl3d.config.pools`);
-    the actor's pool is set up first, so a role in its own pool can load the actor's initial
-    weights. The rest is the assembly both backends share (`rl3d.controller.assemble`)."""
-    from rl3d.config.async_rollout import is_separate
-    from rl3d.config.pools import role_pools
-    from rl3d.controller.assemble import assemble_trainer, build_data
-    from rl3d.single_controller.ray import RankActors, ResourcePool
-
-    device = _device_kind(cfg)
-    threads = threads_per_rank(cfg)
-    bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
-    strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
-    if is_separate(cfg):  # generation on its own pool of rank actors (rl3d.launch.ray_async)
-        from rl3d.launch.ray_async import build_ray_async
-
-        return build_ray_async(
-            cfg, run_dir, run, device=device, threads=threads, bundle=bundle, strategy=strategy
-        )
-    pools = role_pools(cfg)
-    for pool in pools:
-        res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
-        run.pools[pool.name] = ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
-        ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
-        ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
-    return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, pools), build_data(cfg))
-
-
 def run_driver(loaded: LoadedConfig) -> int:
     """Start (or join) Ray, build, fit, summarise. 0 on success, 1 on a failed run."""
-    import faulthandler
-    import signal
-    import warnings
-
     import ray
-    import torch
 
     from rl3d.config import run_dir_of, write_resolved_config
+    from rl3d.controller.build import build_run
     from rl3d.controller.summary import write_summary
-    from rl3d.logging import setup_logging
     from rl3d.single_controller.ray import WorkerCallError, WorkerDiedError
 
     cfg = loaded.config
     run_dir = Path(run_dir_of(cfg))
-    faulthandler.register(signal.SIGUSR2, all_threads=True)
-    warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\..*")
-    setup_logging(level=cfg.logging.level, rank=0, log_dir=None)
+    setup_process(cfg, rank=0, log_dir=None, num_threads=threads_per_rank(cfg))
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     driver_log = logging.FileHandler(run_dir / "logs" / "driver.log")
     driver_log.setFormatter(logging.getLogger("rl3d").handlers[0].formatter)
     logging.getLogger("rl3d").addHandler(driver_log)
-    torch.set_num_threads(threads_per_rank(cfg))
 
     address = cfg.launch.ray_address or os.environ.get("RAY_ADDRESS")
     env = {k: os.environ[k] for k in FORWARDED_ENV if k in os.environ}
@@ -236,7 +212,7 @@ def run_driver(loaded: LoadedConfig) -> int:
     run = RayRun()
     try:
         write_resolved_config(loaded, run_dir)
-        trainer = build_ray_trainer(cfg, run_dir, run)
+        trainer = build_run(cfg, run_dir, run)
         logger.info("ray backend ready in %.1f s", time.perf_counter() - started)
         history = trainer.fit()
         write_summary(cfg, history, run_dir)

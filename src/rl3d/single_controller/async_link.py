@@ -14,7 +14,7 @@ Keys (under ``async/``):
 
 Under Ray the driver serves the store and runs the trainer's side; a rollout rank actor that
 dies writes no ``failed`` line, so the driver's link is given a `check` that raises naming it
-(`rl3d.launch.ray_async`), called every `CHECK_EVERY_S` of a wait.
+(`rl3d.launch.ray_rollout_pool`), called every `CHECK_EVERY_S` of a wait.
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ from rl3d.config import RL3DConfig
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
-from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
-from rl3d.single_controller.dispatch import INPUT_ROW, Dispatch, DispatchInfo, register
+from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
 from rl3d.workers.context import RoleContext
+from rl3d.workers.generation import Generation
 from rl3d.workers.megatron_role import METRIC_WEIGHT, MegatronRole
 
 logger = logging.getLogger(__name__)
@@ -45,28 +46,6 @@ def _megatron_info(
         gen_dp_size=gen.d_g * groups.layout.d,
         is_gen_collector=coords.tp_g == 0,
     )
-
-
-def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bool = False):
-    """The engine's sampling for a step's rollout on one generation-DP rank: the recipe's
-    `rollout` settings and a seed of (trainer seed, step, rank), the same wherever it runs
-    (colocated actor or a separate rollout pool). `greedy`: one temperature-0 response per
-    prompt (ReMax's baseline, validation's greedy answers). It stops at `rollout.stop_token_ids`
-    and the model's end ids (`rl3d.rollout.stops`)."""
-    from rl3d.rollout import SamplingParams
-    from rl3d.rollout.stops import stop_token_ids
-
-    ro = cfg.rollout
-    params = SamplingParams(
-        temperature=ro.temperature,
-        top_p=ro.top_p,
-        top_k=ro.top_k,
-        max_new_tokens=ro.max_new_tokens,
-        stop_token_ids=stop_token_ids(cfg),
-        n=ro.n,
-        seed=cfg.trainer.seed * 100003 + step * 1009 + gen_dp_rank,
-    )
-    return dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1) if greedy else params
 
 
 def _count_unit(mode: str):
@@ -198,13 +177,8 @@ class ActorRolloutWorker(_LogProbMixin):
         self.pad_token_id = pad_token_id
         self.weights = None
         self.policy_loss = algos.policy_loss_of(cfg.algorithm)
-        self.agent = None  # multi-turn rollouts with tools (rollout.multi_turn)
-        if cfg.rollout.multi_turn.enabled:
-            from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
-
-            mt = cfg.rollout.multi_turn
-            tools = mt.build_tools()
-            self.agent = AgentLoop(self.engine, ctx.tokenizer, tools, AgentLoopConfig.from_config(mt))
+        # single- or multi-turn (rollout.multi_turn), as a separate rollout pool generates
+        self.generation = Generation(cfg, self.engine, ctx.tokenizer, pad_token_id=pad_token_id)
 
     def dispatch_info(self) -> DispatchInfo:
         return _megatron_info(
@@ -225,28 +199,8 @@ class ActorRolloutWorker(_LogProbMixin):
 
         `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
         dp_g = self.gen.coords(self.groups.rank).dp_g
-        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=dp_g, greedy=greedy)
-        if not len(prompts):
-            return None
-        if self.agent is not None:
-            return self._multi_turn(prompts, params)
-        out = self.engine.generate(list(prompts["prompt_ids"]), params)
-        # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
-        logps = out.token_logprobs(raw=out.raw_logprobs is not None)
-        responses, index = out.responses(), out.prompt_index.tolist()
-        rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in range(len(out))]
-        rows.sort(key=lambda r: r[0])  # stable: a prompt's responses keep the engine's order
-        return self._to_batch(prompts, rows)
-
-    def _multi_turn(self, prompts: DataBatch, params) -> DataBatch:
-        """The agent loop's trajectories as a batch: observation tokens are in the context
-        (`attention_mask` 1) but outside the loss (`response_mask` 0, `rollout_logp` 0)."""
-        trajectories = self.agent.generate(list(prompts["prompt_ids"]), params)  # prompt-major
-        rows = [(t.prompt_index, t.response_ids, t.raw_logprobs, t.finish_reason) for t in trajectories]
-        batch = self._to_batch(prompts, rows)
-        for i, t in enumerate(trajectories):
-            batch["response_mask"][i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.long)
-        return batch.set("trajectory", [t.record() for t in trajectories])
+        out = self.generation.generate(prompts, step=step, gen_dp_rank=dp_g, greedy=greedy)
+        return None if out is None else out.batch
 
     @register(Dispatch.ONE_TO_ALL)
     def release_generation(self) -> None:
@@ -254,41 +208,6 @@ class ActorRolloutWorker(_LogProbMixin):
         training weights are the source of truth."""
         self.weights.release()
         self.engine.release_memory()
-
-    def _to_batch(self, prompts: DataBatch, rows: list) -> DataBatch:
-        # one prompt width on every generation-DP rank (its share's rows then concatenate);
-        # responses are right-padded, so their widths may differ per rank
-        P = prompts.info.get(PROMPT_WIDTH) or max(len(prompts["prompt_ids"][p]) for p, *_ in rows)
-        R = max(max(len(r) for _, r, _, _ in rows), 1)
-        B = len(rows)
-        prompt = torch.full((B, P), self.pad_token_id, dtype=torch.long)
-        prompt_mask = torch.zeros(B, P, dtype=torch.long)
-        resp = torch.full((B, R), self.pad_token_id, dtype=torch.long)
-        resp_mask = torch.zeros(B, R, dtype=torch.long)
-        rollout_logp = torch.zeros(B, R)
-        for i, (p, r, lp, _) in enumerate(rows):
-            ids = prompts["prompt_ids"][p]
-            prompt[i, P - len(ids) :] = torch.tensor(ids)
-            prompt_mask[i, P - len(ids) :] = 1
-            resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
-            resp_mask[i, : len(r)] = 1
-            rollout_logp[i, : len(lp)] = torch.tensor(lp)
-        meta = {k: [prompts[k][p] for p, *_ in rows] for k in prompts.meta if k != "uid"}
-        meta["finish_reason"] = [f for *_, f in rows]
-        meta["response_ids"] = [r for _, r, _, _ in rows]
-        return DataBatch(
-            {
-                "input_ids": torch.cat([prompt, resp], 1),
-                "attention_mask": torch.cat([prompt_mask, resp_mask], 1),
-                "responses": resp,
-                "response_mask": resp_mask,
-                "rollout_logp": rollout_logp,
-                "uid": torch.tensor([prompts["uid"][p] for p, *_ in rows]),
-                INPUT_ROW: torch.tensor([p for p, *_ in rows]),
-            },
-            meta,
-            {PAD_VALUES: {"input_ids": self.pad_token_id, "responses": self.pad_token_id}},
-        )
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_log_prob(self, batch: DataBatch) -> DataBatch | None:

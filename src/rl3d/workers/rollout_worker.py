@@ -23,6 +23,7 @@ from rl3d.config import RL3DConfig
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
 from rl3d.weight_sync import SyncPlan, WeightBridge, receive_weights
+from rl3d.workers.generation import Generation
 
 logger = logging.getLogger(__name__)
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -36,6 +37,7 @@ class RolloutWorker:
         spec,
         *,
         pad_token_id: int,
+        tokenizer,
         pool_rank: int,
         bridge: WeightBridge,
         plan: SyncPlan,
@@ -66,7 +68,10 @@ class RolloutWorker:
             seed=cfg.trainer.seed,
         )
         self.dtype = DTYPES[cfg.model.dtype]
-        self.partial = cfg.rollout.async_.partial_rollouts
+        self.generation = Generation(cfg, self.engine, tokenizer, pad_token_id=pad_token_id)
+        # the agent loop's rows each come from several engine calls: weights change between its
+        # calls only (a row is then one version), not within a response
+        self.partial = cfg.rollout.async_.partial_rollouts and not self.generation.multi_turn
         self.engine.before_forward = self._before_forward
         self.version = -1
         self.sync_seconds = 0.0
@@ -124,31 +129,26 @@ class RolloutWorker:
     def _before_forward(self, step: int) -> None:
         if step == 0:
             self._chunk_versions.append([])
-        if self.partial or step == 0:
+        if self.partial or (step == 0 and not self.generation.multi_turn):
             self.poll()
         self._chunk_versions[-1].append(self.version)
 
     # -- generation ----------------------------------------------------------------------------
     def generate(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
-        """This rank's share of a step's prompts, like `ActorRolloutWorker.generate_sequences`
+        """This rank's share of a step's prompts through the colocated actor's `Generation`
         (same seeds, same rows, `greedy` as there), plus `policy_version` per token."""
-        from rl3d.workers.roles import ActorRolloutWorker, rollout_sampling
-
-        if not len(prompts):
-            return None
-        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=self.dp_rank, greedy=greedy)
         self._chunk_versions = []
-        out = self.engine.generate(list(prompts["prompt_ids"]), params)
-        logps = out.token_logprobs(raw=out.raw_logprobs is not None)
-        responses, index = out.responses(), out.prompt_index.tolist()
-        rows_per_chunk = max(1, self.engine.max_batch_rows // params.n) * params.n
-        versions = [self._chunk_versions[j // rows_per_chunk][: len(responses[j])] for j in range(len(out))]
-        order = sorted(range(len(out)), key=lambda j: index[j])  # stable, as the actor's sort
-        rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in order]
-        batch = ActorRolloutWorker._to_batch(self, prompts, rows)  # the colocated rows, exactly
+        out = self.generation.generate(prompts, step=step, gen_dp_rank=self.dp_rank, greedy=greedy)
+        if out is None:
+            return None
+        batch = out.batch
         version_BR = torch.full(batch["responses"].shape, self.version, dtype=torch.long)
-        for i, j in enumerate(order):
-            version_BR[i, : len(versions[j])] = torch.tensor(versions[j], dtype=torch.long)
+        if out.engine_rows is not None:  # single-turn: the version of each token's chunk and step
+            params_n = 1 if greedy else self.cfg.rollout.n
+            rows_per_chunk = max(1, self.engine.max_batch_rows // params_n) * params_n
+            for i, j in enumerate(out.engine_rows):
+                versions = self._chunk_versions[j // rows_per_chunk][: len(batch["response_ids"][i])]
+                version_BR[i, : len(versions)] = torch.tensor(versions, dtype=torch.long)
         batch.set(POLICY_VERSION, version_BR)
         return batch
 

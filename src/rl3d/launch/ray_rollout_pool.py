@@ -1,8 +1,8 @@
-"""The Ray driver with a separate rollout pool (`launch.backend: ray`, `rollout.placement: separate`).
+"""The Ray backend's rollout pool (`launch.backend: ray`, `rollout.placement: separate`).
 
     driver:  a TCPStore (the async link and the weight bridge's rendezvous) and the controller,
-             `AsyncTrainer` exactly as under spmd; the trainer-side pools' rank actors as in
-             `build_ray_trainer`
+             the one `RLTrainer` with a `SeparatePool` placement, as under spmd; the
+             trainer-side pools' rank actors as in `RayRun.start`
     "rollout": its own placement group of rank actors and its own torch.distributed world
              (the generation TP groups); each rank actor runs `RolloutPoolRunner` in one long
              call, started at set-up and collected when the trainer stops
@@ -26,7 +26,6 @@ from typing import Any
 from rl3d.config import RL3DConfig
 from rl3d.config.async_rollout import ROLLOUT_POOL
 from rl3d.config.roles import ACTOR
-from rl3d.controller.async_trainer import AsyncTrainer
 
 logger = logging.getLogger("rl3d.launch.ray")
 
@@ -79,26 +78,19 @@ def send_actor_weights(state) -> Any:
 def run_rollout_rank(
     _state, cfg: RL3DConfig, run_dir: str, num_threads: int, host: str, port: int, plan, device: str
 ) -> list:
-    """On each rollout rank actor, one call: logging, the rollout worker, its side of the
-    bridge, then the rollout loop until the trainer stops (`RolloutPoolRunner`)."""
-    import torch
+    """On each rollout rank actor, one call: the process set-up, the rollout worker, its side
+    of the bridge, then the rollout loop until the trainer stops (`RolloutPoolRunner`)."""
     import torch.distributed as dist
 
     from rl3d.config.pools import hosting, role_pools
     from rl3d.controller.assemble import build_data
-    from rl3d.controller.async_trainer import rollout_runner
-    from rl3d.logging import setup_logging
+    from rl3d.controller.rollout_pool import rollout_runner
+    from rl3d.logging.process import setup_process
 
     pools = role_pools(cfg)
     pool, actor = hosting(pools, ROLLOUT_POOL), hosting(pools, ACTOR)
     local = dist.get_rank()
-    setup_logging(
-        level=cfg.logging.level,
-        rank=pool.offset + local,
-        all_ranks=cfg.logging.all_ranks,
-        log_dir=Path(run_dir) / "logs",
-    )
-    torch.set_num_threads(num_threads)
+    setup_process(cfg, rank=pool.offset + local, log_dir=Path(run_dir) / "logs", num_threads=num_threads)
     store = _client_store(host, port, cfg.rollout.async_.timeout_s)
     runner = rollout_runner(
         cfg, build_data(cfg), plan, store, pool=pool, local=local, num_train=actor.size, device=device
@@ -196,51 +188,35 @@ class RolloutPool:
         self.ranks.shutdown()
 
 
-class _SendStats:
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-
-def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, threads: int, bundle, strategy):
-    """The trainer-side pools, the rollout pool and the controller (`AsyncTrainer`)."""
+def start_rollout_pool(
+    run: Any, cfg: RL3DConfig, run_dir: Path, plan, *, device: str, threads: int, bundle, strategy
+):
+    """The rollout pool's rank actors (after the trainer-side pools), the store they talk
+    through, the actor's ranks' side of the weight bridge: the driver's (link, send, on_stop)."""
     import ray
     import torch.distributed as dist
 
     from rl3d.config.pools import role_pools
-    from rl3d.controller.assemble import assemble_trainer, build_data
-    from rl3d.controller.async_trainer import sync_plan
-    from rl3d.launch.ray_launch import RayBackend, setup_rank_process
     from rl3d.single_controller.async_link import AsyncLink
     from rl3d.single_controller.ray import RankActors, ResourcePool
     from rl3d.single_controller.spmd_pools import _free_port
 
-    pools = role_pools(cfg)
-    train_pools, rollout = pools[:-1], pools[-1]
-    assert rollout.name == ROLLOUT_POOL, pools
-    actor = train_pools[0]
-    backend = "nccl" if device == "cuda" else "gloo"
+    rollout = role_pools(cfg)[-1]
+    assert rollout.name == ROLLOUT_POOL, rollout
     ro = cfg.rollout.async_
-    for pool in train_pools:
-        res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
-        run.pools[pool.name] = ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
-        ranks.init_distributed(backend, timeout_s=cfg.launch.timeout_s)
-        ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
-
     host, port = ray.util.get_node_ip_address(), _free_port()
-    store = dist.TCPStore(
+    run.store = dist.TCPStore(  # the rank actors talk through it until the run closes
         host, port, is_master=True, timeout=datetime.timedelta(seconds=ro.timeout_s), wait_for_workers=False
     )
-    data = build_data(cfg)
-    plan = sync_plan(cfg, data.spec, actor)
     res = ResourcePool(ROLLOUT_POOL, num_bundles=rollout.size, bundle=bundle, strategy=strategy)
     ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
     run.rollout = RolloutPool(ranks, [])
-    ranks.init_distributed(backend, timeout_s=cfg.launch.timeout_s)
+    ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
     run.rollout.refs = [
         h.run.remote(run_rollout_rank, cfg, str(run_dir), threads, host, port, plan, device)
         for h in ranks.handles
     ]
-    actor_ranks = run.pools[actor.name]
+    actor_ranks = run.pools[ACTOR]
     joins = [
         h.run.remote(join_bridge, host, port, plan, rollout.size, device, ro.timeout_s)
         for h in actor_ranks.handles
@@ -251,7 +227,7 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
     )
     logger.info("rollout pool: %d rank actor(s); %s", rollout.size, plan.describe())
 
-    def send() -> _SendStats:
+    def send() -> float:
         refs = [h.run.remote(send_actor_weights) for h in actor_ranks.handles]
         stats = run.rollout.wait(
             refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s, liveness=live
@@ -259,35 +235,7 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
         sent = sum(s.bytes for s in stats)
         if sent != plan.total_bytes:  # the plan's bytes are what the metric reports
             raise RuntimeError(f"weight sync sent {sent} bytes, the plan has {plan.total_bytes}")
-        return _SendStats(max(s.seconds for s in stats))
+        return max(s.seconds for s in stats)
 
-    link = AsyncLink(store, timeout_s=ro.timeout_s, who="the Ray driver", check=run.rollout.check)
-
-    def make(*args, **kwargs):
-        return DriverAsyncTrainer(
-            *args,
-            link=link,
-            send=send,
-            rollout_ranks=list(rollout.ranks)[:: cfg.rollout.pool.tp],  # each engine's collector
-            sync_bytes=plan.total_bytes,
-            rank=0,
-            rollout=run.rollout,
-            store=store,
-            **kwargs,
-        )
-
-    return assemble_trainer(cfg, run_dir, RayBackend(cfg, run, train_pools), data, make=make)
-
-
-class DriverAsyncTrainer(AsyncTrainer):
-    """`AsyncTrainer` in the driver: after its stop, the rollout ranks' loops are collected (an
-    error there fails the run). It holds the store the ranks talk through."""
-
-    def __init__(self, *args: Any, rollout: RolloutPool, store: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.rollout_pool, self.store = rollout, store
-
-    def fit(self) -> list[dict[str, float]]:
-        history = super().fit()
-        self.rollout_pool.finish()
-        return history
+    link = AsyncLink(run.store, timeout_s=ro.timeout_s, who="the Ray driver", check=run.rollout.check)
+    return link, send, run.rollout.finish  # after the trainer's stop: the rollout ranks' loops collected

@@ -1,0 +1,136 @@
+"""A generation-DP rank's rollout rows, the same wherever its engine runs.
+
+The colocated actor (`ActorRolloutWorker.generate_sequences`) and a separate rollout pool's
+rank (`RolloutWorker.generate`) both generate through `Generation`: the recipe's sampling for
+the step and rank (`rollout_sampling`), single-turn on the engine or multi-turn through the
+agent loop (`rollout.multi_turn`), and the rows as the batch the trainer takes. Training
+rounds, an algorithm's extra rounds (DAPO's refill, ReMax's greedy baseline) and validation
+all come here, so a run generates the same rows on either placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rl3d.config import RL3DConfig
+from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
+from rl3d.single_controller.dispatch import INPUT_ROW
+
+TRAJECTORY = "trajectory"  # the agent loop's record of each row (multi-turn only)
+
+
+def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bool = False):
+    """The engine's sampling for a step's rollout on one generation-DP rank: the recipe's
+    `rollout` settings and a seed of (trainer seed, step, rank), the same wherever it runs
+    (colocated actor or a separate rollout pool). `greedy`: one temperature-0 response per
+    prompt (ReMax's baseline, validation's greedy answers). It stops at `rollout.stop_token_ids`
+    and the model's end ids (`rl3d.rollout.stops`)."""
+    from rl3d.rollout import SamplingParams
+    from rl3d.rollout.stops import stop_token_ids
+
+    ro = cfg.rollout
+    params = SamplingParams(
+        temperature=ro.temperature,
+        top_p=ro.top_p,
+        top_k=ro.top_k,
+        max_new_tokens=ro.max_new_tokens,
+        stop_token_ids=stop_token_ids(cfg),
+        n=ro.n,
+        seed=cfg.trainer.seed * 100003 + step * 1009 + gen_dp_rank,
+    )
+    return dataclasses.replace(params, temperature=0.0, top_p=1.0, top_k=-1, n=1) if greedy else params
+
+
+@dataclass
+class Generated:
+    batch: DataBatch
+    # the engine's output row of each batch row (single-turn); None for the agent loop, whose
+    # rows each come from several engine calls
+    engine_rows: list[int] | None
+
+
+class Generation:
+    """The rollout of one generation-DP rank on `engine` (multi-turn when the recipe says)."""
+
+    def __init__(self, cfg: RL3DConfig, engine: Any, tokenizer: Any, *, pad_token_id: int):
+        self.cfg, self.engine, self.pad_token_id = cfg, engine, pad_token_id
+        self.agent = None
+        if cfg.rollout.multi_turn.enabled:
+            from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
+
+            mt = cfg.rollout.multi_turn
+            self.agent = AgentLoop(engine, tokenizer, mt.build_tools(), AgentLoopConfig.from_config(mt))
+
+    @property
+    def multi_turn(self) -> bool:
+        return self.agent is not None
+
+    def generate(
+        self, prompts: DataBatch, *, step: int, gen_dp_rank: int, greedy: bool = False
+    ) -> Generated | None:
+        """This rank's share of the prompts as rows sorted by prompt (a prompt's responses in the
+        engine's order); None for an empty share."""
+        if not len(prompts):
+            return None
+        params = rollout_sampling(self.cfg, step=step, gen_dp_rank=gen_dp_rank, greedy=greedy)
+        if self.agent is not None:
+            return Generated(self._multi_turn(prompts, params), None)
+        out = self.engine.generate(list(prompts["prompt_ids"]), params)
+        # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
+        logps = out.token_logprobs(raw=out.raw_logprobs is not None)
+        responses, index = out.responses(), out.prompt_index.tolist()
+        order = sorted(range(len(out)), key=lambda j: index[j])  # stable: engine order within a prompt
+        rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in order]
+        return Generated(rows_to_batch(prompts, rows, self.pad_token_id), order)
+
+    def _multi_turn(self, prompts: DataBatch, params) -> DataBatch:
+        """The agent loop's trajectories as a batch: observation tokens are in the context
+        (`attention_mask` 1) but outside the loss (`response_mask` 0, `rollout_logp` 0)."""
+        trajectories = self.agent.generate(list(prompts["prompt_ids"]), params)  # prompt-major
+        rows = [(t.prompt_index, t.response_ids, t.raw_logprobs, t.finish_reason) for t in trajectories]
+        batch = rows_to_batch(prompts, rows, self.pad_token_id)
+        for i, t in enumerate(trajectories):
+            batch["response_mask"][i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.long)
+        return batch.set(TRAJECTORY, [t.record() for t in trajectories])
+
+
+def rows_to_batch(prompts: DataBatch, rows: list, pad_token_id: int) -> DataBatch:
+    """(prompt row, response ids, log-probs, finish reason) rows as the trainer's batch: prompts
+    left-padded, responses right-padded."""
+    # one prompt width on every generation-DP rank (its share's rows then concatenate);
+    # responses are right-padded, so their widths may differ per rank
+    P = prompts.info.get(PROMPT_WIDTH) or max(len(prompts["prompt_ids"][p]) for p, *_ in rows)
+    R = max(max(len(r) for _, r, _, _ in rows), 1)
+    B = len(rows)
+    prompt = torch.full((B, P), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros(B, P, dtype=torch.long)
+    resp = torch.full((B, R), pad_token_id, dtype=torch.long)
+    resp_mask = torch.zeros(B, R, dtype=torch.long)
+    rollout_logp = torch.zeros(B, R)
+    for i, (p, r, lp, _) in enumerate(rows):
+        ids = prompts["prompt_ids"][p]
+        prompt[i, P - len(ids) :] = torch.tensor(ids)
+        prompt_mask[i, P - len(ids) :] = 1
+        resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)
+        resp_mask[i, : len(r)] = 1
+        rollout_logp[i, : len(lp)] = torch.tensor(lp)
+    meta = {k: [prompts[k][p] for p, *_ in rows] for k in prompts.meta if k != "uid"}
+    meta["finish_reason"] = [f for *_, f in rows]
+    meta["response_ids"] = [r for _, r, _, _ in rows]
+    return DataBatch(
+        {
+            "input_ids": torch.cat([prompt, resp], 1),
+            "attention_mask": torch.cat([prompt_mask, resp_mask], 1),
+            "responses": resp,
+            "response_mask": resp_mask,
+            "rollout_logp": rollout_logp,
+            "uid": torch.tensor([prompts["uid"][p] for p, *_ in rows]),
+            INPUT_ROW: torch.tensor([p for p, *_ in rows]),
+        },
+        meta,
+        {PAD_VALUES: {"input_ids": pad_token_id, "responses": pad_token_id}},
+    )
