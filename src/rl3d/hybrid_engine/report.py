@@ -6,10 +6,11 @@ import argparse
 import json
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
-from rl3d.hybrid_engine.plan import DTYPE_BYTES, TransitionPlan, plan_transition
+from rl3d.hybrid_engine.plan import TransitionPlan, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.spec import get_model_spec, spec_of
 from rl3d.parallel import ParallelLayout
+from rl3d.utils.dtypes import DTYPE_BYTES
 
 GB = 1e9
 

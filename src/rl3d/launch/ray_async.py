@@ -212,7 +212,7 @@ def build_ray_async(cfg: RL3DConfig, run_dir: Path, run: Any, *, device: str, th
     from rl3d.launch.ray_launch import RayBackend, setup_rank_process
     from rl3d.single_controller.async_link import AsyncLink
     from rl3d.single_controller.ray import RankActors, ResourcePool
-    from rl3d.single_controller.spmd_pools import _free_port
+    from rl3d.utils.net import free_port as _free_port
 
     pools = role_pools(cfg)
     train_pools, rollout = pools[:-1], pools[-1]

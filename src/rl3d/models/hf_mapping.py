@@ -13,8 +13,12 @@ from typing import Any
 
 import torch
 
-from rl3d.models.builder import megatron_param_kinds
-from rl3d.models.spec import ModelSpec
+from rl3d.models.params import megatron_param_kinds
+from rl3d.models.spec import (  # noqa: F401  (re-exported: the HF config side of the mapping)
+    SUPPORTED_MODEL_TYPES,
+    ModelSpec,
+    spec_from_hf_config,
+)
 from rl3d.ops.layouts import (
     ShardKind,
     fc1_hf_to_megatron,
@@ -22,8 +26,6 @@ from rl3d.ops.layouts import (
     qkv_hf_to_megatron,
     qkv_megatron_to_hf,
 )
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")  # one tensor layout: Llama's names
 
 
 @dataclass(frozen=True)
@@ -35,52 +37,6 @@ class TensorMap:
     kind: ShardKind
     to_mcore: Callable[[list[torch.Tensor]], torch.Tensor]
     to_hf: Callable[[torch.Tensor], list[torch.Tensor]]
-
-
-def _rope_theta(cfg: dict[str, Any]) -> float:
-    rope = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ValueError(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
-    return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
-def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
-    """ModelSpec of an HF config dict; unsupported model types and features are a clear error."""
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"unsupported HF model_type {model_type!r}; rl3d converts {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    if cfg.get("mlp_bias") or cfg.get("attention_bias"):
-        raise ValueError(f"{model_type}: mlp_bias / attention_bias (o_proj bias) are not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{model_type}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
-    if cfg.get("use_sliding_window"):
-        raise ValueError(f"{model_type}: sliding-window attention is not supported")
-    max_positions = cfg.get("max_position_embeddings", 4096)
-    if model_type == "mistral" and cfg.get("sliding_window"):
-        # full attention equals Mistral's sliding window on sequences no longer than the window
-        max_positions = min(max_positions, cfg["sliding_window"])
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    if head_dim * heads != cfg["hidden_size"]:
-        raise ValueError(f"{model_type}: head_dim {head_dim} x {heads} heads != hidden_size")
-    return ModelSpec(
-        name=name or f"hf-{model_type}",
-        num_layers=cfg["num_hidden_layers"],
-        hidden_size=cfg["hidden_size"],
-        ffn_hidden_size=cfg["intermediate_size"],
-        num_attention_heads=heads,
-        num_query_groups=cfg.get("num_key_value_heads") or heads,
-        vocab_size=cfg["vocab_size"],
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2",
-        rope_theta=_rope_theta(cfg),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=max_positions,
-    )
 
 
 def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:

@@ -24,6 +24,7 @@ from rl3d.models.hf_mapping import tensor_maps
 from rl3d.models.params import local_param
 from rl3d.models.safetensors_io import ShardedReader
 from rl3d.models.spec import ModelSpec
+from rl3d.models.training import unwrap_model
 from rl3d.ops.layouts import shard_for_tp
 
 logger = logging.getLogger(__name__)
@@ -57,12 +58,6 @@ def _open_source(src: str | Path, spec: ModelSpec, padded_vocab: int) -> Any:
     raise FileNotFoundError(f"{src} is neither an HF directory nor an rl3d Megatron weight directory")
 
 
-def _unwrap(model: Any) -> torch.nn.Module:
-    while hasattr(model, "module"):  # megatron DDP / Float16Module
-        model = model.module
-    return model
-
-
 def load_weights(
     model: Any, spec: ModelSpec, groups: MegatronGroups, src: str | Path, *, role: str = "actor"
 ) -> None:
@@ -70,7 +65,7 @@ def load_weights(
 
     The critic's value head is not in an HF checkpoint and keeps its initial weights.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layout = groups.layout
     padded = model.vocab_size
     params = dict(model.named_parameters())
@@ -104,7 +99,7 @@ def save_weights(
     """Write a live actor's weights as a Megatron weight directory (collective over the world)."""
     from safetensors.torch import save_file
 
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layout, dst = groups.layout, Path(dst)
     params = dict(model.named_parameters())
     if groups.dp_rank == 0:

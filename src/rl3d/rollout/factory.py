@@ -17,6 +17,7 @@ import torch
 
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import RolloutEngine
+from rl3d.utils.dtypes import torch_dtype
 
 if TYPE_CHECKING:
     from rl3d.config.schema import RolloutConfig
@@ -58,7 +59,7 @@ def engine_kwargs(
         )
     kwargs: dict[str, Any] = dict(spec=spec, group=group, pad_token_id=pad_token_id)
     if name == "torch":  # generates on the resharded training weights unless told another dtype
-        return kwargs | {"dtype": getattr(torch, rollout.dtype) if rollout.dtype else None}
+        return kwargs | {"dtype": torch_dtype(rollout.dtype) if rollout.dtype else None}
     if not model_path:
         raise ValueError("model.hf_path: the sglang rollout engine starts from an HF directory; set it")
     sg = rollout.sglang

@@ -33,7 +33,7 @@ from rl3d.models.packing import (
     unpack_response,
 )
 from rl3d.models.spec import ModelSpec
-from rl3d.models.training import SkippedSteps
+from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
@@ -99,29 +99,14 @@ class MegatronRole:
         self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
         self.ddp, self.optimizer, self.scheduler = self.model, None, None
         if self.trainable:
-            from rl3d.models.training import OptimConfig, build_optimizer, build_scheduler, wrap_ddp
+            from rl3d.models.training import build_optimizer, build_scheduler, wrap_ddp
 
-            cfg = OptimConfig(
-                lr=optim.lr,
-                weight_decay=optim.weight_decay,
-                adam_beta1=optim.adam_beta1,
-                adam_beta2=optim.adam_beta2,
-                adam_eps=optim.adam_eps,
-                clip_grad=optim.clip_grad,
-                use_distributed_optimizer=optim.distributed_optimizer,
-                warmup_steps=optim.lr_warmup_steps,
-                total_steps=total_steps,
-                lr_decay_style=optim.lr_schedule,
-            )
             self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
-            self.optimizer = build_optimizer(self.ddp, groups, cfg)
-            self.scheduler = build_scheduler(self.optimizer, cfg)
+            self.optimizer = build_optimizer(self.ddp, groups, optim)
+            self.scheduler = build_scheduler(self.optimizer, optim, total_steps=total_steps)
 
     def unwrapped(self) -> torch.nn.Module:
-        model = self.ddp
-        while hasattr(model, "module"):
-            model = model.module
-        return model
+        return unwrap_model(self.ddp)
 
     # -- forward -------------------------------------------------------------------------------
     def _microbatches(

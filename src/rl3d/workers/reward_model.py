@@ -21,6 +21,7 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
+from rl3d.utils.dtypes import torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +191,7 @@ class RewardModelWorker:
             spec,
             ctx.groups,
             weights,
-            dtype=getattr(torch, cfg.model.dtype),
+            dtype=torch_dtype(cfg.model.dtype),
             seed=cfg.trainer.seed,
             packing=self.section.packing,
             max_tokens_per_micro_batch=self.section.max_tokens_per_micro_batch,

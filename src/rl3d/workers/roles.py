@@ -17,11 +17,11 @@ from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
 from rl3d.single_controller.dispatch import INPUT_ROW, Dispatch, DispatchInfo, register
+from rl3d.utils.dtypes import torch_dtype
 from rl3d.workers.context import RoleContext
 from rl3d.workers.megatron_role import METRIC_WEIGHT, MegatronRole
 
 logger = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def _megatron_info(groups: MegatronGroups, gen=None, *, mini_batch_size: int) -> DispatchInfo:
@@ -156,7 +156,7 @@ class ActorRolloutWorker(_LogProbMixin):
 
         cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
         self.cfg, self.spec, self.groups = cfg, spec, groups
-        self.dtype = DTYPES[cfg.model.dtype]
+        self.dtype = torch_dtype(cfg.model.dtype)
         self.role = MegatronRole(
             spec,
             groups,
@@ -337,7 +337,7 @@ class CriticWorker:
             spec,
             groups,
             role="critic",
-            params_dtype=DTYPES[cfg.model.dtype],
+            params_dtype=torch_dtype(cfg.model.dtype),
             optim=cfg.critic.optim,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
@@ -393,7 +393,7 @@ class ReferenceWorker(_LogProbMixin):
             spec,
             groups,
             role="reference",
-            params_dtype=DTYPES[cfg.model.dtype],
+            params_dtype=torch_dtype(cfg.model.dtype),
             optim=None,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,

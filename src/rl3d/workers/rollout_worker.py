@@ -22,10 +22,10 @@ import torch.distributed as dist
 from rl3d.config import RL3DConfig
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.dtypes import torch_dtype
 from rl3d.weight_sync import SyncPlan, WeightBridge, receive_weights
 
 logger = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POLICY_VERSION = "policy_version"
 
 
@@ -65,7 +65,7 @@ class RolloutWorker:
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
         )
-        self.dtype = DTYPES[cfg.model.dtype]
+        self.dtype = torch_dtype(cfg.model.dtype)
         self.partial = cfg.rollout.async_.partial_rollouts
         self.engine.before_forward = self._before_forward
         self.version = -1
