@@ -80,26 +80,7 @@ def engine_kwargs(
     return kwargs
 
 
-def build_rollout_engine(
-    rollout: RolloutConfig,
-    *,
-    spec: ModelSpec,
-    group: Any = None,
-    pad_token_id: int = 0,
-    model_path: str | None = None,
-    device: torch.device | str | None = None,
-    dtype: str = "bfloat16",
-    seed: int | None = None,
-) -> RolloutEngine:
-    """Build the engine `rollout.engine` with the section's settings (see `engine_kwargs`)."""
-    kwargs = engine_kwargs(
-        rollout,
-        spec=spec,
-        group=group,
-        pad_token_id=pad_token_id,
-        model_path=model_path,
-        device=device,
-        dtype=dtype,
-        seed=seed,
-    )
-    return engine_class(rollout.engine)(**kwargs)
+def build_rollout_engine(rollout: RolloutConfig, **options: Any) -> RolloutEngine:
+    """Build the engine `rollout.engine` with the section's settings; `options` are
+    `engine_kwargs`'s (spec, group, pad_token_id, model_path, device, dtype, seed)."""
+    return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))

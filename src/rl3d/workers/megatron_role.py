@@ -32,6 +32,7 @@ from rl3d.models.packing import (
     per_sequence_rope,
     unpack_response,
 )
+from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import DataBatch
@@ -288,12 +289,10 @@ class MegatronRole:
     def global_shards(self) -> dict[str, torch.Tensor]:
         """This rank's training parameters under their global (planner) names, as the very
         tensors the model trains (no copy)."""
-        from rl3d.models.params import local_param, stage_param_names
-
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
         names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)
         shards = {g: local_param(local, n).data for g, n in names.items()}
         if self.spec.tied_embeddings and layout.p > 1 and self.groups.is_last_stage:
-            shards["output_layer.weight"] = local["output_layer.weight"].data  # megatron's synced copy
+            shards[OUTPUT_LAYER] = local[OUTPUT_LAYER].data  # megatron's synced copy
         return shards
