@@ -16,8 +16,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parallel", "tools"),  # layouts and process groups; the tools a policy calls
     ("ops", "single_controller", "data"),  # resharding kernels; the role protocol; datasets
     ("models", "algos", "rewards"),  # megatron-core models; algorithm functions; reward functions
-    ("config", "weight_sync", "testing"),  # typed recipe sections; the separate pool's sync; test kits
-    ("hybrid_engine", "rollout"),  # reshard plans and their executor; generation engines
+    ("hybrid_engine", "rollout", "weight_sync", "testing"),  # moving weights; generation; test kits
+    ("config",),  # typed recipe sections: every layer below works without reading a recipe
     ("workers",),  # one class per role
     ("checkpoint",),
     ("controller", "bench"),  # the RL loop and its assembly; benchmarks

@@ -6,21 +6,19 @@ worker knows (model, generation-TP group, pad id, HF directory, device).
 
 One call site serves every engine: `engine_kwargs` maps the section onto the keyword arguments of
 the chosen class (`engine_class`), and tests bind them to its real signature. Refusals come here,
-before anything is launched.
+before anything is launched. The section is a `rl3d.config.RolloutConfig`, read and not
+imported: the config layer sits above rollout.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import RolloutEngine
 from rl3d.utils.dtypes import torch_dtype
-
-if TYPE_CHECKING:
-    from rl3d.config.schema import RolloutConfig
 
 ENGINES = ("torch", "sglang")
 
@@ -39,7 +37,7 @@ def engine_class(name: str) -> type:
 
 
 def engine_kwargs(
-    rollout: RolloutConfig,
+    rollout: Any,
     *,
     spec: ModelSpec,
     group: Any = None,
@@ -80,7 +78,7 @@ def engine_kwargs(
     return kwargs
 
 
-def build_rollout_engine(rollout: RolloutConfig, **options: Any) -> RolloutEngine:
+def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:
     """Build the engine `rollout.engine` with the section's settings; `options` are
     `engine_kwargs`'s (spec, group, pad_token_id, model_path, device, dtype, seed)."""
     return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))
