@@ -25,9 +25,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("train", "cli"),  # entry points
 )
 
-# Module circles still open, each `frozenset` of module names. The controller's and launch's
-# spmd/Ray run builders are being merged into one builder per backend, which removes them;
-# delete an entry when its circle is gone (the test fails on a stale one).
+# Module circles still allowed, each the set of its modules: the spmd and Ray run builders of
+# controller/ and launch/. The test fails on any other circle, and on an entry here whose circle
+# is gone (delete it then).
 KNOWN_MODULE_CIRCLES = {
     frozenset({"rl3d.controller.async_trainer", "rl3d.controller.build"}),
     frozenset({"rl3d.launch.ray_async", "rl3d.launch.ray_launch"}),
