@@ -16,10 +16,10 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parallel", "tools"),  # layouts and process groups; the tools a policy calls
     ("ops", "single_controller", "data"),  # resharding kernels; the role protocol; datasets
     ("models", "algos", "rewards"),  # megatron-core models; algorithm functions; reward functions
-    ("hybrid_engine", "rollout", "weight_sync", "testing"),  # moving weights; generation; test kits
+    ("hybrid_engine", "rollout", "weight_sync"),  # moving weights in place and to a rollout pool; generation
     ("config",),  # typed recipe sections: every layer below works without reading a recipe
     ("workers",),  # one class per role
-    ("checkpoint",),
+    ("checkpoint", "testing"),  # run checkpoints; kits for tests and benchmarks (tiny models, spawn)
     ("controller", "bench"),  # the RL loop and its assembly; benchmarks
     ("launch",),  # torchrun, Ray, SLURM
     ("train", "cli"),  # entry points
