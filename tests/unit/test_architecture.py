@@ -5,6 +5,7 @@ built from the source with ast, so a lazy import inside a function, or one only 
 checking, counts as much as one at the top."""
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rl3d"
@@ -34,6 +35,12 @@ KNOWN_MODULE_CIRCLES = {
 }
 
 
+@functools.cache
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of a source file (parsed once for all the checks)."""
+    return tuple(ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
 def _package_of(path: Path) -> str:
     rel = path.relative_to(SRC).parts
     return rel[0].removesuffix(".py")
@@ -47,7 +54,7 @@ def _imported_modules(path: Path) -> set[str]:
     else:
         here = here[:-1]  # a module's relative imports start from its package
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -119,7 +126,8 @@ def test_every_package_has_a_layer():
 
 
 def test_packages_import_only_from_lower_layers():
-    assert not layer_violations(package_graph()), layer_violations(package_graph())
+    violations = layer_violations(package_graph())
+    assert not violations, violations
 
 
 def test_the_layer_check_sees_an_upward_import():
@@ -150,7 +158,7 @@ def module_graph() -> dict[str, set[str]]:
     for module, path in files.items():
         here = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
         targets: list[str] = []
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _nodes(path):
             if isinstance(node, ast.Import):
                 targets += [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
