@@ -42,10 +42,13 @@ def _cmd_train(args: argparse.Namespace) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
+    from rl3d.config import load_config
     from rl3d.hybrid_engine.report import run_plan
 
     try:
-        print(run_plan(args))
+        # the recipe is read here: the planner below the config layer takes shapes and layouts
+        config = load_config(args.recipe, args.overrides).config if args.recipe else None
+        print(run_plan(args, config))
         return 0
     except ValueError as err:
         if isinstance(err, ConfigError):

@@ -7,50 +7,13 @@ registry entry plus a recipe, never an `if name == ...` in the controller.
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import TypeVar
+
+from rl3d.utils.registry import Registry
 
 T = TypeVar("T")
-
-
-class Registry(Generic[T]):
-    """A mapping from names to objects of one kind, filled by the `register` decorator."""
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self._entries: dict[str, T] = {}
-
-    def register(self, name: str, obj: T | None = None) -> Callable[[T], T] | T:
-        """Register `obj` under `name`; used bare (`register(name, obj)`) or as a decorator."""
-
-        def add(entry: T) -> T:
-            assert name not in self._entries, f"{self.kind} {name!r} registered twice"
-            self._entries[name] = entry
-            return entry
-
-        return add if obj is None else add(obj)
-
-    def get(self, name: str) -> T:
-        if name in self._entries:
-            return self._entries[name]
-        known = self.names()
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(known)}")
-
-    def names(self) -> tuple[str, ...]:
-        return tuple(sorted(self._entries))
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._entries
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.names())
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,7 @@ import torch.distributed as dist
 from rl3d.hybrid_engine.plan import plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES, get_strategy
 from rl3d.utils.device import collective_device, init_process_group, resolve_device
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+from rl3d.utils.dtypes import torch_dtype
 
 
 def _slowest(seconds: float, device: torch.device) -> float:
@@ -149,7 +148,7 @@ def measured_worker(
     from rl3d.parallel import GenerationLayout, ParallelLayout
     from rl3d.parallel.groups import build_hybrid_groups
 
-    dtype = DTYPES[dtype_name]
+    dtype = torch_dtype(dtype_name)
     device = collective_device()  # the world's backend: NCCL ranks are bound to their GPU
     spec = get_model_spec(model)
     train = ParallelLayout(*layout)

@@ -39,7 +39,7 @@ def fit_worker(rank, world, models, buckets_mb, strategies, repeats, dtype_name)
     import torch
     import torch.distributed as dist
 
-    from rl3d.bench.measured import DTYPES, _timed
+    from rl3d.bench.measured import _timed
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.params import model_params, stages_of
     from rl3d.hybrid_engine.weights import SeededFullModel, training_shards, zero_shards
@@ -47,9 +47,10 @@ def fit_worker(rank, world, models, buckets_mb, strategies, repeats, dtype_name)
     from rl3d.parallel import GenerationLayout, ParallelLayout
     from rl3d.parallel.groups import build_hybrid_groups
     from rl3d.utils.device import collective_device
+    from rl3d.utils.dtypes import torch_dtype
 
     (layout, t_g, p_g) = FIT_LAYOUT
-    dtype, device = DTYPES[dtype_name], collective_device()
+    dtype, device = torch_dtype(dtype_name), collective_device()
     train = ParallelLayout(*layout)
     n = train.world_size
     groups = build_hybrid_groups(

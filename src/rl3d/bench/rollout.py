@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rl3d.models.params import HF_NAMES, OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec, get_model_spec
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ def random_weights(spec: ModelSpec, seed: int) -> dict[str, torch.Tensor]:
     std = spec.hidden_size**-0.5
     full = {k: (1 + 0.1 * v) if k.endswith("norm.weight") else std * v for k, v in full.items()}
     if spec.tied_embeddings:
-        full.pop("output_layer.weight")
+        full.pop(OUTPUT_LAYER)
     return full
 
 
@@ -106,7 +107,7 @@ def hf_model(spec: ModelSpec, full: dict[str, torch.Tensor]) -> Any:
     config._attn_implementation = "sdpa"
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and set(missing) <= ({"lm_head.weight"} if spec.tied_embeddings else set())
+    assert not unexpected and set(missing) <= (set(HF_NAMES[OUTPUT_LAYER]) if spec.tied_embeddings else set())
     if spec.tied_embeddings:
         model.tie_weights()
     return model.eval()

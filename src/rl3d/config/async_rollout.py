@@ -21,12 +21,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal
 
 from rl3d.config.errors import FieldError
-
-if TYPE_CHECKING:
-    from rl3d.config.schema import RL3DConfig
 
 Placement = Literal["colocated", "separate"]
 ROLLOUT_POOL = "rollout"  # the name of the separate generation pool
@@ -65,11 +62,11 @@ class AsyncRolloutConfig:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
 
 
-def is_separate(cfg: RL3DConfig) -> bool:
+def is_separate(cfg: Any) -> bool:  # cfg: rl3d.config.RL3DConfig (schema imports this module)
     return cfg.rollout.placement == "separate"
 
 
-def check_async_rollout(cfg: RL3DConfig, fail: Callable[[str, str], Exception]) -> None:
+def check_async_rollout(cfg: Any, fail: Callable[[str, str], Exception]) -> None:
     """Cross-section checks (before any process group starts); `fail(key, message)`."""
     ro = cfg.rollout
     if not is_separate(cfg):

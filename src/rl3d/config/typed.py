@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, Literal, TypeVar, Union
 
 from rl3d.config.errors import ConfigError, FieldError
+from rl3d.utils.imports import suggest
 
 T = TypeVar("T")
 SourceOf = Callable[[str], "str | None"]
@@ -50,8 +51,7 @@ def _convert(value: Any, tp: Any, key: str, source_of: SourceOf) -> Any:
         raise _fail(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", key, source_of)
     if origin is Literal:
         if value not in args:
-            close = difflib.get_close_matches(str(value), [str(a) for a in args], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            hint = suggest(str(value), [str(a) for a in args])
             raise _fail(f"expected {_type_name(tp)}, got {value!r}{hint}", key, source_of)
         return value
     if origin is list:

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 
 from rl3d.config import RL3DConfig
 from rl3d.config.roles import ACTOR, RoleSpec, role_table
+from rl3d.controller.prompts import prompt_batch
 from rl3d.controller.rank import run_tokenizer
 from rl3d.controller.trainer import RLTrainer
-from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
+from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
 
@@ -32,21 +33,6 @@ class PromptBatches:
 
     def next_batch(self) -> DataBatch:
         return prompt_batch(self.sampler.next_batch())
-
-
-def prompt_batch(items) -> DataBatch:
-    """`PromptItem`s as the DataBatch `generate_sequences` takes."""
-    return DataBatch(
-        meta={
-            "prompt_ids": [list(i.prompt_ids) for i in items],
-            "prompt_text": [i.prompt_text for i in items],
-            "answer": [i.answer for i in items],
-            "source": [i.source for i in items],
-            "data_source": [i.data_source for i in items],  # data.source_key's column, or None
-            "index": [i.index for i in items],
-        },
-        info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
-    )
 
 
 @dataclass

@@ -28,7 +28,9 @@ import torch.distributed as dist
 
 from rl3d.config.reward_model import RM_WEIGHTS
 from rl3d.config.rm_job import RMJobConfig
+from rl3d.data.tokenizer import pad_id_of
 from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.dtypes import torch_dtype
 from rl3d.utils.failures import report_rank_failure
 from rl3d.workers.reward_model import (
     bradley_terry_loss,
@@ -67,7 +69,7 @@ def pair_tensors(rows: list[dict], tokenizer, *, max_length: int) -> tuple[DataB
         signs += [_sign(row, "chosen"), _sign(row, "rejected")]
     if not prompts:
         raise ValueError(f"no preference pair fits data.max_length = {max_length}")
-    batch = sequence_batch(prompts, responses, pad_token_id=tokenizer.pad_token_id or 0)
+    batch = sequence_batch(prompts, responses, pad_token_id=pad_id_of(tokenizer))
     batch.set("unsafe", torch.tensor(signs))
     return batch, dropped
 
@@ -222,7 +224,7 @@ def run(cfg: RMJobConfig, run_dir: Path) -> dict[str, float]:
         spec,
         groups,
         role="critic",
-        params_dtype=getattr(torch, cfg.model.dtype),
+        params_dtype=torch_dtype(cfg.model.dtype),
         optim=cfg.optim,
         total_steps=steps,
         seed=cfg.trainer.seed,

@@ -109,15 +109,15 @@ class RolloutPoolRunner:
 
 def sync_plan(cfg, spec, actor) -> Any:
     """The weight-sync plan from the actor's pool to the rollout pool (pure: both backends)."""
+    from rl3d.utils.dtypes import DTYPE_BYTES
     from rl3d.weight_sync import plan_weight_sync
-    from rl3d.workers.rollout_worker import DTYPES
 
     return plan_weight_sync(
         spec,
         actor.layout,
         gen_tp=cfg.rollout.pool.tp,
         gen_dp=cfg.rollout.pool.dp,
-        bytes_per_element=DTYPES[cfg.model.dtype].itemsize,
+        bytes_per_element=DTYPE_BYTES[cfg.model.dtype],
         bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
     )
 
@@ -128,6 +128,7 @@ def rollout_runner(
     """Rollout pool rank `local`'s loop: its side of the weight bridge (collective with the
     actor's ranks), the link, the worker. Both backends (a Ray rollout rank actor runs it too)."""
     from rl3d.controller.assemble import PromptBatches
+    from rl3d.data.tokenizer import pad_id_of
     from rl3d.weight_sync import WeightBridge
     from rl3d.workers.rollout_worker import RolloutWorker
 
@@ -141,11 +142,10 @@ def rollout_runner(
         timeout_s=ro.timeout_s,
     )
     link = AsyncLink(store, timeout_s=ro.timeout_s, who=f"rollout pool rank {local}")
-    pad = getattr(data.tokenizer, "pad_token_id", None)
     worker = RolloutWorker(
         cfg,
         data.spec,
-        pad_token_id=0 if pad is None else pad,
+        pad_token_id=pad_id_of(data.tokenizer),
         tokenizer=data.tokenizer,
         pool_rank=local,
         bridge=bridge,

@@ -182,7 +182,7 @@ class Validator:
 
     def _generate(self, step: int, *, greedy: bool, repeats: int) -> dict[str, Any]:
         """Scores and response lengths of every response; sampled ones grouped by prompt."""
-        from rl3d.controller.assemble import prompt_batch
+        from rl3d.controller.prompts import prompt_batch
         from rl3d.workers.rollout_worker import POLICY_VERSION
 
         chunk = self.cfg.data.prompts_per_step

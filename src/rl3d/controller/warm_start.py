@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from rl3d.config.warm_start import WarmStartConfig
+from rl3d.data.tokenizer import pad_id_of
 from rl3d.single_controller.batch import PAD_VALUES, DataBatch
 
 logger = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ def warm_start(actor: Any, cfg: Any, tokenizer: Any, run_dir: Path | None = None
     rows = load_rows(ws)
     demos, bad = demonstrations(rows, tokenizer)
     width = (max(len(d.prompt_ids) for d in demos), max(len(d.response_ids) for d in demos))
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    pad = pad_id_of(tokenizer)
     dp, dp_rank = groups.layout.d, groups.dp_rank
     local = ws.batch_size // dp
     collector = groups.is_last_stage and groups.tp_rank == 0 and dp_rank == 0

@@ -32,65 +32,15 @@ sweeps and the commands that made them are in docs/demo.md.
 
 from __future__ import annotations
 
-import random
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-
+from rl3d.data.task import (  # noqa: F401  (re-exported)
+    FINISH_STOP,
+    SYNTHETIC_TASKS,
+    SyntheticTask,
+    get_synthetic_task,
+    register_synthetic_task,
+    response_content,
+)
 from rl3d.data.tokenizer import SYMBOL_BASE
-from rl3d.utils.imports import suggest
-
-FINISH_STOP = "stop"  # same string as rl3d.rollout.base.FINISH_STOP (not imported: no torch here)
-
-
-def response_content(response_ids: Sequence[int], finish_reason: str | None) -> list[int]:
-    """The tokens a synthetic reward scores: the response without its final stop token."""
-    ids = [int(t) for t in response_ids]
-    return ids[:-1] if finish_reason == FINISH_STOP and ids else ids
-
-
-@dataclass(frozen=True)
-class SyntheticTask:
-    """A prompt generator plus its reward.
-
-    `credit(first_token, token) -> float in [0, 1]` scores one response token; the task's reward
-    is the mean credit over the response content (see the module docstring).
-    """
-
-    name: str
-    alphabet: tuple[int, ...]
-    prompt_length: int
-    credit: Callable[[int, int], float]
-    repeat: bool = False  # True: a prompt is one symbol repeated; False: independent symbols
-    description: str = ""
-
-    @property
-    def min_vocab_size(self) -> int:
-        return max(self.alphabet) + 1
-
-    def make_prompts(self, num_prompts: int, seed: int) -> list[list[int]]:
-        """`num_prompts` prompts, the same for the same (task, seed) on every machine."""
-        rng = random.Random(f"rl3d.synthetic:{self.name}:{seed}")
-        k = len(self.alphabet)
-        if self.repeat:
-            return [[self.alphabet[rng.randrange(k)]] * self.prompt_length for _ in range(num_prompts)]
-        return [
-            [self.alphabet[rng.randrange(k)] for _ in range(self.prompt_length)] for _ in range(num_prompts)
-        ]
-
-    def answer(self, prompt_ids: Sequence[int]) -> int:
-        """The target symbol: the prompt's first token (kept in `PromptItem.answer` for logs)."""
-        return int(prompt_ids[0])
-
-    def score(
-        self, prompt_ids: Sequence[int], response_ids: Sequence[int], finish_reason: str | None
-    ) -> float:
-        if not prompt_ids:
-            raise ValueError(f"synthetic task {self.name!r}: empty prompt")
-        content = response_content(response_ids, finish_reason)
-        if not content:
-            return 0.0
-        first = int(prompt_ids[0])
-        return sum(self.credit(first, t) for t in content) / len(content)
 
 
 def _parity_credit(first: int, token: int) -> float:
@@ -104,16 +54,6 @@ def _copy_credit(first: int, token: int) -> float:
     mask = (1 << _COPY_BITS) - 1
     shared_low_bits = _COPY_BITS - bin((first ^ token) & mask).count("1")
     return 0.5 * (token == first) + 0.5 * shared_low_bits / _COPY_BITS
-
-
-SYNTHETIC_TASKS: dict[str, SyntheticTask] = {}
-
-
-def register_synthetic_task(task: SyntheticTask) -> SyntheticTask:
-    assert task.name not in SYNTHETIC_TASKS, f"synthetic task {task.name!r} registered twice"
-    assert min(task.alphabet) >= SYMBOL_BASE, "prompt symbols must not collide with special ids"
-    SYNTHETIC_TASKS[task.name] = task
-    return task
 
 
 assert SYMBOL_BASE % (1 << _COPY_BITS) == 0, "copy_first's symbol index is the id's low bits"
@@ -143,11 +83,4 @@ for _repeat, _suffix in ((False, ""), (True, " (prompt: one symbol repeated)")):
     )
 
 
-def get_synthetic_task(name: str) -> SyntheticTask:
-    if name not in SYNTHETIC_TASKS:
-        known = sorted(SYNTHETIC_TASKS)
-        raise ValueError(f"unknown synthetic task {name!r}{suggest(name, known)}; known: {', '.join(known)}")
-    return SYNTHETIC_TASKS[name]
-
-
-from rl3d.data import tool_task as _tool_task  # noqa: E402,F401  registers tool_multiply
+from rl3d.data.tool_task import TOOL_MULTIPLY  # noqa: E402,F401  registers tool_multiply, after the above

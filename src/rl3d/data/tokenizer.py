@@ -97,3 +97,10 @@ def load_tokenizer(path: str | None, *, vocab_size: int) -> Any:
     if tokenizer.pad_token_id is None and tokenizer.eos_token_id is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+def pad_id_of(tokenizer: Any) -> int:
+    """The id that pads a batch: the tokenizer's pad token, else 0 (a tokenizer without one; the
+    attention masks keep pads out of every forward, so only the id's range matters)."""
+    pad = getattr(tokenizer, "pad_token_id", None)
+    return 0 if pad is None else pad

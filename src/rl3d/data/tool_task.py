@@ -22,7 +22,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from rl3d.data.synthetic import SYNTHETIC_TASKS, SyntheticTask
+from rl3d.data.task import SYNTHETIC_TASKS, SyntheticTask
 from rl3d.data.tokenizer import EOS_ID, PAD_ID
 from rl3d.tools.calculator import CalculatorError, evaluate
 
@@ -218,4 +218,4 @@ TOOL_MULTIPLY = ToolMultiplyTask(
     credit=_no_credit,
     description="multiply two 4-digit numbers: call the calculator, copy its result",
 )
-SYNTHETIC_TASKS.setdefault(TOOL_MULTIPLY.name, TOOL_MULTIPLY)
+SYNTHETIC_TASKS.register(TOOL_MULTIPLY.name, TOOL_MULTIPLY)

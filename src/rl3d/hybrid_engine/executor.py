@@ -23,8 +23,8 @@ import torch
 from rl3d.hybrid_engine.comm import CountedComm, ReshardError
 from rl3d.hybrid_engine.nodes import NodeMap
 from rl3d.hybrid_engine.params import ParamInfo, model_params, stages_of
-from rl3d.hybrid_engine.plan import Collective, StrategyPlan, plan_transition
-from rl3d.hybrid_engine.strategy import get_strategy
+from rl3d.hybrid_engine.plan import Collective, StrategyPlan, piece_key, plan_transition
+from rl3d.hybrid_engine.registry import get_strategy
 from rl3d.hybrid_engine.weights import GenerationWeights, shard_shape
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
@@ -186,7 +186,6 @@ class Resharder:
     def run_phases(self, plan: StrategyPlan, train) -> tuple[dict[tuple[int, int], torch.Tensor], list]:
         """Run the plan's point-to-point phases in order. Returns what this rank received, by
         piece key (param index, holder's TP rank or -1 when replicated), and the buffers."""
-        from rl3d.hybrid_engine.hierarchical import piece_key
         from rl3d.ops import pack_bucket
 
         me, tp = self.rank, self.train.t

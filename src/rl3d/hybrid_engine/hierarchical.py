@@ -24,15 +24,18 @@ from collections import defaultdict
 
 from rl3d.hybrid_engine.hybridflow import HybridFlow, assemble
 from rl3d.hybrid_engine.nodes import NodeMap, link_bytes
-from rl3d.hybrid_engine.plan import Collective, PlanContext, RankCost, StrategyPlan, Transfer, rank_traffic
+from rl3d.hybrid_engine.plan import (
+    Collective,
+    PlanContext,
+    RankCost,
+    StrategyPlan,
+    Transfer,
+    piece_key,
+    rank_traffic,
+)
 from rl3d.hybrid_engine.strategy import register_strategy
 
 DEFAULT_GPUS_PER_NODE = 8  # the paper's testbed (DGX A100)
-
-
-def piece_key(index: int, replicated: bool, holder_tp: int) -> tuple[int, int]:
-    """What identifies a piece's bytes: every holder of the same key holds the same values."""
-    return (index, -1 if replicated else holder_tp)
 
 
 def hierarchize(

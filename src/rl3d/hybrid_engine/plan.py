@@ -27,12 +27,12 @@ from statistics import mean
 
 from rl3d.hybrid_engine.nodes import LinkBytes, NodeMap, link_bytes
 from rl3d.hybrid_engine.params import ParamInfo, SegmentTable, model_params, stages_of
-from rl3d.hybrid_engine.strategy import STRATEGIES, get_strategy
+from rl3d.hybrid_engine.registry import STRATEGIES, get_strategy
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import GenerationLayout, ParallelLayout
 from rl3d.parallel.sharding import ShardKind
+from rl3d.utils.dtypes import DTYPE_BYTES
 
-DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "float32": 4, "fp32": 4}
 UNITS = ("shard", "zero_chunk", "full")
 
 
@@ -92,6 +92,11 @@ class Transfer:
     dst: int
     unit: str
     pieces: tuple[tuple[int, int], ...]
+
+
+def piece_key(index: int, replicated: bool, holder_tp: int) -> tuple[int, int]:
+    """What identifies a piece's bytes: every holder of the same key holds the same values."""
+    return (index, -1 if replicated else holder_tp)
 
 
 @dataclass(frozen=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import Any
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
-from rl3d.hybrid_engine.plan import DTYPE_BYTES, TransitionPlan, plan_transition
+from rl3d.hybrid_engine.plan import TransitionPlan, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.spec import get_model_spec, spec_of
 from rl3d.parallel import ParallelLayout
+from rl3d.utils.dtypes import DTYPE_BYTES
 
 GB = 1e9
 
@@ -40,11 +42,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-len", type=int, default=1024)
 
 
-def _inputs(args: argparse.Namespace):
-    if args.recipe:
-        from rl3d.config import load_config
-
-        cfg = load_config(args.recipe, args.overrides).config
+def _inputs(args: argparse.Namespace, cfg: Any):
+    if cfg is not None:
         par = cfg.actor.parallel
         dtype = args.dtype or cfg.model.dtype
         return (
@@ -155,9 +154,11 @@ def _check_bounds(args: argparse.Namespace, train: ParallelLayout) -> None:
             raise ValueError(f"{flag} must be >= 1, got {value}")
 
 
-def run_plan(args: argparse.Namespace) -> str:
-    """Entry point of `rl3d plan`; ValueError (bad layout, model, flag) is reported by the CLI."""
-    spec, train, t_g, p_g, dtype = _inputs(args)
+def run_plan(args: argparse.Namespace, config: Any = None) -> str:
+    """Entry point of `rl3d plan`; `config` is the loaded recipe's `rl3d.config.RL3DConfig` when
+    one is given (model and layouts from it). ValueError (bad layout, model, flag) is reported
+    by the CLI."""
+    spec, train, t_g, p_g, dtype = _inputs(args, config)
     _check_bounds(args, train)
     if args.auto:
         hw = HardwareModel(gpu_mem_gb=args.gpu_mem_gb)

@@ -14,6 +14,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ClassVar
 
+from rl3d.hybrid_engine.registry import (  # noqa: F401  (re-exported)
+    STRATEGIES,
+    get_strategy,
+    register_strategy,
+)
+
 if TYPE_CHECKING:
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.plan import PlanContext, StrategyPlan
@@ -37,23 +43,3 @@ class Strategy:
     ) -> GenerationWeights | None:
         """This rank's generation weights, or None where the strategy leaves it without any."""
         raise NotImplementedError
-
-
-STRATEGIES: dict[str, type[Strategy]] = {}
-
-
-def register_strategy(cls: type[Strategy]) -> type[Strategy]:
-    known = STRATEGIES.get(cls.name)
-    if known is not None and known.__qualname__ != cls.__qualname__:
-        raise ValueError(f"strategy {cls.name!r} is already registered by {known.__module__}")
-    STRATEGIES[cls.name] = cls
-    return cls
-
-
-def get_strategy(name: str) -> type[Strategy]:
-    if name not in STRATEGIES:
-        raise ValueError(
-            f"unknown strategy {name!r}; known: {', '.join(STRATEGIES)}"
-            " (the benchmark baselines register on `import rl3d.bench`)"
-        )
-    return STRATEGIES[name]

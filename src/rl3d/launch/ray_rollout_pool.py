@@ -199,12 +199,12 @@ def start_rollout_pool(
     from rl3d.config.pools import role_pools
     from rl3d.single_controller.async_link import AsyncLink
     from rl3d.single_controller.ray import RankActors, ResourcePool
-    from rl3d.single_controller.spmd_pools import _free_port
+    from rl3d.utils.net import free_port
 
     rollout = role_pools(cfg)[-1]
     assert rollout.name == ROLLOUT_POOL, rollout
     ro = cfg.rollout.async_
-    host, port = ray.util.get_node_ip_address(), _free_port()
+    host, port = ray.util.get_node_ip_address(), free_port()
     run.store = dist.TCPStore(  # the rank actors talk through it until the run closes
         host, port, is_master=True, timeout=datetime.timedelta(seconds=ro.timeout_s), wait_for_workers=False
     )

@@ -32,7 +32,7 @@ def launch_rm(loaded, overrides: list[str], *, emit, dry_run: bool = False, over
     import subprocess
 
     from rl3d.config import ConfigError, run_dir_of
-    from rl3d.launch.train import first_rank_failure, torchrun_command
+    from rl3d.launch.torchrun_job import first_rank_failure, torchrun_command
 
     cfg = loaded.config
     for i, f in enumerate([*cfg.data.train_files, *cfg.data.val_files]):

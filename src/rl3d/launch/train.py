@@ -6,27 +6,16 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import sys
 from collections.abc import Callable
-from pathlib import Path
 
 from rl3d.config import load_config, run_dir_of
 from rl3d.launch.preflight import check_run_dir, preflight
+from rl3d.launch.torchrun_job import RANK_EXITS, first_rank_failure, torchrun_command
 
 logger = logging.getLogger(__name__)
 
 # Set for the ranks `rl3d train` starts: the launcher ran the preflight, the ranks need not.
 PREFLIGHT_DONE_ENV = "RL3D_PREFLIGHT_DONE"
-
-
-def torchrun_command(
-    recipe: str, overrides: list[str], nproc_per_node: int, *, module: str = "rl3d.train"
-) -> list[str]:
-    """One node's ranks under rl3d's torchrun wrapper, each running `module` on the recipe."""
-    return [
-        sys.executable, "-m", "rl3d.launch.torchrun", "--standalone",
-        f"--nproc-per-node={nproc_per_node}", "-m", module, recipe, *overrides,
-    ]  # fmt: skip
 
 
 def describe(loaded) -> str:
@@ -103,39 +92,3 @@ def launch_train(
 
         emit("rl3d: run failed: " + first_rank_failure(log_dir, code, pools=role_pools(loaded.config)))
     return code
-
-
-RANK_EXITS = "rank_exits.json"  # in the run's logs/: torchrun's exit code of each failed rank
-
-
-def _killed_rank(log_dir: Path, pools: list) -> str | None:
-    import json
-    import signal
-
-    from rl3d.config.pools import pool_of
-
-    path = log_dir / RANK_EXITS
-    if not path.exists():
-        return None
-    exits = {int(r): c for r, c in json.loads(path.read_text()).items()}
-    killed = sorted(r for r, c in exits.items() if c is not None and c < 0 and -c != signal.SIGTERM)
-    if not killed:
-        return None
-    rank = killed[0]
-    pool, name = pool_of(pools, rank), signal.Signals(-exits[rank]).name
-    where = f"{pool.name} pool, its rank {rank - pool.offset}"
-    return f"world rank {rank} ({where}) was killed by {name} (see {log_dir})"
-
-
-def first_rank_failure(log_dir: Path, code: int, pools: list | None = None) -> str:
-    """The rank that died by a signal (other than torchrun's SIGTERM: it left no line of its own,
-    and the others' errors follow from it), named with its pool; else the line of the rank that
-    failed first (by time: the others usually fail in a collective after it); else what
-    torchrun's exit status says."""
-    killed = _killed_rank(log_dir, pools) if pools else None
-    if killed:
-        return killed
-    failures = sorted(log_dir.glob("failed_rank*.txt"), key=lambda p: p.stat().st_mtime)
-    if failures:
-        return failures[0].read_text().strip()
-    return f"torchrun exited with status {code} (a rank died without a Python error; see {log_dir})"

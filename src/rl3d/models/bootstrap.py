@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rl3d.models import cpu_shim
+import rl3d.models.cpu_shim as cpu_shim
 from rl3d.parallel.layout import ParallelLayout, RankCoords
 from rl3d.utils.device import collective_device
 

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 
 from rl3d.models.builder import layers_per_stage, stage_param_names
-from rl3d.models.hf_mapping import TensorMap, mcore_shape, spec_from_hf_config, tensor_maps
+from rl3d.models.hf_mapping import TensorMap, spec_from_hf_config, tensor_maps
+from rl3d.models.params import EMBEDDING, OUTPUT_LAYER
 from rl3d.models.safetensors_io import INDEX_NAME, ShardedReader, StreamingWriter, split_into_files
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import merge_tp_shards, padded_vocab_size, shard_for_tp
@@ -39,7 +40,7 @@ META_NAME = "rl3d_meta.json"
 FORMAT = "rl3d-mcore-v1"
 HF_EXTRA = "hf_extra"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgpack", ".h5")
-_VOCAB_PARAMS = ("embedding.word_embeddings.weight", "output_layer.weight")
+_VOCAB_PARAMS = (EMBEDDING, OUTPUT_LAYER)
 
 
 def shard_dir_name(tp_rank: int, pp_rank: int) -> str:
@@ -134,7 +135,7 @@ def _write_mcore(src: Path, dst: Path, meta: McoreMeta, maps: list[TensorMap], s
         plans: dict[tuple[int, int], list] = {(r, s): [] for r in range(tp) for s in range(pp)}
         for tmap in maps:
             pp_rank, local = stages[tmap.mcore]
-            full = _meta_tensor(mcore_shape(spec, meta.padded_vocab, tmap), reader.dtype(tmap.hf[0]))
+            full = _meta_tensor(tmap.shape, reader.dtype(tmap.hf[0]))
             for r in range(tp):
                 shard = shard_for_tp(full, tmap.kind, tp, r)
                 plans[(r, pp_rank)].append((local, shard.dtype, tuple(shard.shape)))
@@ -247,7 +248,7 @@ def write_hf_weights(
     maps = tensor_maps(spec, padded_vocab)
     plan = []
     for tmap in maps:
-        full = _meta_tensor(mcore_shape(spec, padded_vocab, tmap), reader.dtype(tmap.mcore))
+        full = _meta_tensor(tmap.shape, reader.dtype(tmap.mcore))
         plan += [(n, t.dtype, tuple(t.shape)) for n, t in zip(tmap.hf, tmap.to_hf(full))]
     files = list(split_into_files(plan, max_shard_bytes))
     names = (

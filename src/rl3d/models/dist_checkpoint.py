@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.training import unwrap_model
 
 logger = logging.getLogger(__name__)
 
@@ -28,12 +29,6 @@ logger = logging.getLogger(__name__)
 # `step`, which the apex/TE-free fallback optimizer keeps, and fail on it; "dp_reshardable"
 # keeps it, at the price of loading only into the same (t, p).
 _OPTIM_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
-
-
-def _unwrap(model: Any) -> Any:
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 def _rng_state() -> dict[str, Any]:
@@ -103,7 +98,7 @@ def _sharded_state(ddp: Any, optimizer: Any, groups: MegatronGroups, *, is_loadi
     from megatron.core.dist_checkpointing.mapping import ShardedObject
 
     layout, coords = groups.layout, groups.coords
-    model_state = _unwrap(ddp).sharded_state_dict()
+    model_state = unwrap_model(ddp).sharded_state_dict()
     state: dict[str, Any] = {"model": model_state}
     if optimizer is not None:
         state["optimizer"] = optimizer.sharded_state_dict(
@@ -169,7 +164,7 @@ def load_checkpoint(
     if not same_layout:
         del state["rng"]
     loaded = dist_checkpointing.load(state, path)
-    _unwrap(ddp).load_state_dict(loaded["model"], strict=True)
+    unwrap_model(ddp).load_state_dict(loaded["model"], strict=True)
     if optimizer is not None:
         # The dp_reshardable loader copies into fp32 main params that are views of the model's
         # parameters, and (unlike megatron's other loaders) is not itself under no_grad.

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from rl3d.models.convert import HF_EXTRA, META_NAME, atomic_output, copy_extras, write_hf_weights
+from rl3d.models.params import EMBEDDING, TE_NAMES
 from rl3d.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -35,10 +36,7 @@ HF_SUBDIR = "hf"  # a checkpoint's HF export with `checkpoint.save_hf` (step_N/h
 
 # Megatron's dist-checkpoint keys of layer parameters that are not the module's own names:
 # both layer specs save their layernorms under the fused (Transformer Engine) names.
-_LAYER_KEYS = {
-    "input_layernorm.weight": ("self_attention.linear_qkv.layer_norm_weight", "input_layernorm.weight"),
-    "pre_mlp_layernorm.weight": ("mlp.linear_fc1.layer_norm_weight", "pre_mlp_layernorm.weight"),
-}
+_LAYER_KEYS = {suffix: (te_suffix, suffix) for suffix, te_suffix in TE_NAMES.items()}
 
 
 def _slice_planner(key: str, layer: int | None, storage: Any) -> Any:
@@ -75,7 +73,7 @@ class DistCheckpointReader:
         if backend != "torch_dist":
             raise ValueError(f"{self.directory}: sharded backend {backend!r}, rl3d reads 'torch_dist' only")
         self._tensors = FileSystemReader(str(self.directory)).read_metadata().state_dict_metadata
-        embedding = self._storage("embedding.word_embeddings.weight")
+        embedding = self._storage(EMBEDDING)
         self.padded_vocab = int(embedding.size[0])
         if self.padded_vocab < spec.vocab_size or tuple(embedding.size[1:]) != (spec.hidden_size,):
             raise ValueError(
@@ -170,7 +168,7 @@ def export_hf(
     from, whose config and tokenizer files are carried over."""
     dst = Path(dst)
     reader = DistCheckpointReader(checkpoint, spec)
-    dtype = reader.dtype("embedding.word_embeddings.weight")
+    dtype = reader.dtype(EMBEDDING)
     with atomic_output(dst) as out:
         names = write_hf_weights(reader, spec, reader.padded_vocab, out, max_shard_bytes)
         if source is not None and Path(source).is_dir():

@@ -13,8 +13,12 @@ from typing import Any
 
 import torch
 
-from rl3d.models.builder import megatron_param_kinds
-from rl3d.models.spec import ModelSpec
+from rl3d.models.params import megatron_params
+from rl3d.models.spec import (  # noqa: F401  (re-exported: the HF config side of the mapping)
+    SUPPORTED_MODEL_TYPES,
+    ModelSpec,
+    spec_from_hf_config,
+)
 from rl3d.ops.layouts import (
     ShardKind,
     fc1_hf_to_megatron,
@@ -22,8 +26,6 @@ from rl3d.ops.layouts import (
     qkv_hf_to_megatron,
     qkv_megatron_to_hf,
 )
-
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")  # one tensor layout: Llama's names
 
 
 @dataclass(frozen=True)
@@ -33,54 +35,9 @@ class TensorMap:
     mcore: str
     hf: tuple[str, ...]
     kind: ShardKind
+    shape: tuple[int, ...]  # the full (t=1) Megatron tensor's, vocab padded
     to_mcore: Callable[[list[torch.Tensor]], torch.Tensor]
     to_hf: Callable[[torch.Tensor], list[torch.Tensor]]
-
-
-def _rope_theta(cfg: dict[str, Any]) -> float:
-    rope = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ValueError(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
-    return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
-def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
-    """ModelSpec of an HF config dict; unsupported model types and features are a clear error."""
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"unsupported HF model_type {model_type!r}; rl3d converts {', '.join(SUPPORTED_MODEL_TYPES)}"
-        )
-    if cfg.get("mlp_bias") or cfg.get("attention_bias"):
-        raise ValueError(f"{model_type}: mlp_bias / attention_bias (o_proj bias) are not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{model_type}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
-    if cfg.get("use_sliding_window"):
-        raise ValueError(f"{model_type}: sliding-window attention is not supported")
-    max_positions = cfg.get("max_position_embeddings", 4096)
-    if model_type == "mistral" and cfg.get("sliding_window"):
-        # full attention equals Mistral's sliding window on sequences no longer than the window
-        max_positions = min(max_positions, cfg["sliding_window"])
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    if head_dim * heads != cfg["hidden_size"]:
-        raise ValueError(f"{model_type}: head_dim {head_dim} x {heads} heads != hidden_size")
-    return ModelSpec(
-        name=name or f"hf-{model_type}",
-        num_layers=cfg["num_hidden_layers"],
-        hidden_size=cfg["hidden_size"],
-        ffn_hidden_size=cfg["intermediate_size"],
-        num_attention_heads=heads,
-        num_query_groups=cfg.get("num_key_value_heads") or heads,
-        vocab_size=cfg["vocab_size"],
-        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2",
-        rope_theta=_rope_theta(cfg),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_position_embeddings=max_positions,
-    )
 
 
 def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
@@ -130,7 +87,8 @@ def _same(t: torch.Tensor) -> list[torch.Tensor]:
 
 
 def tensor_maps(spec: ModelSpec, padded_vocab: int) -> list[TensorMap]:
-    """The maps of every global Megatron parameter of `spec`, in Megatron's parameter order."""
+    """The maps of every global Megatron parameter of `spec`, in Megatron's parameter order; the
+    names, shapes and HF tensors are the parameter inventory's (`rl3d.models.params`)."""
     nh, ng = spec.num_attention_heads, spec.num_query_groups
 
     def qkv_to_mcore(tensors: list[torch.Tensor]) -> torch.Tensor:
@@ -139,62 +97,13 @@ def tensor_maps(spec: ModelSpec, padded_vocab: int) -> list[TensorMap]:
     def qkv_to_hf(t: torch.Tensor) -> list[torch.Tensor]:
         return list(qkv_megatron_to_hf(t, num_heads=nh, num_query_groups=ng))
 
-    per_layer = {
-        "input_layernorm.weight": (("input_layernorm.weight",), _one, _same),
-        "self_attention.linear_proj.weight": (("self_attn.o_proj.weight",), _one, _same),
-        "self_attention.linear_qkv.weight": (
-            tuple(f"self_attn.{x}_proj.weight" for x in "qkv"),
-            qkv_to_mcore,
-            qkv_to_hf,
-        ),
-        "self_attention.linear_qkv.bias": (
-            tuple(f"self_attn.{x}_proj.bias" for x in "qkv"),
-            qkv_to_mcore,
-            qkv_to_hf,
-        ),
-        "pre_mlp_layernorm.weight": (("post_attention_layernorm.weight",), _one, _same),
-        "mlp.linear_fc1.weight": (
-            ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
-            lambda ts: fc1_hf_to_megatron(*ts),
-            lambda t: list(fc1_megatron_to_hf(t)),
-        ),
-        "mlp.linear_fc2.weight": (("mlp.down_proj.weight",), _one, _same),
+    conversions = {  # by shard kind; the others are one HF tensor as it is
+        ShardKind.QKV: (qkv_to_mcore, qkv_to_hf),
+        ShardKind.SWIGLU_FC1: (lambda ts: fc1_hf_to_megatron(*ts), lambda t: list(fc1_megatron_to_hf(t))),
+        ShardKind.VOCAB: (_pad_rows(padded_vocab), _unpad_rows(spec.vocab_size)),
     }
-    vocab_maps = (_pad_rows(padded_vocab), _unpad_rows(spec.vocab_size))
     maps = []
-    for name, kind in megatron_param_kinds(spec).items():
-        if name.startswith("decoder.layers."):
-            _, _, index, suffix = name.split(".", 3)
-            hf_suffixes, to_mcore, to_hf = per_layer[suffix]
-            hf = tuple(f"model.layers.{index}.{s}" for s in hf_suffixes)
-        elif name == "embedding.word_embeddings.weight":
-            hf, (to_mcore, to_hf) = ("model.embed_tokens.weight",), vocab_maps
-        elif name == "output_layer.weight":
-            hf, (to_mcore, to_hf) = ("lm_head.weight",), vocab_maps
-        elif name == "decoder.final_layernorm.weight":
-            hf, to_mcore, to_hf = ("model.norm.weight",), _one, _same
-        else:
-            raise AssertionError(f"no HF mapping for {name}")
-        maps.append(TensorMap(name, hf, kind, to_mcore, to_hf))
+    for param in megatron_params(spec, padded_vocab=padded_vocab):
+        to_mcore, to_hf = conversions.get(param.kind, (_one, _same))
+        maps.append(TensorMap(param.name, param.hf, param.kind, param.shape, to_mcore, to_hf))
     return maps
-
-
-def mcore_shape(spec: ModelSpec, padded_vocab: int, tmap: TensorMap) -> tuple[int, ...]:
-    """Shape of the full (t=1) Megatron tensor of `tmap`, from shapes only."""
-    h, f, hd = spec.hidden_size, spec.ffn_hidden_size, spec.head_dim
-    qkv_rows = (spec.num_attention_heads + 2 * spec.num_query_groups) * hd
-    suffix = tmap.mcore.rsplit(".", 2)
-    leaf = ".".join(suffix[-2:])
-    shapes = {
-        "word_embeddings.weight": (padded_vocab, h),
-        "output_layer.weight": (padded_vocab, h),
-        "input_layernorm.weight": (h,),
-        "pre_mlp_layernorm.weight": (h,),
-        "final_layernorm.weight": (h,),
-        "linear_proj.weight": (h, spec.num_attention_heads * hd),
-        "linear_qkv.weight": (qkv_rows, h),
-        "linear_qkv.bias": (qkv_rows,),
-        "linear_fc1.weight": (2 * f, h),
-        "linear_fc2.weight": (h, f),
-    }
-    return shapes[leaf]

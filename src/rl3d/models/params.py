@@ -17,6 +17,11 @@ on a rank, `decoder.layers.{i}` uses the stage-local index (`stage_param_names`)
     output_layer.weight                                        VOCAB      [V_pad, h] (untied only;
                                                                critic: REPLICATED [1, h])
 
+Each parameter also names the Hugging Face (Llama/Qwen2/Mistral) tensors it is made of
+(`ParamInfo.hf`): `model.embed_tokens.weight`, `model.layers.{i}.self_attn.{q,k,v}_proj.weight`
+(one fused QKV), `model.layers.{i}.mlp.{gate,up}_proj.weight` (one fused fc1), ...,
+`model.norm.weight`, `lm_head.weight`. `rl3d.models.hf_mapping` converts between the two.
+
 With tied embeddings and p > 1 the last stage also holds a copy of the embedding as
 `output_layer.weight` (megatron keeps the two in sync); it is not a separate global parameter.
 
@@ -38,6 +43,12 @@ FIRST, LAST = -1, -2  # pseudo layer indices: embedding stage, output stage
 EMBEDDING = "embedding.word_embeddings.weight"
 FINAL_NORM = "decoder.final_layernorm.weight"
 OUTPUT_LAYER = "output_layer.weight"
+HF_NAMES = {  # the HF tensors of the parameters outside the decoder layers
+    EMBEDDING: ("model.embed_tokens.weight",),
+    FINAL_NORM: ("model.norm.weight",),
+    OUTPUT_LAYER: ("lm_head.weight",),
+}
+HF_LAYER = "model.layers.{}."  # an HF decoder layer's prefix
 
 # Suffixes of a decoder layer's parameters, after "decoder.layers.{i}.".
 INPUT_NORM = "input_layernorm.weight"
@@ -56,19 +67,32 @@ class LayerParam:
     suffix: str
     kind: ShardKind
     registered: int  # its position in the layer's named_parameters() (megatron-core local spec)
+    hf: tuple[str, ...]  # the HF tensors it is made of, after "model.layers.{i}."
     te_suffix: str | None = None  # its name under Transformer Engine's layer spec, where different
 
 
 # Forward order. megatron registers linear_proj before linear_qkv (Attention builds the former,
 # SelfAttention adds the latter); Transformer Engine fuses each norm into the following linear.
 LAYER_PARAMS = (
-    LayerParam(INPUT_NORM, ShardKind.REPLICATED, 0, te_suffix="self_attention.linear_qkv.layer_norm_weight"),
-    LayerParam(QKV_WEIGHT, ShardKind.QKV, 2),
-    LayerParam(QKV_BIAS, ShardKind.QKV, 3),
-    LayerParam(PROJ_WEIGHT, ShardKind.ROW, 1),
-    LayerParam(MLP_NORM, ShardKind.REPLICATED, 4, te_suffix="mlp.linear_fc1.layer_norm_weight"),
-    LayerParam(FC1_WEIGHT, ShardKind.SWIGLU_FC1, 5),
-    LayerParam(FC2_WEIGHT, ShardKind.ROW, 6),
+    LayerParam(
+        INPUT_NORM,
+        ShardKind.REPLICATED,
+        0,
+        ("input_layernorm.weight",),
+        te_suffix="self_attention.linear_qkv.layer_norm_weight",
+    ),
+    LayerParam(QKV_WEIGHT, ShardKind.QKV, 2, tuple(f"self_attn.{x}_proj.weight" for x in "qkv")),
+    LayerParam(QKV_BIAS, ShardKind.QKV, 3, tuple(f"self_attn.{x}_proj.bias" for x in "qkv")),
+    LayerParam(PROJ_WEIGHT, ShardKind.ROW, 1, ("self_attn.o_proj.weight",)),
+    LayerParam(
+        MLP_NORM,
+        ShardKind.REPLICATED,
+        4,
+        ("post_attention_layernorm.weight",),
+        te_suffix="mlp.linear_fc1.layer_norm_weight",
+    ),
+    LayerParam(FC1_WEIGHT, ShardKind.SWIGLU_FC1, 5, ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    LayerParam(FC2_WEIGHT, ShardKind.ROW, 6, ("mlp.down_proj.weight",)),
 )
 TE_NAMES = {p.suffix: p.te_suffix for p in LAYER_PARAMS if p.te_suffix}
 
@@ -95,6 +119,7 @@ class ParamInfo:
     layer: int  # global layer index, or FIRST / LAST
     tied_copy: bool = False  # output layer of a tied model: exists only when pipelined
     heads: tuple[int, int, int] | None = None  # QKV only: (num_heads, num_query_groups, head_dim)
+    hf: tuple[str, ...] = ()  # the HF tensors it is made of (none: the critic's value head)
 
     @property
     def numel(self) -> int:
@@ -141,6 +166,7 @@ def layer_params(spec: ModelSpec, layer: int, *, registered_order: bool = False)
             shapes[p.suffix],
             layer,
             heads=(nq, ng, hd) if p.kind is ShardKind.QKV else None,
+            hf=tuple(HF_LAYER.format(layer) + s for s in p.hf),
         )
         for p in layer_suffixes(spec, registered_order=registered_order)
     ]
@@ -151,11 +177,20 @@ def model_params(spec: ModelSpec, *, train_tp: int) -> list[ParamInfo]:
     `tied_copy` (held only when pipelined). What the 3D-HybridEngine plans over."""
     h = spec.hidden_size
     vocab = padded_vocab_size(spec.vocab_size, train_tp)
-    out = [ParamInfo(EMBEDDING, ShardKind.VOCAB, (vocab, h), FIRST)]
+    out = [ParamInfo(EMBEDDING, ShardKind.VOCAB, (vocab, h), FIRST, hf=HF_NAMES[EMBEDDING])]
     for i in range(spec.num_layers):
         out += layer_params(spec, i)
-    out.append(ParamInfo(FINAL_NORM, ShardKind.REPLICATED, (h,), LAST))
-    out.append(ParamInfo(OUTPUT_LAYER, ShardKind.VOCAB, (vocab, h), LAST, tied_copy=spec.tied_embeddings))
+    out.append(ParamInfo(FINAL_NORM, ShardKind.REPLICATED, (h,), LAST, hf=HF_NAMES[FINAL_NORM]))
+    out.append(
+        ParamInfo(
+            OUTPUT_LAYER,
+            ShardKind.VOCAB,
+            (vocab, h),
+            LAST,
+            tied_copy=spec.tied_embeddings,
+            hf=HF_NAMES[OUTPUT_LAYER],
+        )
+    )
     return out
 
 
@@ -168,14 +203,14 @@ def megatron_params(
     `padded_vocab` defaults to the padding for t=1."""
     h = spec.hidden_size
     vocab = padded_vocab_size(spec.vocab_size, 1) if padded_vocab is None else padded_vocab
-    out = [ParamInfo(EMBEDDING, ShardKind.VOCAB, (vocab, h), FIRST)]
+    out = [ParamInfo(EMBEDDING, ShardKind.VOCAB, (vocab, h), FIRST, hf=HF_NAMES[EMBEDDING])]
     for i in range(spec.num_layers):
         out += layer_params(spec, i, registered_order=True)
-    out.append(ParamInfo(FINAL_NORM, ShardKind.REPLICATED, (h,), LAST))
+    out.append(ParamInfo(FINAL_NORM, ShardKind.REPLICATED, (h,), LAST, hf=HF_NAMES[FINAL_NORM]))
     if role == "critic":
         out.append(ParamInfo(OUTPUT_LAYER, ShardKind.REPLICATED, (1, h), LAST))
     elif not spec.tied_embeddings:
-        out.append(ParamInfo(OUTPUT_LAYER, ShardKind.VOCAB, (vocab, h), LAST))
+        out.append(ParamInfo(OUTPUT_LAYER, ShardKind.VOCAB, (vocab, h), LAST, hf=HF_NAMES[OUTPUT_LAYER]))
     return out
 
 

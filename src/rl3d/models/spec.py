@@ -11,12 +11,13 @@ both, they must agree.
 
 from __future__ import annotations
 
-import difflib
 import json
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from rl3d.utils.imports import suggest
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,59 @@ def get_model_spec(name: str) -> ModelSpec:
             num_query_groups=groups,
         )
     if name not in MODEL_SPECS:
-        close = difflib.get_close_matches(name, list(MODEL_SPECS), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ValueError(f"unknown model {name!r}{hint}; known: {', '.join(MODEL_SPECS)}")
+        raise ValueError(
+            f"unknown model {name!r}{suggest(name, MODEL_SPECS)}; known: {', '.join(MODEL_SPECS)}"
+        )
     return MODEL_SPECS[name]
+
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")  # one tensor layout: Llama's names
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float:
+    rope = cfg.get("rope_parameters") or {}
+    scaling = cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
+    if rope_type != "default":
+        raise ValueError(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
+    return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
+    """ModelSpec of an HF config dict; unsupported model types and features are a clear error."""
+    model_type = cfg.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"unsupported HF model_type {model_type!r}; rl3d converts {', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+    if cfg.get("mlp_bias") or cfg.get("attention_bias"):
+        raise ValueError(f"{model_type}: mlp_bias / attention_bias (o_proj bias) are not supported")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{model_type}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
+    if cfg.get("use_sliding_window"):
+        raise ValueError(f"{model_type}: sliding-window attention is not supported")
+    max_positions = cfg.get("max_position_embeddings", 4096)
+    if model_type == "mistral" and cfg.get("sliding_window"):
+        # full attention equals Mistral's sliding window on sequences no longer than the window
+        max_positions = min(max_positions, cfg["sliding_window"])
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    if head_dim * heads != cfg["hidden_size"]:
+        raise ValueError(f"{model_type}: head_dim {head_dim} x {heads} heads != hidden_size")
+    return ModelSpec(
+        name=name or f"hf-{model_type}",
+        num_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        ffn_hidden_size=cfg["intermediate_size"],
+        num_attention_heads=heads,
+        num_query_groups=cfg.get("num_key_value_heads") or heads,
+        vocab_size=cfg["vocab_size"],
+        tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2",
+        rope_theta=_rope_theta(cfg),
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        max_position_embeddings=max_positions,
+    )
 
 
 # What the weights' shapes and the forward pass depend on: a registry name and an HF directory
@@ -155,8 +205,6 @@ def spec_in_dir(path: str | Path) -> ModelSpec:
     """The spec of a model directory: an HF one (config.json) or an rl3d Megatron weight
     directory (rl3d_meta.json); named after the directory. A missing or unreadable config, or
     an unsupported architecture, is a ValueError naming the file."""
-    from rl3d.models.hf_mapping import spec_from_hf_config
-
     path = Path(path)
     meta, config = path / "rl3d_meta.json", path / "config.json"
     source = meta if meta.is_file() else config

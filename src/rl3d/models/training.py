@@ -1,7 +1,8 @@
 """Parallel training around a GPTModel: megatron DDP, optimizer, scheduler, PP schedule.
 
-    ddp = wrap_ddp(model, groups, use_distributed_optimizer=True)
-    optimizer = build_optimizer(ddp, groups, OptimConfig(lr=1e-5))
+    ddp = wrap_ddp(model, groups, use_distributed_optimizer=optim.distributed_optimizer)
+    optimizer = build_optimizer(ddp, groups, optim)     # optim: a role's rl3d.config.OptimConfig
+    scheduler = build_scheduler(optimizer, optim, total_steps=100)
     outputs, grad_norm = train_step(ddp, optimizer, groups, forward_step, batches, ...)
 
 `wrap_ddp` sets `config.finalize_model_grads_func`: megatron's schedules call it to all-reduce
@@ -15,39 +16,13 @@ that it receives one batch instead of an iterator (see `forward_backward`).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from rl3d.models.bootstrap import MegatronGroups
 
-
-@dataclass(frozen=True, kw_only=True)
-class OptimConfig:
-    """Adam with megatron's grad clipping; names follow megatron's OptimizerConfig."""
-
-    lr: float = 1e-6
-    min_lr: float = 0.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    use_distributed_optimizer: bool = False
-    warmup_steps: int = 0
-    total_steps: int = 1_000_000
-    lr_decay_style: str = "constant"
-
-    def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be positive, got {self.lr}")
-        if self.clip_grad < 0:
-            raise ValueError(f"optim.clip_grad must be >= 0, got {self.clip_grad}")
-        if self.lr_decay_style not in ("constant", "linear", "cosine"):
-            raise ValueError(
-                f"optim.lr_decay_style must be constant, linear or cosine, got {self.lr_decay_style!r}"
-            )
+MIN_LR = 0.0  # where a decaying schedule ends
 
 
 def wrap_ddp(model: Any, groups: MegatronGroups, *, use_distributed_optimizer: bool = False) -> Any:
@@ -69,18 +44,19 @@ def wrap_ddp(model: Any, groups: MegatronGroups, *, use_distributed_optimizer: b
     return ddp
 
 
-def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: OptimConfig) -> Any:
-    """megatron's optimizer (distributed or not) over one DDP-wrapped model chunk."""
+def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: Any) -> Any:
+    """megatron's optimizer (distributed or not) over one DDP-wrapped model chunk; `cfg` is the
+    role's `rl3d.config.OptimConfig` (read, not imported: the config layer sits above models)."""
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    assert ddp.ddp_config.use_distributed_optimizer == cfg.use_distributed_optimizer, (
+    assert ddp.ddp_config.use_distributed_optimizer == cfg.distributed_optimizer, (
         "wrap_ddp and the optimizer disagree on use_distributed_optimizer"
     )
     dtype = ddp.config.params_dtype
     config = OptimizerConfig(
         optimizer="adam",
         lr=cfg.lr,
-        min_lr=cfg.min_lr,
+        min_lr=MIN_LR,
         weight_decay=cfg.weight_decay,
         adam_beta1=cfg.adam_beta1,
         adam_beta2=cfg.adam_beta2,
@@ -89,7 +65,7 @@ def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: OptimConfig) -> Any:
         bf16=dtype == torch.bfloat16,
         fp16=dtype == torch.float16,
         params_dtype=dtype,
-        use_distributed_optimizer=cfg.use_distributed_optimizer,
+        use_distributed_optimizer=cfg.distributed_optimizer,
     )
     # megatron refuses its extra gloo groups together with explicit groups; they only serve the
     # legacy (non dist-checkpointing) distributed-optimizer save path.
@@ -100,21 +76,22 @@ def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: OptimConfig) -> Any:
     return optimizer
 
 
-def build_scheduler(optimizer: Any, cfg: OptimConfig) -> Any:
-    """megatron's OptimizerParamScheduler, stepped once per optimizer step."""
+def build_scheduler(optimizer: Any, cfg: Any, *, total_steps: int) -> Any:
+    """megatron's OptimizerParamScheduler over `total_steps` optimizer steps, stepped once per
+    step: `cfg.lr_warmup_steps` of linear warmup, then `cfg.lr_schedule` down to `MIN_LR`."""
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=cfg.lr if cfg.warmup_steps == 0 else 0.0,
+        init_lr=cfg.lr if cfg.lr_warmup_steps == 0 else 0.0,
         max_lr=cfg.lr,
-        min_lr=cfg.min_lr,
-        lr_warmup_steps=cfg.warmup_steps,
-        lr_decay_steps=max(cfg.total_steps, cfg.warmup_steps + 1),
-        lr_decay_style=cfg.lr_decay_style,
+        min_lr=MIN_LR,
+        lr_warmup_steps=cfg.lr_warmup_steps,
+        lr_decay_steps=max(total_steps, cfg.lr_warmup_steps + 1),
+        lr_decay_style=cfg.lr_schedule,
         start_wd=cfg.weight_decay,
         end_wd=cfg.weight_decay,
-        wd_incr_steps=max(cfg.total_steps, 1),
+        wd_incr_steps=max(total_steps, 1),
         wd_incr_style="constant",
     )
 
@@ -134,7 +111,7 @@ def forward_backward(
     from megatron.core.pipeline_parallel import get_forward_backward_func
     from megatron.core.pipeline_parallel.p2p_communication import P2PCommunicator
 
-    unwrapped = _unwrap(model)
+    unwrapped = unwrap_model(model)
     schedule = get_forward_backward_func(pp_size=groups.layout.p, vp_size=None)
     p2p = P2PCommunicator(pp_group=groups.pp_group, config=unwrapped.config)
     iterator = iter(microbatches)
@@ -214,7 +191,8 @@ def train_step(
     return outputs, grad_norm
 
 
-def _unwrap(model: Any) -> Any:
+def unwrap_model(model: Any) -> Any:
+    """The model inside megatron's wrappers (DistributedDataParallel, Float16Module)."""
     while hasattr(model, "module"):
         model = model.module
     return model

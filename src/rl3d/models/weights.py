@@ -21,9 +21,10 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import stage_param_names
 from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader, shard_dir_name
 from rl3d.models.hf_mapping import tensor_maps
-from rl3d.models.params import local_param
+from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param
 from rl3d.models.safetensors_io import ShardedReader
 from rl3d.models.spec import ModelSpec
+from rl3d.models.training import unwrap_model
 from rl3d.ops.layouts import shard_for_tp
 
 logger = logging.getLogger(__name__)
@@ -57,12 +58,6 @@ def _open_source(src: str | Path, spec: ModelSpec, padded_vocab: int) -> Any:
     raise FileNotFoundError(f"{src} is neither an HF directory nor an rl3d Megatron weight directory")
 
 
-def _unwrap(model: Any) -> torch.nn.Module:
-    while hasattr(model, "module"):  # megatron DDP / Float16Module
-        model = model.module
-    return model
-
-
 def load_weights(
     model: Any, spec: ModelSpec, groups: MegatronGroups, src: str | Path, *, role: str = "actor"
 ) -> None:
@@ -70,7 +65,7 @@ def load_weights(
 
     The critic's value head is not in an HF checkpoint and keeps its initial weights.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layout = groups.layout
     padded = model.vocab_size
     params = dict(model.named_parameters())
@@ -80,19 +75,18 @@ def load_weights(
     try:
         with torch.no_grad():
             for global_name, local in names.items():
-                if role == "critic" and global_name == "output_layer.weight":
+                if role == "critic" and global_name == OUTPUT_LAYER:
                     continue
                 param = local_param(params, local)
                 param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
                 loaded.add(id(param))
-            tied_copy = params.get("output_layer.weight")
+            tied_copy = params.get(OUTPUT_LAYER)
             if tied_copy is not None and spec.tied_embeddings and role != "critic" and layout.p > 1:
-                embedding = "embedding.word_embeddings.weight"
-                tied_copy.copy_(source.shard(embedding, layout.t, groups.tp_rank, padded))
+                tied_copy.copy_(source.shard(EMBEDDING, layout.t, groups.tp_rank, padded))
                 loaded.add(id(tied_copy))
     finally:
         source.close()
-    kept = {"output_layer.weight"} if role == "critic" else set()  # the value head
+    kept = {OUTPUT_LAYER} if role == "critic" else set()  # the value head
     skipped = [n for n, p in params.items() if id(p) not in loaded and n not in kept]
     assert not skipped, f"parameters not loaded from {src}: {skipped}"
     logger.info("loaded %s into %s stage %d tp %d", src, role, groups.pp_rank, groups.tp_rank)
@@ -104,7 +98,7 @@ def save_weights(
     """Write a live actor's weights as a Megatron weight directory (collective over the world)."""
     from safetensors.torch import save_file
 
-    model = _unwrap(model)
+    model = unwrap_model(model)
     layout, dst = groups.layout, Path(dst)
     params = dict(model.named_parameters())
     if groups.dp_rank == 0:

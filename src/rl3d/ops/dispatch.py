@@ -47,7 +47,7 @@ def triton_importable() -> bool:
 
 
 def _cuda_ext_available() -> bool:
-    from rl3d.ops import cuda_ext
+    import rl3d.ops.cuda_ext as cuda_ext
 
     return cuda_ext.available()
 

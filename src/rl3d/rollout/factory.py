@@ -6,20 +6,19 @@ worker knows (model, generation-TP group, pad id, HF directory, device).
 
 One call site serves every engine: `engine_kwargs` maps the section onto the keyword arguments of
 the chosen class (`engine_class`), and tests bind them to its real signature. Refusals come here,
-before anything is launched.
+before anything is launched. The section is a `rl3d.config.RolloutConfig`, read and not
+imported: the config layer sits above rollout.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import RolloutEngine
-
-if TYPE_CHECKING:
-    from rl3d.config.schema import RolloutConfig
+from rl3d.utils.dtypes import torch_dtype
 
 ENGINES = ("torch", "sglang")
 
@@ -38,7 +37,7 @@ def engine_class(name: str) -> type:
 
 
 def engine_kwargs(
-    rollout: RolloutConfig,
+    rollout: Any,
     *,
     spec: ModelSpec,
     group: Any = None,
@@ -58,7 +57,7 @@ def engine_kwargs(
         )
     kwargs: dict[str, Any] = dict(spec=spec, group=group, pad_token_id=pad_token_id)
     if name == "torch":  # generates on the resharded training weights unless told another dtype
-        return kwargs | {"dtype": getattr(torch, rollout.dtype) if rollout.dtype else None}
+        return kwargs | {"dtype": torch_dtype(rollout.dtype) if rollout.dtype else None}
     if not model_path:
         raise ValueError("model.hf_path: the sglang rollout engine starts from an HF directory; set it")
     sg = rollout.sglang
@@ -79,26 +78,7 @@ def engine_kwargs(
     return kwargs
 
 
-def build_rollout_engine(
-    rollout: RolloutConfig,
-    *,
-    spec: ModelSpec,
-    group: Any = None,
-    pad_token_id: int = 0,
-    model_path: str | None = None,
-    device: torch.device | str | None = None,
-    dtype: str = "bfloat16",
-    seed: int | None = None,
-) -> RolloutEngine:
-    """Build the engine `rollout.engine` with the section's settings (see `engine_kwargs`)."""
-    kwargs = engine_kwargs(
-        rollout,
-        spec=spec,
-        group=group,
-        pad_token_id=pad_token_id,
-        model_path=model_path,
-        device=device,
-        dtype=dtype,
-        seed=seed,
-    )
-    return engine_class(rollout.engine)(**kwargs)
+def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:
+    """Build the engine `rollout.engine` with the section's settings; `options` are
+    `engine_kwargs`'s (spec, group, pad_token_id, model_path, device, dtype, seed)."""
+    return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))

@@ -20,6 +20,7 @@ import torch
 
 from rl3d.models.builder import megatron_param_kinds
 from rl3d.models.hf_mapping import tensor_maps
+from rl3d.models.params import OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec
 from rl3d.ops import ParamLayout, gather_to_layout, pack_bucket
 from rl3d.ops.layouts import ShardKind
@@ -195,7 +196,7 @@ def hf_tensors(spec: ModelSpec, weights: Any, comm: Any = None) -> Iterator[tupl
     the group all-gathers each sharded parameter."""
     size = 1 if comm is None else comm.size
     for name in weights.names():
-        if name == "output_layer.weight" and spec.tied_embeddings:
+        if name == OUTPUT_LAYER and spec.tied_embeddings:
             continue  # SGLang ties lm_head to the embedding itself
         shard = weights.materialize(name)  # this rank's Megatron generation shard
         shards = [shard]

@@ -7,10 +7,11 @@ collect) pair over one axis of the ranks (`DispatchMode`):
 - DP_COMPUTE: the batch is split into `dp_size` equal chunks, one per rank of a pure data-
   parallel group; every rank's output is collected, in rank order.
 - MEGATRON_COMPUTE: the batch is split over the data-parallel ranks of a megatron grid; the
-  output is collected from tp = 0 on the last pipeline stage of each DP rank. A worker that
-  packs sequences sets `token_balance` (its global mini-batch size): then every mini-batch's
-  samples are dealt to the DP ranks by token count (`rl3d.utils.partition.chunked_partition`)
-  instead of in contiguous chunks, and output rows are put back in input order.
+  output is collected from tp = 0 on the last pipeline stage of each DP rank. A trained role
+  (padded or packed) sets `token_balance` to its global mini-batch size: every mini-batch's
+  samples are dealt to the DP ranks by token count (`rl3d.utils.partition.chunked_partition`),
+  so an optimizer step trains on the same samples at any DP size, and output rows are put back
+  in input order. With `token_balance` 0 the batch splits in contiguous chunks.
 - GENERATION_COMPUTE: the batch (prompts) is dealt round-robin over the generation-DP ranks
   of the actor's generation layout (row i to generation-DP rank i mod size); the output is
   collected from generation-TP rank 0 and put back in input order. Its output rows carry

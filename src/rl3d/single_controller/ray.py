@@ -37,7 +37,8 @@ from rl3d.single_controller.dispatch import (
     merge_outputs,
     metrics_reduction,
 )
-from rl3d.single_controller.ray_liveness import PING_PERIOD_S, Liveness
+from rl3d.single_controller.ray_liveness import PING_PERIOD_S, Liveness, WorkerDiedError
+from rl3d.utils.net import free_port
 
 logger = logging.getLogger(__name__)
 
@@ -50,12 +51,6 @@ PLACEMENT_TIMEOUT_S = 300.0
 # After one rank fails, how long to wait for the others: a rank that died is named in
 # preference to its peers whose collectives broke because of it.
 FAILURE_GRACE_S = 10.0
-
-
-class WorkerDiedError(RuntimeError):
-    def __init__(self, message: str, *, role: str, rank: int):
-        super().__init__(message)
-        self.role, self.rank = role, rank
 
 
 class WorkerCallError(RuntimeError):
@@ -85,10 +80,7 @@ class RankHost:
         """This node's IP and a free port: the group's rendezvous when asked of rank 0."""
         import ray
 
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            port = sock.getsockname()[1]
-        return ray.util.get_node_ip_address(), port
+        return ray.util.get_node_ip_address(), free_port()
 
     def init_distributed(self, backend: str, master_addr: str, master_port: int, timeout_s: float) -> None:
         from rl3d.utils.device import device_of_backend, init_process_group

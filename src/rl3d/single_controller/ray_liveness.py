@@ -17,6 +17,14 @@ from typing import Any
 PING_PERIOD_S = 1.0
 
 
+class WorkerDiedError(RuntimeError):
+    """A rank actor died or went silent; `role` and `rank` name it (`rl3d.single_controller.ray`)."""
+
+    def __init__(self, message: str, *, role: str, rank: int):
+        super().__init__(message)
+        self.role, self.rank = role, rank
+
+
 class Liveness:
     """The driver's deadline on lost nodes: while it waits on rank actors it pings them (a
     concurrency group of their own, so a busy rank still answers); a rank silent for
@@ -45,8 +53,6 @@ class Liveness:
     def raise_silent(self, ranks, longer_than_s: float, *, role: str, what: str) -> None:
         """`WorkerDiedError` naming the node of the ranks whose ping is unanswered that long."""
         import ray
-
-        from rl3d.single_controller.ray import WorkerDiedError
 
         now = time.monotonic()
         silent = [

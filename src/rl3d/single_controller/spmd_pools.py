@@ -30,14 +30,9 @@ import torch.distributed as dist
 
 from rl3d.single_controller.pools import Pool, pool_of
 from rl3d.utils.device import device_of_backend, init_process_group
+from rl3d.utils.net import free_port
 
 logger = logging.getLogger(__name__)
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
 
 
 def _address() -> str:
@@ -103,7 +98,7 @@ def split_world(
     rank, world = dist.get_rank(), dist.get_world_size()
     pool = pool_of(pools, rank)
     gathered: list = [None] * world
-    dist.all_gather_object(gathered, (_address(), _free_port()) if rank == 0 else None)
+    dist.all_gather_object(gathered, (_address(), free_port()) if rank == 0 else None)
     host, port = gathered[0]
     dist.destroy_process_group()
 

@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from rl3d.utils.net import free_port
+
 PACKAGES = ("slurmctld", "slurmd", "slurm-client", "munge")
 BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "squeue", "sinfo", "scontrol", "scancel")
 PARTITION = "debug"
@@ -61,12 +63,6 @@ def slurm_unavailable_reason(*, install: bool = True) -> str | None:
         return f"apt-get install {' '.join(PACKAGES)} failed: {proc.stderr.strip()[-500:]}"
     missing = _missing_binaries()
     return f"still missing after apt-get install: {', '.join(missing)}" if missing else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _alive(pid: int) -> bool:
@@ -208,8 +204,8 @@ class LocalSlurmCluster:
         return [
             "ClusterName=rl3dtest",
             f"SlurmctldHost={self.host}(127.0.0.1)",
-            f"SlurmctldPort={_free_port()}",
-            f"SlurmdPort={_free_port()}",
+            f"SlurmctldPort={free_port('127.0.0.1')}",
+            f"SlurmdPort={free_port('127.0.0.1')}",
             "SlurmUser=root",
             "SlurmdUser=root",
             "AuthType=auth/munge",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -21,15 +20,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from rl3d.utils.net import free_port  # the tests' rendezvous port too
+
 
 class DistributedTestError(RuntimeError):
     """A spawned rank failed; the message holds its traceback."""
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _worker(

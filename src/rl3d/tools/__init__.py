@@ -5,13 +5,12 @@
 from rl3d.tools.base import (
     BUILTIN_TOOLS,
     Tool,
-    ToolBox,
     ToolResult,
-    build_tool,
     check_arguments,
     register_tool,
 )
 from rl3d.tools.parser import ToolCall, ToolCallError, ToolCallParser
+from rl3d.tools.toolbox import ToolBox, build_tool
 
 __all__ = [
     "BUILTIN_TOOLS",

@@ -28,5 +28,6 @@ class RoleContext:
 
     @property
     def pad_token_id(self) -> int:
-        pad = getattr(self.tokenizer, "pad_token_id", None)
-        return 0 if pad is None else pad
+        from rl3d.data.tokenizer import pad_id_of
+
+        return pad_id_of(self.tokenizer)

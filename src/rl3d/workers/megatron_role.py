@@ -32,8 +32,9 @@ from rl3d.models.packing import (
     per_sequence_rope,
     unpack_response,
 )
+from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
 from rl3d.models.spec import ModelSpec
-from rl3d.models.training import SkippedSteps
+from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
@@ -99,29 +100,14 @@ class MegatronRole:
         self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
         self.ddp, self.optimizer, self.scheduler = self.model, None, None
         if self.trainable:
-            from rl3d.models.training import OptimConfig, build_optimizer, build_scheduler, wrap_ddp
+            from rl3d.models.training import build_optimizer, build_scheduler, wrap_ddp
 
-            cfg = OptimConfig(
-                lr=optim.lr,
-                weight_decay=optim.weight_decay,
-                adam_beta1=optim.adam_beta1,
-                adam_beta2=optim.adam_beta2,
-                adam_eps=optim.adam_eps,
-                clip_grad=optim.clip_grad,
-                use_distributed_optimizer=optim.distributed_optimizer,
-                warmup_steps=optim.lr_warmup_steps,
-                total_steps=total_steps,
-                lr_decay_style=optim.lr_schedule,
-            )
             self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
-            self.optimizer = build_optimizer(self.ddp, groups, cfg)
-            self.scheduler = build_scheduler(self.optimizer, cfg)
+            self.optimizer = build_optimizer(self.ddp, groups, optim)
+            self.scheduler = build_scheduler(self.optimizer, optim, total_steps=total_steps)
 
     def unwrapped(self) -> torch.nn.Module:
-        model = self.ddp
-        while hasattr(model, "module"):
-            model = model.module
-        return model
+        return unwrap_model(self.ddp)
 
     # -- forward -------------------------------------------------------------------------------
     def _microbatches(
@@ -303,12 +289,10 @@ class MegatronRole:
     def global_shards(self) -> dict[str, torch.Tensor]:
         """This rank's training parameters under their global (planner) names, as the very
         tensors the model trains (no copy)."""
-        from rl3d.models.params import local_param, stage_param_names
-
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
         names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)
         shards = {g: local_param(local, n).data for g, n in names.items()}
         if self.spec.tied_embeddings and layout.p > 1 and self.groups.is_last_stage:
-            shards["output_layer.weight"] = local["output_layer.weight"].data  # megatron's synced copy
+            shards[OUTPUT_LAYER] = local[OUTPUT_LAYER].data  # megatron's synced copy
         return shards

@@ -21,6 +21,7 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
+from rl3d.utils.dtypes import torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def save_reward_model(role, dst: Path, *, meta: dict) -> None:
 
     from rl3d.models.convert import HF_EXTRA, McoreMeta, shard_dir_name
     from rl3d.models.hf_mapping import hf_config_from_spec
-    from rl3d.models.params import local_param, stage_param_names
+    from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
 
     groups, spec, model = role.groups, role.spec, role.unwrapped()
     layout = groups.layout
@@ -109,7 +110,7 @@ def save_reward_model(role, dst: Path, *, meta: dict) -> None:
         tensors = {
             local: local_param(params, local).detach().to("cpu").contiguous()
             for name, local in names.items()
-            if name != "output_layer.weight"
+            if name != OUTPUT_LAYER
         }
         out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank)
         out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +191,7 @@ class RewardModelWorker:
             spec,
             ctx.groups,
             weights,
-            dtype=getattr(torch, cfg.model.dtype),
+            dtype=torch_dtype(cfg.model.dtype),
             seed=cfg.trainer.seed,
             packing=self.section.packing,
             max_tokens_per_micro_batch=self.section.max_tokens_per_micro_batch,
@@ -258,6 +259,7 @@ def export_reward_model_hf(weights_dir: str | Path, dst: str | Path) -> Path:
 
     from rl3d.models.convert import HF_EXTRA, McoreReader, atomic_output, copy_extras
     from rl3d.models.hf_mapping import tensor_maps
+    from rl3d.models.params import OUTPUT_LAYER
 
     weights_dir, dst = Path(weights_dir), Path(dst)
     with McoreReader(weights_dir) as reader, atomic_output(dst) as out:
@@ -266,7 +268,7 @@ def export_reward_model_hf(weights_dir: str | Path, dst: str | Path) -> Path:
             raise ValueError(f"{weights_dir}: no HF sequence-classification class for {meta.model_type!r}")
         tensors = {}
         for tmap in tensor_maps(meta.spec, meta.padded_vocab):
-            if tmap.mcore == "output_layer.weight":  # a reward model has no LM head
+            if tmap.mcore == OUTPUT_LAYER:  # a reward model has no LM head
                 continue
             for name, tensor in zip(tmap.hf, tmap.to_hf(reader.full(tmap.mcore)), strict=True):
                 tensors[name] = tensor.contiguous()

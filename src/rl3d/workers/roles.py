@@ -17,25 +17,24 @@ from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
+from rl3d.utils.dtypes import torch_dtype
 from rl3d.workers.context import RoleContext
 from rl3d.workers.generation import Generation
 from rl3d.workers.megatron_role import METRIC_WEIGHT, MegatronRole
 
 logger = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _megatron_info(
-    groups: MegatronGroups, gen=None, *, role: MegatronRole, mini_batch_size: int
-) -> DispatchInfo:
+def _megatron_info(groups: MegatronGroups, gen=None, *, mini_batch_size: int) -> DispatchInfo:
     """Where this rank sits in its megatron grid, and (`gen`: the actor's GenerationLayout) in
-    the generation layout. A role that packs sequences gets each mini-batch's samples dealt to
-    its DP ranks by token count."""
+    the generation layout. Each `mini_batch_size` consecutive samples are dealt to the DP ranks
+    by token count (0: contiguous chunks), so an optimizer step trains on the same samples
+    whatever the DP size, padded or packed."""
     info = DispatchInfo(
         dp_rank=groups.dp_rank,
         dp_size=groups.layout.d,
         is_collector=groups.tp_rank == 0 and groups.is_last_stage,
-        token_balance=mini_batch_size if role.packing else 0,
+        token_balance=mini_batch_size,
     )
     if gen is None:
         return info
@@ -138,7 +137,7 @@ class ActorRolloutWorker(_LogProbMixin):
 
         cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
         self.cfg, self.spec, self.groups = cfg, spec, groups
-        self.dtype = DTYPES[cfg.model.dtype]
+        self.dtype = torch_dtype(cfg.model.dtype)
         self.role = MegatronRole(
             spec,
             groups,
@@ -181,9 +180,7 @@ class ActorRolloutWorker(_LogProbMixin):
         self.generation = Generation(cfg, self.engine, ctx.tokenizer, pad_token_id=pad_token_id)
 
     def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(
-            self.groups, self.gen, role=self.role, mini_batch_size=self.cfg.actor.mini_batch_size
-        )
+        return _megatron_info(self.groups, self.gen, mini_batch_size=self.cfg.actor.mini_batch_size)
 
     @register(Dispatch.ONE_TO_ALL)
     def reshard(self) -> dict[str, float]:
@@ -261,7 +258,7 @@ class CriticWorker:
             spec,
             groups,
             role="critic",
-            params_dtype=DTYPES[cfg.model.dtype],
+            params_dtype=torch_dtype(cfg.model.dtype),
             optim=cfg.critic.optim,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
@@ -271,7 +268,7 @@ class CriticWorker:
         )
 
     def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(self.groups, role=self.role, mini_batch_size=self.cfg.critic.mini_batch_size)
+        return _megatron_info(self.groups, mini_batch_size=self.cfg.critic.mini_batch_size)
 
     def _values(self, output, micro):
         return self.role.response_slice(output, micro)[..., 0].float()
@@ -317,7 +314,7 @@ class ReferenceWorker(_LogProbMixin):
             spec,
             groups,
             role="reference",
-            params_dtype=DTYPES[cfg.model.dtype],
+            params_dtype=torch_dtype(cfg.model.dtype),
             optim=None,
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,
@@ -326,8 +323,12 @@ class ReferenceWorker(_LogProbMixin):
             **_reference_batching(cfg),
         )
 
-    def dispatch_info(self) -> DispatchInfo:  # the actor's mini-batches: the same shares
-        return _megatron_info(self.groups, role=self.role, mini_batch_size=self.cfg.actor.mini_batch_size)
+    def dispatch_info(self) -> DispatchInfo:
+        # Forward only, so its shares decide no optimizer step: a packing reference takes the
+        # actor's shares; a padded one keeps contiguous chunks (its own pool's dp need only
+        # divide the step's samples, not the actor's mini-batch).
+        mini = self.cfg.actor.mini_batch_size if self.role.packing else 0
+        return _megatron_info(self.groups, mini_batch_size=mini)
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch | None:

@@ -22,11 +22,11 @@ import torch.distributed as dist
 from rl3d.config import RL3DConfig
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.dtypes import torch_dtype
 from rl3d.weight_sync import SyncPlan, WeightBridge, receive_weights
 from rl3d.workers.generation import Generation
 
 logger = logging.getLogger(__name__)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 POLICY_VERSION = "policy_version"
 
 
@@ -67,7 +67,7 @@ class RolloutWorker:
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
         )
-        self.dtype = DTYPES[cfg.model.dtype]
+        self.dtype = torch_dtype(cfg.model.dtype)
         self.generation = Generation(cfg, self.engine, tokenizer, pad_token_id=pad_token_id)
         # the agent loop's rows each come from several engine calls: weights change between its
         # calls only (a row is then one version), not within a response

@@ -1,5 +1,6 @@
-"""Token-balanced data parallelism: a packed actor at DP=2, its samples dealt to the
-ranks by `MEGATRON_COMPUTE` with `token_balance`, equals the same actor at DP=1.
+"""Data parallelism deals mini-batches, not contiguous chunks: an actor at DP=2, its samples dealt
+to the ranks by `MEGATRON_COMPUTE` with `token_balance` (its mini-batch size), equals the same
+actor at DP=1, packed or padded.
 
 Mini-batches are the step's consecutive samples whatever the DP size (each rank holds its part
 of every mini-batch), so two optimizer steps over two mini-batches give the DP=1 parameters
@@ -26,7 +27,7 @@ def make_batch(vocab):
     return packing_cases.make_batch(vocab, resp_len=RESP_LEN, seed=7)
 
 
-def worker(rank, world, hf_dir):
+def worker(rank, world, hf_dir, packing):
     from rl3d.config import OptimConfig
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.hf_mapping import spec_from_hf_config
@@ -59,7 +60,7 @@ def worker(rank, world, hf_dir):
         total_steps=10,
         seed=5,
         hf_path=hf_dir,
-        packing=True,
+        packing=packing,
     )
 
     def logp_of(output, micro):
@@ -102,12 +103,13 @@ def hf_dir(tmp_path_factory):
     return str(root)
 
 
-def test_token_balanced_dp2_equals_dp1(hf_dir):
+@pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
+def test_dp2_trains_the_dp1_mini_batches(hf_dir, packing):
     from rl3d.single_controller.batch import DataBatch
     from rl3d.single_controller.dispatch import MODES, Dispatch
 
-    one = run_distributed(worker, 1, hf_dir, timeout_s=240)[0]
-    two = run_distributed(worker, 2, hf_dir, timeout_s=240)
+    one = run_distributed(worker, 1, hf_dir, packing, timeout_s=240)[0]
+    two = run_distributed(worker, 2, hf_dir, packing, timeout_s=240)
     full = DataBatch(make_batch(256))  # tiny-qwen2: vocab 256
     collected = MODES[Dispatch.MEGATRON_COMPUTE].collect([(r["slot"], r["logp"]) for r in two], "mean", full)
     logp_diff = (collected["logp"] - one["logp"]["logp"]).abs().max().item()
@@ -117,11 +119,15 @@ def test_token_balanced_dp2_equals_dp1(hf_dir):
     balanced = [r["loads"][MINI] for r in two]
     print(f"logp {logp_diff:.1e}, params {param_diff:.1e}, tokens per rank {contiguous} -> {balanced}")  # noqa: T201
     assert one["moved"] > 1e-4  # two real optimizer steps
-    # per-step perf metrics: packed rows hold no pad slot; at DP=1 each mini-batch of 4 runs
-    # as 2 packed micro-batches, so a micro-batch carries half the mini-batch's real tokens
-    mask = full["attention_mask"]
-    expected = [float(mask[k * MINI : (k + 1) * MINI].sum()) / (MINI // MICRO) for k in range(2)]
-    assert [r["perf/tokens_per_micro_batch"] for r in one["perf"]] == expected
-    assert all(r["perf/pad_fraction"] == 0.0 for res in (one, *two) for r in res["perf"])
+    if packing:
+        # per-step perf metrics: packed rows hold no pad slot; at DP=1 each mini-batch of 4 runs
+        # as 2 packed micro-batches, so a micro-batch carries half the mini-batch's real tokens
+        mask = full["attention_mask"]
+        expected = [float(mask[k * MINI : (k + 1) * MINI].sum()) / (MINI // MICRO) for k in range(2)]
+        assert [r["perf/tokens_per_micro_batch"] for r in one["perf"]] == expected
+        assert all(r["perf/pad_fraction"] == 0.0 for res in (one, *two) for r in res["perf"])
+    else:  # padded micro-batches compute pad slots; the same two mini-batches at either DP size
+        assert all(r["perf/pad_fraction"] > 0.0 for res in (one, *two) for r in res["perf"])
+        assert len(one["perf"]) == len(two[0]["perf"]) == 2
     assert logp_diff <= TOL and param_diff <= TOL and rank_diff == 0.0
     assert max(balanced) - min(balanced) < max(contiguous) - min(contiguous)

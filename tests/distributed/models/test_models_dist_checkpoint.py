@@ -17,10 +17,11 @@ SEQ = 8
 
 
 def _setup(layout_pdt, hf_dir, dist_opt, load_hf):
+    from rl3d.config import OptimConfig
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.builder import build_gpt
     from rl3d.models.hf_mapping import spec_from_hf_config
-    from rl3d.models.training import OptimConfig, build_optimizer, build_scheduler, wrap_ddp
+    from rl3d.models.training import build_optimizer, build_scheduler, wrap_ddp
     from rl3d.models.weights import load_weights
     from rl3d.parallel.layout import ParallelLayout
 
@@ -31,15 +32,10 @@ def _setup(layout_pdt, hf_dir, dist_opt, load_hf):
         load_weights(model, spec, groups, hf_dir)
     ddp = wrap_ddp(model, groups, use_distributed_optimizer=dist_opt)
     cfg = OptimConfig(
-        lr=1e-2,
-        weight_decay=0.01,
-        warmup_steps=2,
-        total_steps=10,
-        lr_decay_style="cosine",
-        use_distributed_optimizer=dist_opt,
+        lr=1e-2, weight_decay=0.01, lr_warmup_steps=2, lr_schedule="cosine", distributed_optimizer=dist_opt
     )
     optimizer = build_optimizer(ddp, groups, cfg)
-    return spec, groups, ddp, optimizer, build_scheduler(optimizer, cfg)
+    return spec, groups, ddp, optimizer, build_scheduler(optimizer, cfg, total_steps=10)
 
 
 def _step(spec, groups, ddp, optimizer, scheduler, step):

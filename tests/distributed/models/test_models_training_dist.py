@@ -33,11 +33,12 @@ SEQ, STEPS = 8, 3
 
 
 def worker(rank, world, layout_pdt, hf_dir, num_seq, use_distributed_optimizer, clip_grad=1.0):
+    from rl3d.config import OptimConfig
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.builder import build_gpt
     from rl3d.models.hf_mapping import spec_from_hf_config
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
-    from rl3d.models.training import OptimConfig, build_optimizer, build_scheduler, train_step, wrap_ddp
+    from rl3d.models.training import build_optimizer, build_scheduler, train_step, wrap_ddp
     from rl3d.models.weights import load_weights
     from rl3d.parallel.layout import ParallelLayout
 
@@ -48,10 +49,10 @@ def worker(rank, world, layout_pdt, hf_dir, num_seq, use_distributed_optimizer, 
     load_weights(model, spec, groups, hf_dir)
     ddp = wrap_ddp(model, groups, use_distributed_optimizer=use_distributed_optimizer)
     cfg = OptimConfig(
-        lr=1e-2, clip_grad=clip_grad, weight_decay=0.01, use_distributed_optimizer=use_distributed_optimizer
+        lr=1e-2, clip_grad=clip_grad, weight_decay=0.01, distributed_optimizer=use_distributed_optimizer
     )
     optimizer = build_optimizer(ddp, groups, cfg)
-    scheduler = build_scheduler(optimizer, cfg)
+    scheduler = build_scheduler(optimizer, cfg, total_steps=1_000_000)
 
     data = torch.randint(0, spec.vocab_size, (num_seq, SEQ + 1), generator=torch.Generator().manual_seed(0))
     per_rank = num_seq // layout.d

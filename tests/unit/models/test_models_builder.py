@@ -12,7 +12,7 @@ from rl3d.models.builder import (
     megatron_param_kinds,
     stage_param_names,
 )
-from rl3d.models.hf_mapping import mcore_shape, spec_from_hf_config, tensor_maps
+from rl3d.models.hf_mapping import spec_from_hf_config, tensor_maps
 from rl3d.models.spec import get_model_spec
 from rl3d.models.weights import load_weights
 from rl3d.ops.layouts import ShardKind, padded_vocab_size
@@ -27,7 +27,7 @@ def test_param_kinds_are_the_real_megatron_names(groups_1x1, name):
     assert list(kinds) == list(real)  # same names, same order
     padded = padded_vocab_size(spec.vocab_size, 1)
     for tmap in tensor_maps(spec, padded):
-        assert mcore_shape(spec, padded, tmap) == real[tmap.mcore], tmap.mcore
+        assert tmap.shape == real[tmap.mcore], tmap.mcore
 
 
 def test_param_kinds_llama():

@@ -62,3 +62,17 @@ def test_megatron_compute_split_and_collect_in_input_order(balance):
         assert loads == [33, 33]
     else:
         assert loads == [34, 32]
+
+
+def test_one_dp_rank_keeps_the_batch_as_it_is():
+    """At DP 1 dealing per mini-batch leaves every row where it was, in and out, so a run at
+    dp=1 computes exactly what it did with contiguous chunks."""
+    batch = _batch([16, 1, 2, 15, 14, 3, 2, 13])
+    mode = MODES[Dispatch.MEGATRON_COMPUTE]
+    slot = mode.slot(DispatchInfo(dp_rank=0, dp_size=1, is_collector=True, token_balance=4))
+    share = mode.split(batch, slot)
+    assert torch.equal(share["row"], batch["row"]) and torch.equal(
+        share["attention_mask"], batch["attention_mask"]
+    )
+    out = mode.collect([(slot, DataBatch({"out": share["row"] * 10}))], "mean", batch)
+    assert out["out"].tolist() == [10 * i for i in range(8)]

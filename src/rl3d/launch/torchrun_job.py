@@ -1,0 +1,53 @@
+"""The launcher's side of a torchrun job (`rl3d train`, the reward-model job): the command that
+starts one node's ranks, and which rank's failure to name when the job fails."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def torchrun_command(
+    recipe: str, overrides: list[str], nproc_per_node: int, *, module: str = "rl3d.train"
+) -> list[str]:
+    """One node's ranks under rl3d's torchrun wrapper, each running `module` on the recipe."""
+    return [
+        sys.executable, "-m", "rl3d.launch.torchrun", "--standalone",
+        f"--nproc-per-node={nproc_per_node}", "-m", module, recipe, *overrides,
+    ]  # fmt: skip
+
+
+RANK_EXITS = "rank_exits.json"  # in the run's logs/: torchrun's exit code of each failed rank
+
+
+def _killed_rank(log_dir: Path, pools: list) -> str | None:
+    import json
+    import signal
+
+    from rl3d.config.pools import pool_of
+
+    path = log_dir / RANK_EXITS
+    if not path.exists():
+        return None
+    exits = {int(r): c for r, c in json.loads(path.read_text()).items()}
+    killed = sorted(r for r, c in exits.items() if c is not None and c < 0 and -c != signal.SIGTERM)
+    if not killed:
+        return None
+    rank = killed[0]
+    pool, name = pool_of(pools, rank), signal.Signals(-exits[rank]).name
+    where = f"{pool.name} pool, its rank {rank - pool.offset}"
+    return f"world rank {rank} ({where}) was killed by {name} (see {log_dir})"
+
+
+def first_rank_failure(log_dir: Path, code: int, pools: list | None = None) -> str:
+    """The rank that died by a signal (other than torchrun's SIGTERM: it left no line of its own,
+    and the others' errors follow from it), named with its pool; else the line of the rank that
+    failed first (by time: the others usually fail in a collective after it); else what
+    torchrun's exit status says."""
+    killed = _killed_rank(log_dir, pools) if pools else None
+    if killed:
+        return killed
+    failures = sorted(log_dir.glob("failed_rank*.txt"), key=lambda p: p.stat().st_mtime)
+    if failures:
+        return failures[0].read_text().strip()
+    return f"torchrun exited with status {code} (a rank died without a Python error; see {log_dir})"
