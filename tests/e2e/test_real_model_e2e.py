@@ -1,0 +1,67 @@
+"""`rl3d train` on the real SmolLM2-135M-Instruct (`model.hf_path: smollm2-135m`), one CPU rank,
+fp32: the torch engine's log-probs of its samples equal the trainer's (`rollout/logp_diff_max`
+<= 1e-3), and after training at lr 1e-30 `rl3d export` gives back the input weights bit for bit
+(tied embeddings: one `model.embed_tokens.weight`, no `lm_head.weight`)."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from test_hf_export import assert_same_tensors, export
+from train_helpers import metrics_by_step, run_train
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+LOGP_DIFF_MAX = 1e-3
+QUESTIONS = {"What is 12 + 7?": "19", "What is 3 + 5?": "8", "What is 9 - 4?": "5", "What is 6 * 2?": "12"}
+# The chat frame of SmolLM2's template around a plain-text prompt column.
+CHAT = (
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+    "<|im_start|>user\n{prompt} End with '#### <answer>'.<|im_end|>\n<|im_start|>assistant\n"
+)
+RECIPE = """\
+defaults:
+  - models/smollm2_135m
+  - algos/grpo
+  - rollout/torch_cpu
+  - clusters/local_cpu
+actor:
+  parallel: {tp: 1, pp: 1, dp: 1}
+  optim: {lr: 1.0e-30}
+  mini_batch_size: 4
+  micro_batch_size: 4
+  recompute_old_logp: always  # the trainer's log-probs of the samples, to compare with the engine's
+rollout: {n: 2, max_new_tokens: 8, stop_token_ids: [2]}
+reward: {fn: gsm8k}
+trainer: {total_steps: 2, seed: 1, experiment: real_model_e2e}
+checkpoint: {save_every: 2}
+launch: {nproc_per_node: 1}
+"""
+
+
+def test_rollout_logprobs_and_export_round_trip(smollm2_dir, tmp_path):
+    data = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"prompt": list(QUESTIONS), "answer": list(QUESTIONS.values())}), data)
+    recipe = tmp_path / "real.yaml"
+    recipe.write_text(RECIPE)
+    run_dir = tmp_path / "run"
+    proc = run_train(
+        recipe,
+        run_dir,
+        f"data.train_files=[{data}]",
+        f"data.template={json.dumps(CHAT)}",
+        "data.prompts_per_step=2",
+        "data.max_prompt_length=64",
+        timeout=1200,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    metrics = metrics_by_step(run_dir)
+    assert sorted(metrics) == [1, 2]
+    for step, row in metrics.items():
+        print(f"step {step}: rollout/logp_diff_max = {row['rollout/logp_diff_max']:.3g}")
+        assert row["rollout/logp_diff_max"] <= LOGP_DIFF_MAX, (step, row["rollout/logp_diff_max"])
+    out = export(run_dir, tmp_path / "export")
+    assert_same_tensors(out, smollm2_dir)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        assert (out / name).read_bytes() == (smollm2_dir / name).read_bytes(), name
