@@ -108,9 +108,11 @@ def transformers_logprobs(hf_dir: str | Path, prompts: list[list[int]], response
     return out
 
 
-def megatron_tensors(hf_dir: str | Path) -> tuple[Any, dict[str, torch.Tensor]]:
-    """The model's spec and its full (t = 1) Megatron tensors read from `hf_dir`, the weights the
-    torch rollout engine takes."""
+def megatron_tensors(
+    hf_dir: str | Path, *, tp: int = 1, tp_rank: int = 0
+) -> tuple[Any, dict[str, torch.Tensor]]:
+    """The model's spec and its Megatron tensors read from `hf_dir` (TP shard `tp_rank` of `tp`;
+    the full tensors at tp 1): the weights the torch rollout engine takes."""
     from types import SimpleNamespace
 
     from rl3d.models.hf_mapping import tensor_maps
@@ -119,9 +121,9 @@ def megatron_tensors(hf_dir: str | Path) -> tuple[Any, dict[str, torch.Tensor]]:
     from rl3d.parallel.sharding import padded_vocab_size
 
     spec = spec_of(SimpleNamespace(name=None, hf_path=str(hf_dir)))
-    padded = padded_vocab_size(spec.vocab_size, 1)
+    padded = padded_vocab_size(spec.vocab_size, tp)
     source = HFSource(hf_dir, spec, padded)
     try:
-        return spec, {m.mcore: source.shard(m.mcore, 1, 0, padded) for m in tensor_maps(spec, padded)}
+        return spec, {m.mcore: source.shard(m.mcore, tp, tp_rank, padded) for m in tensor_maps(spec, padded)}
     finally:
         source.close()

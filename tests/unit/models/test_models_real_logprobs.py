@@ -20,7 +20,7 @@ def response_ids(hf_dir, texts=RESPONSES):
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-def test_actor_logprobs_equal_transformers_at_tp1(smollm2_dir, groups_1x1):
+def test_actor_logprobs_equal_transformers_at_tp1(smollm2_dir, groups_1x1, one_torch_thread):
     # prompts of different lengths, so the batch holds left padding and right padding
     prompts = chat_prompt_ids(smollm2_dir)[:2] + [chat_prompt_ids(smollm2_dir)[6]]
     responses = response_ids(smollm2_dir)

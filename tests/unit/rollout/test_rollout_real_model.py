@@ -29,7 +29,7 @@ def transformers_greedy(hf_dir, prompts):
     return out
 
 
-def test_greedy_generation_equals_transformers_generate(smollm2_dir):
+def test_greedy_generation_equals_transformers_generate(smollm2_dir, one_torch_thread):
     prompts = chat_prompt_ids(smollm2_dir)
     spec, weights = megatron_tensors(smollm2_dir)
     engine = TorchRolloutEngine(spec, weights, pad_token_id=EOS)
