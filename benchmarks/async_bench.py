@@ -13,7 +13,7 @@ average before and after) into `--out`.
     python benchmarks/async_bench.py                      # 3 pairs x 24 steps, ~3 min on 2 cores
     python benchmarks/async_bench.py --steps 40 --repeats 3
 
-The goal (issue 26): max_staleness 1 at <= 0.75x the synchronous wall time per step.
+The goal: max_staleness 1 at <= 0.75x the synchronous wall time per step.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ both CPU cores), and writes, per sweep `--name`, into `--out`:
 - `<name>.md`: the same as a table with the spread (min / mean / max) and the command;
 - `<name>.png`: every seed's reward curve.
 
-The promise the demo makes (README): every seed's last-20 mean >= 0.9 and first-20 <= 0.6, in
+The promise the demo makes (README, docs/demo.md): every seed's last-20 mean >= 0.9 and first-20 <= 0.6, in
 200 steps and under 2 minutes of training on 2 cores.
 
     python benchmarks/demo_sweep.py --seeds 1 2 3 4 5
@@ -125,7 +125,7 @@ def _plot(path: Path, name: str, rows: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    global GOAL_FIRST, GOAL_LAST, GOAL_TRAIN_S  # another recipe's promise (the tool demo's: README)
+    global GOAL_FIRST, GOAL_LAST, GOAL_TRAIN_S  # another recipe's promise (the tool demo's)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="key=value overrides for every seed's run")
     parser.add_argument("--recipe", type=Path, default=ROOT / "recipes/quickstart_cpu_grpo.yaml")

@@ -1,5 +1,5 @@
 """The measured transition benchmark on simulated nodes joined by a shaped link, next to the
-cost model's prediction for the same rank -> node map and link (issue 27).
+cost model's prediction for the same rank -> node map and link.
 
     python benchmarks/netns_transition.py --nodes 2 --link-gbit 0.1 --placement spread \
         --strategies hybridflow,hybridflow_v,ds_chat,openrlhf --model llama2-7b-shape-1/64

@@ -1,4 +1,4 @@
-"""The learned-reward chain over several seeds (issue 24): per seed, train the reward model
+"""The learned-reward chain over several seeds: per seed, train the reward model
 (`recipes/quickstart_cpu_rm.yaml`, trainer.seed=S), then PPO against it
 (`recipes/quickstart_cpu_ppo_rm.yaml`, trainer.seed=S, reward.model.path = that run), one run at
 a time. The policy is scored by the model only; the hidden rule it was labelled with

@@ -1,4 +1,4 @@
-"""rl3d's actor update against an independent GRPO update in plain PyTorch (issue 19).
+"""rl3d's actor update against an independent GRPO update in plain PyTorch.
 
 The reference is an HF `LlamaForCausalLM` with the same initial weights as rl3d's actor (the
 recipe loads them through `model.hf_path`), and about a hundred lines below: response

@@ -1,4 +1,4 @@
-"""The tool recipe end to end (issue 25): real torchrun, megatron actor at tp=2, the agent loop
+"""The tool recipe end to end: real torchrun, megatron actor at tp=2, the agent loop
 over the torch engine with the calculator, GRPO on multi-turn trajectories."""
 
 import json
@@ -39,7 +39,7 @@ def test_tool_recipe_logs_tool_metrics_and_matching_logprobs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_tool_recipe_learns_to_copy_the_tools_result(seed, tmp_path):
-    """The tool demo's promise (README, benchmarks/demo/tool_multiply.md): after the SFT warm
+    """The tool demo's promise (docs/agent_loop.md, benchmarks/demo/tool_multiply.md): after the SFT warm
     start, 200 GRPO steps raise the share of exact answers (the calculator's result copied, after
     a call with the prompt's operands) above what the warmed policy starts with. Measured over
     seeds 1-3, first-20 -> last-20 step means: 0.377 -> 0.606, 0.361 -> 0.834, 0.816 -> 0.963

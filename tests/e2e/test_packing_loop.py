@@ -1,4 +1,4 @@
-"""Packing in the whole PPO loop (issue 21): actor and critic at DP=2 with packed, token-
+"""Packing in the whole PPO loop: actor and critic at DP=2 with packed, token-
 balanced micro-batches against the padded run. One optimizer step per step (mini-batch = the
 step's 32 samples), so both runs train on the same mini-batches and their metrics agree within
 fp32 tolerance; the packed run computes no pad slots. Two metrics are means of a non-linear

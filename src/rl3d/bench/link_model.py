@@ -1,4 +1,4 @@
-"""The measured transition's time on a shaped inter-node link, from the plan alone (issue 27).
+"""The measured transition's time on a shaped inter-node link, from the plan alone.
 
 `rl3d.bench.measured` runs each strategy with rl3d's executor on gloo. This model predicts
 that run for any rank -> node map (`NodeMap` over every rank of the run: training ranks and

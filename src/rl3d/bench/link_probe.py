@@ -1,4 +1,4 @@
-"""What the inter-node link really gives gloo, measured in the benchmark's own run (issue 27).
+"""What the inter-node link really gives gloo, measured in the benchmark's own run.
 
 `calibrate_link` runs on every rank after the strategies (collective: every rank calls it) and
 times, between the first rank of node 0 and the first rank of node 1:

@@ -1,4 +1,4 @@
-"""`rollout.multi_turn`: the agent loop's settings (issue 25; see `rl3d.rollout.agent_loop`).
+"""`rollout.multi_turn`: the agent loop's settings (see `rl3d.rollout.agent_loop`).
 
     rollout:
       multi_turn:

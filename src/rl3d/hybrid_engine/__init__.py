@@ -1,5 +1,5 @@
 """The 3D-HybridEngine: reshard the actor's weights from the training layout to the
-generation layout (see DESIGN.md section 2).
+generation layout (docs/hybrid_engine.md says how, with the benchmarks).
 
 `plan_transition` and the strategy registry are pure Python, so planning never imports torch;
 the torch-side names (`Resharder`, `GenerationWeights`, ...) load on first use for the same

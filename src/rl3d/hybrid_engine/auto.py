@@ -17,8 +17,8 @@ HybridFlow paper's A100 cluster):
   builds them): a hop inside a node runs on NVLink, a hop into another node carries what its
   receiver gets over that node's network link (`ib_gbps`), which all `gpus_per_node` GPUs of
   the node share. The transition takes as long as its busiest link (a node's inbound or
-  outbound network link, or a GPU's NVLink), plus `alpha_us`. (Before issue 23 each GPU was
-  given the whole node link, 8x too optimistic when every GPU of a node pulls at once.)
+  outbound network link, or a GPU's NVLink), plus `alpha_us`. (Giving each GPU the whole node
+  link would be 8x too optimistic when every GPU of a node pulls at once.)
 """
 
 from __future__ import annotations

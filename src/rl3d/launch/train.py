@@ -41,9 +41,24 @@ def describe(loaded) -> str:
         f"reference {'on' if cfg.reference_enabled else 'off'}",
         f"batch        {cfg.data.prompts_per_step} prompts x n={cfg.rollout.n} per step, "
         f"{cfg.trainer.total_steps} steps",
+        f"stops        {_stops(cfg)}",
         f"launch       {cfg.launch.backend}, {cfg.launch.nnodes} node(s) x {cfg.launch.nproc_per_node} ranks",
     ]
     return "\n".join(lines)
+
+
+def _stops(cfg) -> str:
+    """Where generation stops (`rl3d.rollout.stops`), said once before the run starts."""
+    from rl3d.rollout.stops import end_token_ids, stop_token_ids
+
+    ids = list(stop_token_ids(cfg))
+    if not cfg.data.train_files:
+        why = "rollout.stop_token_ids; a synthetic task has no end id"
+    elif cfg.rollout.ignore_eos:
+        why = "rollout.stop_token_ids; rollout.ignore_eos: true"
+    else:
+        why = f"the model's end ids {sorted(end_token_ids(cfg))} and rollout.stop_token_ids"
+    return f"at token ids {ids or 'none'} ({why}), else after {cfg.rollout.max_new_tokens} tokens"
 
 
 def launch_train(

@@ -1,4 +1,4 @@
-"""Multi-turn rollouts with tool calls, over any `RolloutEngine` (issue 25).
+"""Multi-turn rollouts with tool calls, over any `RolloutEngine`.
 
 Each trajectory alternates policy turns and tool observations inside one response:
 

@@ -1,4 +1,4 @@
-"""The Ray driver's deadline on a lost node (issue 27).
+"""The Ray driver's deadline on a lost node.
 
 Ray marks a node dead only when its node health check gives up (about a minute with Ray's
 defaults; `health_check_period_ms`, `health_check_failure_threshold` are settings of the

@@ -1,4 +1,4 @@
-"""Tools the policy calls during multi-turn rollouts (issue 25): the interface and registry
+"""Tools the policy calls during multi-turn rollouts: the interface and registry
 (`base`), the tool-call parser (`parser`), and the built-ins `calculator` and `python`
 (a subprocess sandbox, `python_sandbox`). Imports only `rl3d.utils`."""
 

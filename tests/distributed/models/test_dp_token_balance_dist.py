@@ -1,4 +1,4 @@
-"""Token-balanced data parallelism (issue 21): a packed actor at DP=2, its samples dealt to the
+"""Token-balanced data parallelism: a packed actor at DP=2, its samples dealt to the
 ranks by `MEGATRON_COMPUTE` with `token_balance`, equals the same actor at DP=1.
 
 Mini-batches are the step's consecutive samples whatever the DP size (each rank holds its part

@@ -5,8 +5,8 @@ Exact (torch.equal) where the arithmetic is the same: PP=2 of an untied model (e
 is summed over the same microbatches in the same order) and DP=2 with one microbatch per rank
 (the DP all-reduce adds the same two halves the one-process run adds), with and without the
 distributed optimizer, with clipping on: on CPU the grad norm is summed in fp64 (the CPU
-shim's `multi_tensor_l2norm`), so how the layout splits the norm's sum of squares no longer
-reaches the fp32 clip coefficient.
+shim's `multi_tensor_l2norm`), so how the layout splits the norm's sum of squares does not
+reach the fp32 clip coefficient.
 Close, not exact, where a layout reorders a floating-point sum of the model itself:
 - TP=2 splits the sums inside matmuls: the row-parallel projections (attention output, fc2) add
   two half-K partial sums in the all-reduce, and fc1's input gradient sums [gate_i; up_i] rows

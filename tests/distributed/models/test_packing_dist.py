@@ -1,4 +1,4 @@
-"""Packed micro-batches against padded ones (issue 21), fp32, from the same HF weights.
+"""Packed micro-batches against padded ones, fp32, from the same HF weights.
 
 The actor's response log-probs and the critic's values, and the actor's parameters after one
 optimizer step (Adam, clipping on), packed vs padded in the same layout: within 1e-6. Packed

@@ -80,7 +80,7 @@ def _score_in(groups, weights, overrides=()):
 def test_reward_model_scores_agree_across_layouts(tmp_path):
     weights = tmp_path / "rm"
     ((ref, packed),) = run_distributed(_save_random_model, 1, str(weights), timeout_s=300)  # at tp=1
-    # packed without pads (issue 21), under a 16-token budget that regroups the sequences
+    # packed without pads, under a 16-token budget that regroups the sequences
     assert max(abs(a - b) for a, b in zip(packed[0], ref[0], strict=True)) < 1e-5
     tp2 = run_distributed(_score, 2, str(weights), 1, 2, timeout_s=300)
     pp2 = run_distributed(_score, 2, str(weights), 2, 1, timeout_s=300)

@@ -1,4 +1,4 @@
-"""`rl3d plan --auto` charges a node's network link once for all of its GPUs (issue 23)."""
+"""`rl3d plan --auto` charges a node's network link once for all of its GPUs."""
 
 import pytest
 

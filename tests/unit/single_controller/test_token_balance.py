@@ -1,4 +1,4 @@
-"""Token-balanced dispatch over data-parallel ranks (issue 21): every mini-batch's samples are
+"""Token-balanced dispatch over data-parallel ranks: every mini-batch's samples are
 dealt to the DP ranks by token count, each rank gets the same number, a mini-batch holds the
 same samples whatever the DP size, and outputs come back in input order."""
 
