@@ -21,3 +21,13 @@ def smollm2_dir():
     from rl3d.testing.real_model import real_model_dir
 
     return real_model_dir()
+
+
+@pytest.fixture
+def one_torch_thread():
+    """One torch thread for the test, as the gloo test ranks run: on a shared, loaded machine two
+    threads spinning on each op of a real model's forward cost many times the CPU time."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
