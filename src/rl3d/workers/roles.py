@@ -214,7 +214,10 @@ class ActorRolloutWorker(_LogProbMixin):
         """Training layout -> generation layout; the engine then runs on the new shards."""
         self.weights = self.resharder.to_generation(self.role.global_shards())
         self.engine.load_weights(self.weights)
-        return self.resharder.last_stats.metrics()
+        metrics = self.resharder.last_stats.metrics()
+        # an engine in another dtype than training (`rollout.dtype`) holds a cast copy
+        metrics["reshard/peak_bytes"] += getattr(self.engine, "weight_copy_bytes", 0)
+        return metrics
 
     @register(Dispatch.GENERATION_COMPUTE)
     def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
