@@ -38,7 +38,8 @@ def worker(rank, world, hf_dir):
     batch = batch.set("response_mask", torch.ones(B, R, dtype=torch.long))
     seen = []
     layer = actor.role.unwrapped().output_layer
-    handle = layer.register_forward_pre_hook(lambda _m, args: seen.append(args[0].shape[0]))
+    # what the output layer computed: its output's sequence length ([S, B, V/tp], bias)
+    handle = layer.register_forward_hook(lambda _m, _args, out: seen.append(out[0].shape[0]))
     out, grads = {}, {}
     for flag in (False, True):
         actor.role.response_outputs = flag
