@@ -205,7 +205,7 @@ def write_outputs(rows: list[dict], runs: list[dict], command: str) -> None:
         f"Command: `{command}`",
         "",
         f"{PROMPTS_PER_STEP} prompts x {N} samples x {NEW_TOKENS} new tokens per step, SmolLM2-135M-Instruct "
-        f"fp32, one process each, {len(runs)} interleaved runs per side, steps 2.. of each run.",
+        f"fp32, one process each, {len(runs) // 2} interleaved runs per side, steps 2.. of each run.",
         "",
         "| side | median step s (min-max) | steps timed |",
         "|---|---|---|",
