@@ -1,9 +1,11 @@
 """Profile rl3d's actor update on SmolLM2-135M-Instruct in one process, the step of
 benchmarks/real_model_step.py (4 prompts x 8 samples x 12 tokens, one optimizer step):
 
-    python benchmarks/real_model_step/profile_update.py [torch|cprofile]
+    python benchmarks/real_model_step/profile_update.py [torch|cprofile|ab]
 
-prints the torch profiler's op table (or cProfile's) of one `update_actor` after a warm-up one.
+prints the torch profiler's op table (or cProfile's) of one `update_actor` after a warm-up one;
+`ab` times `update_actor` alternately without and with the output layer cut to the response
+positions (`MegatronRole.response_outputs`), two pairs.
 Reads the prompts that benchmarks/real_model_step.py writes (`--prompts` to change).
 """
 
@@ -51,7 +53,7 @@ def build_actor(prompts_path: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", nargs="?", choices=("torch", "cprofile"), default="torch")
+    parser.add_argument("mode", nargs="?", choices=("torch", "cprofile", "ab"), default="torch")
     parser.add_argument("--prompts", default="/tmp/rl3d_real_model_step/prompts.parquet")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
@@ -61,6 +63,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     actor, batch = build_actor(args.prompts)
     actor.update_actor(batch)  # warm-up
+    if args.mode == "ab":
+        for pair in range(2):
+            for flag in (False, True):
+                actor.role.response_outputs = flag
+                start = time.perf_counter()
+                actor.update_actor(batch)
+                took = time.perf_counter() - start
+                print(f"pair {pair} response_outputs={flag}: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+        return dist.destroy_process_group()
     start = time.perf_counter()
     if args.mode == "torch":
         from torch.profiler import ProfilerActivity, profile
