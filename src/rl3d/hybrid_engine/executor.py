@@ -43,12 +43,18 @@ class TransitionStats:
     verified: bool
     recv_from: dict[int, int] = field(default_factory=dict)  # sender -> logical bytes received
     calls: int = 0  # collective and point-to-point calls this rank issued
+    # storage the transition allocated for the generation weights (the training tensors read
+    # in place are not counted): 0 for an identity transition
+    alloc_bytes: int = 0
 
     def metrics(self) -> dict[str, float]:
+        """`reshard/peak_bytes` is the memory the transition adds on top of the training
+        weights; `reshard/gen_bytes` all of the generation weights, in-place pieces included."""
         return {
             "reshard/bytes": self.recv_bytes,
             "reshard/send_bytes": self.send_bytes,
-            "reshard/peak_bytes": self.peak_param_bytes,
+            "reshard/peak_bytes": self.alloc_bytes,
+            "reshard/gen_bytes": self.peak_param_bytes,
             "reshard/seconds": self.seconds,
         }
 
@@ -173,6 +179,8 @@ class Resharder:
     def gather_all(self, plan: StrategyPlan, train, *, copy_own: bool):
         """Every all-gather of `plan`, in order: the views of all of them and their buffers."""
         views, buffers = {}, []
+        if not plan.collectives and self._on_bucket is not None:
+            self._on_bucket(None)  # nothing moves (identity): the whole update runs here
         for collective in plan.collectives:
             got, buf = self.gather(collective, train, copy_own=copy_own)
             views.update(got)
@@ -335,6 +343,7 @@ class Resharder:
             self.verify,
             dict(self.comm.counter.recv_from),
             self.comm.counter.calls,
+            weights.storage_bytes(exclude=train.values()) if weights is not None else 0,
         )
         return weights
 

@@ -32,7 +32,9 @@ class HybridFlow(Strategy):
     overlaps_buckets = True
 
     def plan(self, ctx: PlanContext) -> StrategyPlan:
-        groups = ctx.gen.micro_dp_groups()
+        # identity (d_g = 1): every micro-DP group is one rank, which already holds its
+        # generation shard, so there is no collective at all (not even a one-rank all-gather)
+        groups = ctx.gen.micro_dp_groups() if not ctx.gen.is_identity else []
 
         wanted: dict[tuple[int, bool], frozenset[int]] = {}
 
@@ -48,11 +50,13 @@ class HybridFlow(Strategy):
 
             return of
 
-        collectives = [
-            Collective(
-                "all_gather", "micro_dp", "shard", groups, shard_contributions(ctx, groups, needed(False))
+        collectives = []
+        if groups:
+            collectives.append(
+                Collective(
+                    "all_gather", "micro_dp", "shard", groups, shard_contributions(ctx, groups, needed(False))
+                )
             )
-        ]
         if ctx.gen.s > 1:
             norm_groups = _same_tp_subgroups(ctx, groups)
             collectives.append(

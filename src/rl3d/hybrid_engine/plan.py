@@ -13,6 +13,9 @@ Definitions (the fields of the JSON contract):
   reported; the executor measures the same quantity from storages.
 - redundant_bytes: training-weight bytes a rank keeps in storage that is not its generation
   weights (0 for hybridflow, whose generation shard reuses the training shard in place).
+- identity: t_g = t and p_g = p (d_g = 1), every rank's generation shard is its training
+  shard. hybridflow plans no collective at all, and its generation weights are the training
+  tensors themselves (peak_param_bytes is the training shard, no byte of it new).
 
 Peak and redundant bytes use per-tensor segment accounting (see `params.SegmentTable`), so
 that replicated KV groups (more TP ranks than KV heads) are counted once.
@@ -313,6 +316,7 @@ class TransitionPlan:
             "gen": {"p_g": self.gen.p_g, "t_g": self.gen.t_g, "d_g": self.gen.d_g, "d": self.train.d},
             "world_size": self.train.world_size,
             "d_g": self.gen.d_g,
+            "identity": self.gen.is_identity,
             "model_bytes": self.model_bytes,
             "strategies": {name: s.summary() for name, s in self.strategies.items()},
         }

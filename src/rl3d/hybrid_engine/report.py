@@ -43,6 +43,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _inputs(args: argparse.Namespace, cfg: Any):
+    """(spec, training layout, t_g, p_g, dtype, engine): `engine` is a recipe's
+    (rollout.engine, rollout.dtype, model.dtype), None without one."""
     if cfg is not None:
         par = cfg.actor.parallel
         dtype = args.dtype or cfg.model.dtype
@@ -50,14 +52,31 @@ def _inputs(args: argparse.Namespace, cfg: Any):
             spec_of(cfg.model),
             ParallelLayout(par.pp, par.tp, par.dp),
             cfg.rollout.t_g,
-            (cfg.rollout.p_g),
+            cfg.rollout.p_g,
             dtype,
+            (cfg.rollout.engine, cfg.rollout.dtype, cfg.model.dtype),
         )
     if not (args.model and args.train and (args.gen or args.auto)):
         raise ValueError("give a RECIPE, or --model NAME --train P,T,D --gen TG,PG")
     p, t, d = _ints(args.train, 3, "--train")
     t_g, p_g = _ints(args.gen, 2, "--gen") if args.gen else (t, p)
-    return get_model_spec(args.model), ParallelLayout(p, t, d), t_g, p_g, args.dtype or "bfloat16"
+    return get_model_spec(args.model), ParallelLayout(p, t, d), t_g, p_g, args.dtype or "bfloat16", None
+
+
+def identity_line(plan: TransitionPlan, engine: tuple[str, str | None, str] | None = None) -> str | None:
+    """What an identity transition means for the rollout engine's weights, or None.
+    `engine` is a recipe's (rollout.engine, rollout.dtype, model.dtype)."""
+    if not plan.gen.is_identity:
+        return None
+    head = "identity: each rank's generation shard is its training shard; hybridflow moves 0 bytes"
+    if engine is None:
+        return f"{head}; the torch engine reads the training parameters in place unless rollout.dtype differs"
+    name, engine_dtype, train_dtype = engine
+    if name != "torch":
+        return f"{head}; the {name} engine keeps its own copy of the weights"
+    if engine_dtype not in (None, train_dtype):
+        return f"{head}; rollout.dtype={engine_dtype} makes the torch engine hold a cast copy"
+    return f"{head}; the torch engine reads the training parameters in place (0 bytes copied)"
 
 
 def _groups_text(name: str, groups: list[list[int]], limit: int = 16) -> str:
@@ -75,7 +94,7 @@ def _unit(nbytes: float) -> tuple[str, float]:
     return "B", 1.0
 
 
-def format_plan(plan: TransitionPlan) -> str:
+def format_plan(plan: TransitionPlan, engine: tuple[str, str | None, str] | None = None) -> str:
     gen, train = plan.gen, plan.train
     unit, size = _unit(plan.model_bytes)
     lines = [
@@ -87,6 +106,7 @@ def format_plan(plan: TransitionPlan) -> str:
         _groups_text("generation PP", gen.gen_pp_groups()),
         _groups_text("micro-DP", gen.micro_dp_groups()),
         _groups_text("generation DP", gen.gen_dp_groups()),
+        *filter(None, [identity_line(plan, engine)]),
         "",
         f"{'strategy':<14}{'recv max':>12}{'recv mean':>12}{'peak param':>12}{'redundant':>12}"
         f"   ({unit} per rank)",
@@ -158,7 +178,7 @@ def run_plan(args: argparse.Namespace, config: Any = None) -> str:
     """Entry point of `rl3d plan`; `config` is the loaded recipe's `rl3d.config.RL3DConfig` when
     one is given (model and layouts from it). ValueError (bad layout, model, flag) is reported
     by the CLI."""
-    spec, train, t_g, p_g, dtype = _inputs(args, config)
+    spec, train, t_g, p_g, dtype, engine = _inputs(args, config)
     _check_bounds(args, train)
     if args.auto:
         hw = HardwareModel(gpu_mem_gb=args.gpu_mem_gb)
@@ -178,4 +198,4 @@ def run_plan(args: argparse.Namespace, config: Any = None) -> str:
         return format_auto(rows, best, hw)
     strategies = tuple(args.strategy) if args.strategy else None
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
-    return json.dumps(plan.to_json()) if args.json else format_plan(plan)
+    return json.dumps(plan.to_json()) if args.json else format_plan(plan, engine)

@@ -104,11 +104,14 @@ class GenerationWeights:
     def tensors(self) -> list[torch.Tensor]:
         return [t for pieces in self.pieces.values() for t in pieces] + list(self.full.values())
 
-    def storage_bytes(self) -> int:
-        """Bytes of distinct storages the generation weights live in (buffers + reused shards)."""
+    def storage_bytes(self, exclude=()) -> int:
+        """Bytes of distinct storages the generation weights live in (buffers + reused shards),
+        leaving out the storages of the tensors in `exclude` (the training shards: what is left
+        is what the transition allocated)."""
+        skip = {t.untyped_storage().data_ptr() for t in exclude}
         tensors = [*self.tensors(), *self.buffers]
         seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
-        return sum(seen.values())
+        return sum(nbytes for ptr, nbytes in seen.items() if ptr not in skip)
 
     def materialize(self, name: str, target: str = "megatron", *, backend: str | None = None):
         """The generation shard of `name` in the Megatron generation layout (one tensor) or in

@@ -143,6 +143,12 @@ class GenerationLayout:
         return self.r * self.s
 
     @property
+    def is_identity(self) -> bool:
+        """Every rank's generation shard is its training shard (t_g = t and p_g = p): the
+        transition moves nothing and the engine reads the training parameters in place."""
+        return self.d_g == 1
+
+    @property
     def world_size(self) -> int:
         return self.train.world_size
 

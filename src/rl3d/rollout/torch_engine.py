@@ -87,6 +87,7 @@ class TorchRolloutEngine:
         self.dtype = dtype  # None: the weights' own (the training dtype); else a cast copy
         self.tp = TPComm(group)
         self.weights: ShardedWeights | None = None
+        self.weight_copy_bytes = 0  # bytes of the cast copy `load_weights` made (0: read in place)
         self.cache: KVCache | None = None
         self._rope_table: RopeTable | None = None
         self.stats = GenerationStats()
@@ -106,8 +107,10 @@ class TorchRolloutEngine:
             w = ShardedWeights.from_tensors(self.spec, weights, self.tp.size, self.tp.rank)
         else:
             w = ShardedWeights.from_generation(weights)
+        self.weight_copy_bytes = 0
         if self.dtype is not None and w.dtype != self.dtype:
             w = w.cast(self.dtype)
+            self.weight_copy_bytes = sum(p.nbytes for ps in w.pieces.values() for p in ps)
         if w.tp_size != self.tp.size or w.tp_rank != self.tp.rank:
             raise ValueError(
                 f"weights are generation-TP shard {w.tp_rank} of {w.tp_size}, but this rank is "

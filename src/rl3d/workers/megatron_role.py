@@ -10,6 +10,10 @@ P-1 .. T-2 (P prompt columns, T = P + R).
 With `packing`, each micro-batch's sequences run as one row without pads (`rl3d.models.packing`)
 and outputs come back in the same per-sample `[B, R]` layout; `max_tokens_per_micro_batch` then
 forms micro-batches by a token budget instead of `micro_batch_size` sequences.
+
+With `response_outputs` (the actor and the reference, which read log-probs of response tokens
+only) the output layer runs on positions P-1 .. T-2 alone: the vocabulary projection, the
+log-softmax over it and their backward then cost R/T of the whole sequence's.
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ class MegatronRole:
         init_from: MegatronRole | None = None,
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
+        response_outputs: bool = False,
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -79,6 +84,7 @@ class MegatronRole:
             raise ValueError(f"{role}.max_tokens_per_micro_batch needs {role}.packing: true")
         self.spec, self.groups, self.role = spec, groups, role
         self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
+        self.response_outputs = response_outputs
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
         overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
         self.model = build_gpt(
@@ -152,7 +158,10 @@ class MegatronRole:
             row = micro.info.get(PACKED)
             if row is None:
                 mask = micro["attention_mask"]
-                out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+                T, R = mask.shape[1], micro["response_mask"].shape[1] if "response_mask" in micro else 0
+                cut = self._output_positions(T - R - 1, T - 1) if self.response_outputs and R else None
+                with cut or contextlib.nullcontext():
+                    out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
             else:
                 args, kwargs = packed_model_inputs(row, te=self.te)
                 rope = contextlib.nullcontext() if self.te else per_sequence_rope(self.unwrapped(), row)
@@ -166,12 +175,33 @@ class MegatronRole:
 
         return step
 
+    @contextlib.contextmanager
+    def _output_positions(self, start: int, stop: int):
+        """While open, the output layer sees only sequence positions [start, stop) of its input
+        (megatron's hidden states are [S, B, H]). Not with sequence parallelism, whose hidden
+        states are split along S, nor on stages without the output layer."""
+        layer = getattr(self.unwrapped(), "output_layer", None)
+        if layer is None or getattr(layer, "sequence_parallel", False):
+            yield
+            return
+
+        def keep(_module, args, kwargs):
+            return (args[0][start:stop], *args[1:]), kwargs
+
+        handle = layer.register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
     def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
         """[B, R, ...]: the outputs that predict (or value) the response tokens."""
         if PACKED in micro.info:
             return unpack_response(output, micro.info[PACKED])
         R = micro["response_mask"].shape[1]
         T = micro["input_ids"].shape[1]
+        if output.shape[1] == R:  # the output layer ran on those positions only
+            return output
         return output[:, T - R - 1 : T - 1]
 
     def run_forward(self, batch: DataBatch, micro_batch_size: int, extract) -> list[dict] | None:

@@ -147,6 +147,7 @@ class ActorRolloutWorker(_LogProbMixin):
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,
             hf_path=cfg.model.hf_path,
+            response_outputs=True,
             **_batching(cfg.actor),
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
@@ -187,7 +188,10 @@ class ActorRolloutWorker(_LogProbMixin):
         """Training layout -> generation layout; the engine then runs on the new shards."""
         self.weights = self.resharder.to_generation(self.role.global_shards())
         self.engine.load_weights(self.weights)
-        return self.resharder.last_stats.metrics()
+        metrics = self.resharder.last_stats.metrics()
+        # an engine in another dtype than training (`rollout.dtype`) holds a cast copy
+        metrics["reshard/peak_bytes"] += getattr(self.engine, "weight_copy_bytes", 0)
+        return metrics
 
     @register(Dispatch.GENERATION_COMPUTE)
     def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
@@ -320,6 +324,7 @@ class ReferenceWorker(_LogProbMixin):
             seed=cfg.trainer.seed,
             hf_path=path,
             init_from=None if path else ctx.init_from,
+            response_outputs=True,
             **_reference_batching(cfg),
         )
 

@@ -6,7 +6,8 @@ transition. Checks, per strategy and layout:
   GQA, SwiGLU fc1, vocab-parallel with padding, replicated norms; fp32 and bf16);
 - the bytes each rank counted equal the planner's bytes for that rank, exactly;
 - hybridflow's generation weights occupy exactly the planner's M/(t_g p_g), and the rank's own
-  training tensors ARE the pieces of its generation shard (same storage: no redundant copy).
+  training tensors ARE the pieces of its generation shard (same storage: no redundant copy);
+  the storage it allocates is exactly the bytes it received, none in an identity transition.
 """
 
 import pytest
@@ -79,6 +80,8 @@ def transition_worker(rank, world, model, layout, t_g, p_g, strategies, dtypes, 
                 "recv": stats.recv_bytes,
                 "send": stats.send_bytes,
                 "peak": stats.peak_param_bytes,
+                "alloc": stats.alloc_bytes,
+                "calls": stats.calls,
                 "verified": stats.verified,
                 "mismatches": mismatches,
                 "reused": reused,
@@ -117,12 +120,17 @@ def check_against_plan(results, model, layout, t_g, p_g, strategies, dtypes):
                     # the generation weights are exactly this rank's share M/(t_g p_g) of the model
                     assert got["peak"] == planned[rank].peak_param_bytes == plan.rank_bytes(rank)[1], where
                     assert got["reused"] is True, where
+                    # what the transition allocated is exactly what it received: the peers' pieces
+                    assert got["alloc"] == got["recv"], where
+                    if gen.is_identity:  # nothing moves, nothing is allocated, no call is made
+                        assert got["alloc"] == got["recv"] == got["calls"] == 0, where
 
 
 FAST = [
     # (model, train p,t,d, t_g, p_g): the paper's example and PP folding into micro-DP
     ("tiny-llama", (1, 4, 2), 2, 1),
     ("tiny-llama", (2, 2, 2), 2, 1),
+    ("tiny-llama", (1, 2, 1), 2, 1),  # identity: t_g = t
 ]
 SLOW = [
     ("tiny-llama", (1, 2, 2), 1, 1),

@@ -65,6 +65,33 @@ def test_plan_from_recipe(capsys):
     assert out["model"] == "tiny-llama" and out["train"] == {"p": 1, "t": 2, "d": 1} and out["d_g"] == 2
 
 
+def test_identity_transition_is_planned_and_shown(capsys):
+    """t_g = t, p_g = p: no collective, 0 bytes, each rank's training shard is its generation
+    shard, and the table says whether the torch engine then reads it in place."""
+    from rl3d.hybrid_engine.plan import plan_transition
+    from rl3d.models.spec import get_model_spec
+    from rl3d.parallel import ParallelLayout
+
+    plan = plan_transition(
+        get_model_spec("tiny-llama"), ParallelLayout(2, 2, 2), 2, 2, strategies=("hybridflow",)
+    )
+    hf = plan.strategies["hybridflow"]
+    assert hf.collectives == [] and hf.comm_bytes_max == 0 and hf.redundant_bytes == 0
+    assert all(r.peak_param_bytes == plan.rank_bytes(r.rank)[0] for r in hf.ranks)  # the training shard
+    recipe = str(ROOT / "recipes/quickstart_cpu_grpo.yaml")
+    out = run_json(capsys, recipe, "rollout.t_g=2", "--strategy", "hybridflow")
+    assert out["identity"] is True and out["strategies"]["hybridflow"]["comm_bytes_max"] == 0
+    assert run_json(capsys, recipe, "--strategy", "hybridflow")["identity"] is False  # t_g = 1 < t = 2
+
+    def text(*overrides):
+        assert main(["plan", recipe, "rollout.t_g=2", *overrides, "--strategy", "hybridflow"]) == 0
+        return capsys.readouterr().out
+
+    assert "reads the training parameters in place (0 bytes copied)" in text()
+    assert "rollout.dtype=bfloat16 makes the torch engine hold a cast copy" in text("rollout.dtype=bfloat16")
+    assert "identity" not in text("rollout.t_g=1")
+
+
 def test_human_table_summarises_big_worlds(capsys):
     assert main(["plan", "--model", "llama2-70b", "--train", "4,8,4", "--gen", "8,1"]) == 0
     out = capsys.readouterr().out
