@@ -42,6 +42,7 @@ def prompt_batch(items) -> DataBatch:
             "prompt_text": [i.prompt_text for i in items],
             "answer": [i.answer for i in items],
             "source": [i.source for i in items],
+            "data_source": [i.data_source for i in items],
             "index": [i.index for i in items],
         },
         info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},

@@ -19,6 +19,11 @@ With ``on_bad_row: skip`` each bad row is logged with ``file:row`` (rows count f
 each file), recorded in `dataset.bad_rows` and skipped; with ``on_bad_row: error`` the first one
 raises `DataError`. A dataset with no usable row is always an error.
 
+An answer check that routes by source (``answer_check.by_source``, the check of
+`reward.fn_by_source`) is called as ``check(answer, data_source)`` with the row's
+`SOURCE_COLUMN`, which the files must then have; a source with no reward is a `DataError`
+naming the file, row and source (a recipe error, never skipped).
+
 `PromptItem.index` is the item's position in the dataset (``dataset[i].index == i``); the
 sampler and the rewards refer to prompts by it. `source` is where it came from (``file:row``).
 
@@ -40,6 +45,7 @@ from rl3d.data.synthetic import get_synthetic_task
 logger = logging.getLogger(__name__)
 
 _MAX_LOGGED_BAD_ROWS = 20
+SOURCE_COLUMN = "data_source"  # verl's: which dataset a row comes from, so which reward scores it
 
 
 class DataError(ValueError):
@@ -53,6 +59,7 @@ class PromptItem:
     prompt_text: str
     answer: Any
     source: str  # "file:row" (row from 0) or "synthetic:<task>:<i>"
+    data_source: str | None = None  # the row's SOURCE_COLUMN, read when the reward routes by it
 
 
 @dataclass
@@ -135,6 +142,7 @@ class _ParquetLoader:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.answer_check = answer_check
+        self.by_source = bool(getattr(answer_check, "by_source", False))
         self.template_cols = template_columns(cfg.template)
         self.items: list[PromptItem] = []
         self.bad_rows: list[tuple[str, str]] = []
@@ -166,7 +174,12 @@ class _ParquetLoader:
                 f"{path}: the reward needs answers but the file has no column {cfg.answer_key!r} "
                 f"(data.answer_key); columns: {available}"
             )
+        if self.by_source and SOURCE_COLUMN not in names:
+            raise DataError(
+                f"{path}: reward.fn_by_source needs a {SOURCE_COLUMN!r} column; columns: {available}"
+            )
         wanted = [cfg.prompt_key, *self.template_cols, *([cfg.answer_key] if has_answer else [])]
+        wanted += [SOURCE_COLUMN] if self.by_source else []
         columns = list(dict.fromkeys(wanted))
         row = 0
         for group in range(parquet.num_row_groups):
@@ -175,14 +188,17 @@ class _ParquetLoader:
                 row += 1
 
     def _add_row(self, record: dict[str, Any], source: str) -> None:
+        data_source = record.get(SOURCE_COLUMN)
         try:
-            text, prompt_ids, answer = self._parse_row(record)
+            text, prompt_ids, answer = self._parse_row(record, data_source)
         except _BadRow as bad:
             self._bad(source, str(bad))
             return
-        self.items.append(PromptItem(len(self.items), prompt_ids, text, answer, source))
+        except LookupError as err:  # the routed answer check: this source has no reward
+            raise DataError(f"{source}: {err}") from None
+        self.items.append(PromptItem(len(self.items), prompt_ids, text, answer, source, data_source))
 
-    def _parse_row(self, record: dict[str, Any]) -> tuple[str, list[int], Any]:
+    def _parse_row(self, record: dict[str, Any], data_source: str | None) -> tuple[str, list[int], Any]:
         cfg = self.cfg
         prompt = record[cfg.prompt_key]
         if prompt is None:
@@ -213,7 +229,8 @@ class _ParquetLoader:
             if answer is None:
                 raise _BadRow(f"missing answer (column {cfg.answer_key!r} is null)")
             try:
-                answer = self.answer_check(answer)
+                by_source = (data_source,) if self.by_source else ()
+                answer = self.answer_check(answer, *by_source)
             except (ValueError, TypeError) as err:
                 raise _BadRow(f"unparsable answer {answer!r}: {err}") from None
         return text, prompt_ids, answer

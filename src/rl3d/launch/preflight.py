@@ -134,6 +134,7 @@ def _check_data(check: _Check) -> None:
     import pyarrow.parquet as pq
 
     from rl3d.data import DataError, template_columns
+    from rl3d.data.dataset import SOURCE_COLUMN
     from rl3d.rewards import answer_check_for
 
     cfg = check.cfg
@@ -160,6 +161,7 @@ def _check_data(check: _Check) -> None:
         wanted = [("data.prompt_key", cfg.data.prompt_key)]
         wanted += [("data.template", c) for c in columns]
         wanted += [("data.answer_key", cfg.data.answer_key)] if needs_answer else []
+        wanted += [("reward.fn_by_source", SOURCE_COLUMN)] if cfg.reward.fn_by_source is not None else []
         for what, column in wanted:
             if column not in have:
                 raise check.fail(
@@ -172,6 +174,7 @@ def _check_imports(check: _Check) -> None:
 
     cfg = check.cfg
     named = [("reward.fn", cfg.reward.fn), ("reward.cost_fn", cfg.reward.cost_fn)]
+    named += [(f"reward.fn_by_source.{k}", v) for k, v in (cfg.reward.fn_by_source or {}).items()]
     named += [(f"trainer.hooks.{k}", v) for k, v in cfg.trainer.hooks.items()]
     named += [(f"roles.{k}.worker", r.worker) for k, r in cfg.roles.items()]
     for key, path in named:
