@@ -14,7 +14,7 @@ STAMP   := $(VENV)/.rl3d-installed
 PYTEST  := $(BIN)/python -m pytest
 RECIPE  ?= recipes/quickstart_cpu_grpo.yaml
 
-.PHONY: install install-gpu test test-all test-gpu gpu-wheels lint demo bench clean
+.PHONY: install install-gpu test test-all test-gpu gpu-wheels lint demo bench real-model clean
 
 install: $(STAMP)
 
@@ -69,6 +69,10 @@ bench: $(STAMP)
 	$(BIN)/rl3d bench transition --mode modeled --paper-layouts --overhead measured \
 	  --overhead-fit results/transition/overhead_fit.json
 	$(BIN)/python benchmarks/async_bench.py
+
+# The real SmolLM2-135M-Instruct as an HF directory in the model cache (once; prints its path).
+real-model: $(STAMP)
+	$(BIN)/rl3d models fetch smollm2-135m
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

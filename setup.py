@@ -49,6 +49,9 @@ TRANSFORMER_ENGINE = "transformer-engine[core_cu13,pytorch]>=2.9,<2.12"
 # extra when one is missing). In [dev] too, so CI runs their tests: about 70 s more install
 # from an empty pip cache (README). mlflow-skinny: the tracking client without the server.
 TRACK = ["wandb>=0.20", "mlflow-skinny>=2.10"]  # wandb: reinit="create_new"
+# `rl3d models fetch` dequantizes a GGUF checkpoint with transformers, which needs these
+# (rl3d.models.hub.CONVERTER_PACKAGES). In [dev] too, so CI's real-model tests run.
+REAL = ["gguf>=0.10", "accelerate>=1.0"]
 
 setup(
     name="rl3d",
@@ -78,7 +81,8 @@ setup(
         # CUDA-only: never installed on CPU machines (`make install-gpu`). apex: see README.
         "gpu": [GPU_TORCH, SGLANG, TRANSFORMER_ENGINE, "ninja"],  # ninja: the kernels' JIT build
         "track": TRACK,
-        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK],
+        "real": REAL,
+        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK, *REAL],
     },
     entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},
     ext_modules=EXT_MODULES,

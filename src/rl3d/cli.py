@@ -1,4 +1,4 @@
-"""The `rl3d` command: train, validate, plan, bench, slurm, convert, export.
+"""The `rl3d` command: train, validate, plan, bench, slurm, convert, export, models.
 
 Each subcommand parses its own arguments and calls into the package; this module only routes.
 Exit codes: 0 ok, 1 a run or submission that failed, 2 bad input (recipe, arguments).
@@ -125,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-shard-size", type=parse_size, default=5 * 10**9, help="largest safetensors file (default 5GB)"
     )
     export.set_defaults(func=_cmd_export)
+    models = sub.add_parser("models", help="real pretrained models: `rl3d models fetch smollm2-135m`")
+    from rl3d.models.cli_models import add_models_arguments, run_models
+
+    add_models_arguments(models)
+    models.set_defaults(func=run_models)
     slurm = sub.add_parser(
         "slurm", help="write an sbatch script into the run dir and submit it; status, cancel"
     )

@@ -44,12 +44,20 @@ class ModelConfig:
     # A spec name from rl3d.models.MODEL_SPECS (shapes), e.g. tiny-llama, llama2-70b; None: the
     # shapes come from hf_path's config.json (rl3d.models.spec.spec_of). With both, they must agree.
     name: str | None = None
-    hf_path: str | None = None  # HF directory with weights + tokenizer; None = random init
+    # HF directory with weights + tokenizer, or a known model's name (rl3d.models.hub, e.g.
+    # smollm2-135m) that resolves to its fetched directory; None = random init.
+    hf_path: str | None = None
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
 
     def __post_init__(self) -> None:
+        from rl3d.models.hub import resolve_model_path
         from rl3d.models.spec import get_model_spec
 
+        if self.hf_path:
+            try:
+                object.__setattr__(self, "hf_path", resolve_model_path(str(self.hf_path)))
+            except ValueError as err:
+                raise FieldError("hf_path", str(err)) from None
         if self.name is None:
             if not self.hf_path:
                 raise FieldError("name", "missing required key (or set model.hf_path, an HF directory)")
