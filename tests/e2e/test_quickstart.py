@@ -1,6 +1,7 @@
 """The CPU quickstarts end to end: real torchrun, megatron actor at tp=2, reshard to t_g=1,
 torch rollout engine, GRPO / PPO, checkpoints."""
 
+import json
 import math
 
 import pytest
@@ -45,7 +46,26 @@ def test_grpo_quickstart_logs_planner_bytes_and_matching_logprobs(t_g, tmp_path)
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     assert resolved["trainer"]["total_steps"] == 3
     assert (run_dir / "reward_curve.png").stat().st_size > 0
-    assert "mean reward" in (run_dir / "summary.txt").read_text()
+    summary = (run_dir / "summary.txt").read_text()
+    assert "mean reward" in summary and "a sample (step 3, reward " in summary
+    # logging.samples (4 by default): decoded responses, one per prompt; the synthetic task has
+    # no end id, so every response runs to max_new_tokens as it always did
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1] * 4 + [2] * 4 + [3] * 4
+    for s in samples:
+        assert set(s) == {
+            "step",
+            "split",
+            "prompt",
+            "response",
+            "reward",
+            "finish_reason",
+            "num_tokens",
+            "source",
+        }
+        assert s["split"] == "train" and s["finish_reason"] == "length" and s["num_tokens"] == 8
+        assert len(s["response"].split()) == 8 and 0.0 <= s["reward"] <= 1.0
+    assert len({s["source"] for s in samples[:4]}) == 4
 
 
 def test_reward_function_that_raises_stops_the_run_naming_the_prompt(tmp_path):

@@ -63,6 +63,17 @@ def test_validation_metrics_curve_and_trackers(val_run, monkeypatch):
         and float(by_step[2]["val/score_greedy"]) == val[2]["val/score_greedy"]
     )
     assert "validation: greedy score" in (val_run / "summary.txt").read_text()
+    samples = [json.loads(line) for line in (val_run / "samples.jsonl").read_text().splitlines()]
+    val_samples = [s for s in samples if s["split"] == "val"]  # the greedy answers, 4 per validation
+    assert [s["step"] for s in val_samples] == [0] * 4 + [2] * 4 + [3] * 4
+    assert [s["step"] for s in samples if s["split"] == "train"] == [1] * 4 + [2] * 4 + [3] * 4
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(val_run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {"samples/train/text_summary", "samples/val/text_summary"} <= tags
+    assert [e.step for e in events.Tensors("samples/val/text_summary")] == VAL_STEPS
     assert (val_run / "reward_curve.png").stat().st_size > 0
 
     if "wandb" in TRACKERS:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from rl3d.config.agent import MultiTurnConfig
 from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig
+from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.errors import FieldError
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.validation import ValidationFields
@@ -208,7 +209,10 @@ class RolloutConfig:
     top_p: float = 1.0
     top_k: int = -1  # -1 = off
     max_new_tokens: int = 64
+    # Generation stops at these and, unless ignore_eos, at the model's end ids for text data
+    # (generation_config.json's, config.json's and the tokenizer's: rl3d.rollout.stops)
     stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
     # the rollout engine's weights and compute; None: the training dtype (model.dtype). A lower
     # precision than training makes the rollout-training mismatch that rollout_correction fixes
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
@@ -346,36 +350,6 @@ class AlgorithmConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SyntheticDataConfig:
-    task: str = "copy_first"  # a task from rl3d.data.synthetic
-    num_prompts: int = 512
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        _positive(self, "num_prompts")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataConfig:
-    train_files: list[str] = field(default_factory=list)  # parquet files
-    synthetic: SyntheticDataConfig | None = None  # used when train_files is empty
-    prompt_key: str = "prompt"
-    answer_key: str = "answer"
-    template: str = "{prompt}"
-    tokenizer: str | None = None  # HF tokenizer dir; None = the model's, or the synthetic vocab
-    max_prompt_length: int = 64
-    prompts_per_step: int = 8
-    shuffle: bool = True
-    on_bad_row: Literal["skip", "error"] = "skip"
-    val_files: list[str] = field(default_factory=list)  # parquet prompts for trainer.val_every
-
-    def __post_init__(self) -> None:
-        _positive(self, "max_prompt_length", "prompts_per_step")
-        if not self.train_files and self.synthetic is None:
-            raise FieldError("train_files", "give parquet files, or a data.synthetic block")
-
-
-@dataclass(frozen=True, kw_only=True)
 class RewardConfig:
     fn: str = "synthetic"  # a built-in reward name, or a user function "package.module:function"
     # Route each row's reward by its data_source column: {source: reward name}, over the
@@ -418,6 +392,11 @@ class LoggingConfig:
     tensorboard: bool = True
     progress: bool = True
     trackers: list[str] | None = None  # tensorboard|wandb|mlflow; None: [tensorboard] (config.tracking)
+    # decoded responses per step (and per validation) in samples.jsonl (rl3d.logging.samples); 0 = off
+    samples: int = 4
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "samples")
 
 
 @dataclass(frozen=True, kw_only=True)

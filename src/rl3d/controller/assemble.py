@@ -42,7 +42,7 @@ def prompt_batch(items) -> DataBatch:
             "prompt_text": [i.prompt_text for i in items],
             "answer": [i.answer for i in items],
             "source": [i.source for i in items],
-            "data_source": [i.data_source for i in items],
+            "data_source": [i.data_source for i in items],  # data.source_key's column, or None
             "index": [i.index for i in items],
         },
         info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
@@ -245,6 +245,14 @@ def assemble_trainer(
         algorithm=algorithm,
     )
     trainer.history = history
+    if writes and cfg.logging.samples:
+        from rl3d.logging.samples import SamplesLog
+        from rl3d.rollout.stops import end_token_ids
+
+        texts = [s for s in sinks if hasattr(s, "log_text")]  # TensorBoard's Text tab
+        trainer.samples = SamplesLog(
+            run_dir, data.tokenizer, num=cfg.logging.samples, end_ids=end_token_ids(cfg), text_sinks=texts
+        )
     if cfg.trainer.validates:
         from rl3d.controller.validation import Validator
 
@@ -256,5 +264,6 @@ def assemble_trainer(
             sinks=sinks,
             run_dir=run_dir,
             writes=writes,
+            samples=trainer.samples,
         )
     return trainer

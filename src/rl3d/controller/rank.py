@@ -16,15 +16,11 @@ from typing import Any
 from rl3d.config import RL3DConfig
 from rl3d.config.pools import Pool, hosting, role_pools
 from rl3d.config.roles import ACTOR, RoleSpec, role_table
+from rl3d.data.tokenizer import tokenizer_path
 
 logger = logging.getLogger(__name__)
 
 INIT_WEIGHTS = "init_weights"  # run_dir subfolder: the actor's initial weights, for other pools
-
-
-def tokenizer_path(cfg: RL3DConfig) -> str | None:
-    """data.tokenizer, else the model's (text data only): synthetic tasks speak token ids."""
-    return cfg.data.tokenizer or (cfg.model.hf_path if cfg.data.train_files else None)
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""End-of-run outputs: the metrics as CSV, a reward-curve PNG and a one-screen summary."""
+"""End-of-run outputs: the metrics as CSV, a reward-curve PNG and a one-screen summary (with
+the last step's first sample from samples.jsonl)."""
 
 from __future__ import annotations
 
@@ -51,13 +52,34 @@ def write_summary(cfg: RL3DConfig, history: list[dict[str, float]], run_dir: Pat
         *_kl_line(history[-k:]),
         *validation_summary(run_dir),
         *(f"  {key:<22} {history[-1][key]:.6g}" for key in HEADLINE if key in history[-1]),
+        *sample_lines(run_dir),
         f"total time {sum(h.get('time/step', 0.0) for h in history):.1f} s; outputs in {run_dir}: "
-        "metrics.jsonl, metrics.csv, reward_curve.png, resolved_config.yaml",
+        "metrics.jsonl, samples.jsonl, metrics.csv, reward_curve.png, resolved_config.yaml",
     ]
     text = "\n".join(lines)
     (run_dir / "summary.txt").write_text(text + "\n")
     logger.info("summary\n%s", text)
     return text
+
+
+def sample_lines(run_dir: Path, width: int = 200) -> list[str]:
+    """The last training sample of samples.jsonl: the prompt's end (the question and the
+    generation prompt) and the response's start, one line each, newlines shown as \\n."""
+    from rl3d.logging.samples import last_sample
+
+    record = last_sample(run_dir)
+    if record is None:
+        return []
+    prompt = record["prompt"].replace("\n", "\\n")
+    response = record["response"].replace("\n", "\\n")
+    prompt = prompt if len(prompt) <= width else "..." + prompt[-width:]
+    response = response if len(response) <= width else response[:width] + "..."
+    return [
+        f"a sample (step {record['step']}, reward {record['reward']:.4g}, {record['finish_reason']}, "
+        f"{record['num_tokens']} tokens):",
+        f"  prompt:   {prompt}",
+        f"  response: {response}",
+    ]
 
 
 def _kl_line(rows: list[dict[str, float]]) -> list[str]:

@@ -84,6 +84,7 @@ class RLTrainer:
         self.agree = agree  # the backend's: True everywhere once any controller's flag is set
         self.algorithm = algorithm  # rl3d.algos.Algorithm: estimator, policy loss, hooks
         self.validation = NoValidation()  # or rl3d.controller.validation.Validator (trainer.val_every)
+        self.samples = None  # rl3d.logging.samples.SamplesLog on the writing process (logging.samples)
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
@@ -131,6 +132,8 @@ class RLTrainer:
                 batch, kl_coef=self.kl_ctl.value, max_response_length=cfg.rollout.max_new_tokens
             )
         metrics |= adv_metrics | response_stats(batch)
+        if self.samples is not None:
+            self.samples.log(step, batch)
         for stage, method, group in self.roles.stages("update"):
             with t(stage):
                 metrics |= group.call(method, batch) or {}

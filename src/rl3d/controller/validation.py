@@ -111,15 +111,25 @@ class Validator:
     """Runs validation when due; `after(step)` returns the `val/*` metrics to log with the step."""
 
     def __init__(
-        self, cfg: RL3DConfig, rollout, score, prompts: list, *, sinks: list, run_dir: Path, writes: bool
+        self,
+        cfg: RL3DConfig,
+        rollout,
+        score,
+        prompts: list,
+        *,
+        sinks: list,
+        run_dir: Path,
+        writes: bool,
+        samples=None,
     ):
         """`rollout(prompts, step=, greedy=) -> batch`: the trainer's generation call
         (`RLTrainer.rollout`: the actor's ranks, or the separate rollout pool);
         `score(batch, metrics) -> batch`: the trainer's scoring (the reward group, then any
-        learned reward or cost model)."""
+        learned reward or cost model); `samples`: the run's `SamplesLog`, which gets the first
+        greedy answers (`split: val`)."""
         assert prompts, "validation needs prompts"
         self.cfg, self.rollout, self.score, self.prompts = cfg, rollout, score, prompts
-        self.sinks, self.run_dir, self.writes = sinks, Path(run_dir), writes
+        self.sinks, self.run_dir, self.writes, self.samples = sinks, Path(run_dir), writes, samples
         self.num_samples = validation_samples(cfg)
 
     def start(self, start_step: int) -> None:
@@ -142,8 +152,8 @@ class Validator:
 
         started, rng = time.perf_counter(), capture_rng_state()
         try:
-            greedy = self._generate(greedy=True, repeats=1)
-            sampled = self._generate(greedy=False, repeats=self.num_samples // self.cfg.rollout.n)
+            greedy = self._generate(step, greedy=True, repeats=1)
+            sampled = self._generate(step, greedy=False, repeats=self.num_samples // self.cfg.rollout.n)
         finally:
             restore_rng_state(rng)
         metrics: dict[str, float] = {}
@@ -170,7 +180,7 @@ class Validator:
             self._append_csv(step, metrics)
         return metrics
 
-    def _generate(self, *, greedy: bool, repeats: int) -> dict[str, Any]:
+    def _generate(self, step: int, *, greedy: bool, repeats: int) -> dict[str, Any]:
         """Scores and response lengths of every response; sampled ones grouped by prompt."""
         from rl3d.controller.assemble import prompt_batch
         from rl3d.workers.rollout_worker import POLICY_VERSION
@@ -188,6 +198,8 @@ class Validator:
                 batch = self.rollout(prompts, step=seed_step, greedy=greedy)
                 call += 1
                 batch = self.score(batch, {})
+                if greedy and lo == 0 and self.samples is not None:
+                    self.samples.log(step, batch, split="val")
                 for key in SCORE_KEYS:
                     if key in batch:
                         out[key] += batch[key].tolist()

@@ -10,7 +10,9 @@ Parquet files (see `rl3d.data.dataset`), or a synthetic task (`rl3d.data.synthet
 `data.train_files` is empty. `python -m rl3d.data.gsm8k` converts GSM8K jsonl into parquet.
 """
 
-from rl3d.data.dataset import DataError, PromptDataset, PromptItem, load_prompt_dataset, template_columns
+from rl3d.data.columns import check_first_row, check_layout
+from rl3d.data.dataset import PromptDataset, PromptItem, load_prompt_dataset, template_columns
+from rl3d.data.errors import DataError
 from rl3d.data.sampler import PromptSampler
 from rl3d.data.synthetic import SYNTHETIC_TASKS, SyntheticTask, get_synthetic_task, register_synthetic_task
 from rl3d.data.tokenizer import EOS_ID, PAD_ID, SYMBOL_BASE, SyntheticTokenizer, load_tokenizer
@@ -26,6 +28,8 @@ __all__ = [
     "PromptSampler",
     "SyntheticTask",
     "SyntheticTokenizer",
+    "check_first_row",
+    "check_layout",
     "get_synthetic_task",
     "load_prompt_dataset",
     "load_tokenizer",

@@ -1,14 +1,31 @@
 """Prompt datasets: parquet files (or a synthetic task) -> tokenized `PromptItem`s.
 
-Parquet rows become prompts through `data.template` (``str.format`` over the row's columns, so
-``"{question}\nAnswer:"`` works) and ``tokenizer.encode(text)`` (an HF tokenizer adds its own
-special tokens, e.g. Llama's BOS; no chat template is applied). Files are read one row group at a time and
-only the columns the template, `prompt_key` and `answer_key` need.
+A row's prompt (`data.prompt_key`, a column or a dotted field path, see `rl3d.config.data`) is
+text or chat messages:
 
-Errors of the *recipe* (a missing file, a template naming a column the file lacks, a bad
-template) raise `DataError` naming the file and the column. Errors of a *row* are bad rows:
+- text goes through `data.template` (``str.format`` over the row's columns, so
+  ``"{question}\nAnswer:"`` works) and ``tokenizer.encode(text)`` (an HF tokenizer adds its own
+  special tokens, e.g. Llama's BOS);
+- messages (``[{role, content}]``, verl's and TRL's layout), and text too with
+  ``data.chat_template: always``, go through the tokenizer's chat template with the generation
+  prompt, `data.system_prompt` first when the conversation has no system message; the result
+  is encoded without added special tokens (the template writes its own). `prompt_text` is the
+  framed text the model sees.
 
-- the prompt (`prompt_key`) or another template column is null; the prompt is not a string;
+Files are read one row group at a time and only the columns the keys and the template need.
+The answer is `data.answer_key` (unset: `answer`, else verl's `reward_model.ground_truth`) and the
+data source `data.source_key` (`data_source`) when the file has it. The answer check of
+`reward.fn_by_source` (``answer_check.by_source``) is called as ``check(answer, data_source)``,
+the column is then required, and a source with no reward is a `DataError` naming the file, row
+and source (a recipe error, never a skipped row).
+
+Errors of the *recipe* (a missing file, a column missing or of the wrong type, a template naming
+a column the file lacks, a chat template the tokenizer does not have) raise `DataError` naming
+the file and the key (`rl3d.data.columns.check_layout`, which the preflight runs too). Errors of
+a *row* are bad rows:
+
+- the prompt or another template column is null; the prompt is neither a string nor a list of
+  messages; a message is not ``{role, content}`` with a known role and string content;
 - the formatted prompt is empty (whitespace only) or fails to tokenize;
 - it has more than `max_prompt_length` tokens. Such prompts are *rejected*, not truncated: a
   cut question is a different question, and its reward would be noise;
@@ -18,11 +35,6 @@ template) raise `DataError` naming the file and the column. Errors of a *row* ar
 With ``on_bad_row: skip`` each bad row is logged with ``file:row`` (rows count from 0 within
 each file), recorded in `dataset.bad_rows` and skipped; with ``on_bad_row: error`` the first one
 raises `DataError`. A dataset with no usable row is always an error.
-
-An answer check that routes by source (``answer_check.by_source``, the check of
-`reward.fn_by_source`) is called as ``check(answer, data_source)`` with the row's
-`SOURCE_COLUMN`, which the files must then have; a source with no reward is a `DataError`
-naming the file, row and source (a recipe error, never skipped).
 
 `PromptItem.index` is the item's position in the dataset (``dataset[i].index == i``); the
 sampler and the rewards refer to prompts by it. `source` is where it came from (``file:row``).
@@ -40,16 +52,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, overload
 
+from rl3d.data.columns import answer_key_of, check_layout, column_of, messages_of, type_at, value_at
+from rl3d.data.errors import DataError
 from rl3d.data.synthetic import get_synthetic_task
 
 logger = logging.getLogger(__name__)
 
 _MAX_LOGGED_BAD_ROWS = 20
-SOURCE_COLUMN = "data_source"  # verl's: which dataset a row comes from, so which reward scores it
-
-
-class DataError(ValueError):
-    """The data cannot be used as configured; the message names the file (and row or column)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ class PromptItem:
     prompt_text: str
     answer: Any
     source: str  # "file:row" (row from 0) or "synthetic:<task>:<i>"
-    data_source: str | None = None  # the row's SOURCE_COLUMN, read when the reward routes by it
+    data_source: str | None = None  # the row's `data.source_key` column, when the file has one
 
 
 @dataclass
@@ -142,6 +151,7 @@ class _ParquetLoader:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.answer_check = answer_check
+        # the check of reward.fn_by_source: called with the row's data source too
         self.by_source = bool(getattr(answer_check, "by_source", False))
         self.template_cols = template_columns(cfg.template)
         self.items: list[PromptItem] = []
@@ -158,53 +168,63 @@ class _ParquetLoader:
             parquet = pq.ParquetFile(path)
         except (pa.ArrowException, OSError) as err:
             raise DataError(f"{path}: not a readable parquet file: {err}") from None
-        names = set(parquet.schema_arrow.names)
-        available = ", ".join(parquet.schema_arrow.names)
-        for column in self.template_cols:
-            if column not in names:
-                raise DataError(
-                    f"{path}: data.template {cfg.template!r} names column {column!r}, "
-                    f"which the file lacks; columns: {available}"
-                )
-        if cfg.prompt_key not in names:
-            raise DataError(f"{path}: no column {cfg.prompt_key!r} (data.prompt_key); columns: {available}")
-        has_answer = cfg.answer_key in names
-        if self.answer_check is not None and not has_answer:
+        schema = parquet.schema_arrow
+        messages = check_layout(
+            path, schema, cfg, template_columns=self.template_cols, needs_answer=self.answer_check is not None
+        )
+        if messages or cfg.chat_template == "always":
+            self._check_chat_template(path)
+        answer_key = answer_key_of(cfg, schema)
+        answer_key = answer_key if answer_key and type_at(schema, answer_key) is not None else None
+        source_key = cfg.source_key if type_at(schema, cfg.source_key) is not None else None
+        if self.by_source and source_key is None:
             raise DataError(
-                f"{path}: the reward needs answers but the file has no column {cfg.answer_key!r} "
-                f"(data.answer_key); columns: {available}"
+                f"{path}: reward.fn_by_source needs each row's source, but the file has no column "
+                f"{cfg.source_key!r} (data.source_key); columns: {', '.join(schema.names)}"
             )
-        if self.by_source and SOURCE_COLUMN not in names:
-            raise DataError(
-                f"{path}: reward.fn_by_source needs a {SOURCE_COLUMN!r} column; columns: {available}"
-            )
-        wanted = [cfg.prompt_key, *self.template_cols, *([cfg.answer_key] if has_answer else [])]
-        wanted += [SOURCE_COLUMN] if self.by_source else []
+        keys = [k for k in (cfg.prompt_key, answer_key, source_key) if k]
+        wanted = [column_of(k, schema.names) for k in keys] + ([] if messages else self.template_cols)
         columns = list(dict.fromkeys(wanted))
         row = 0
         for group in range(parquet.num_row_groups):
             for record in parquet.read_row_group(group, columns=columns).to_pylist():
-                self._add_row(record, f"{path}:{row}")
+                self._add_row(record, f"{path}:{row}", answer_key, source_key)
                 row += 1
 
-    def _add_row(self, record: dict[str, Any], source: str) -> None:
-        data_source = record.get(SOURCE_COLUMN)
+    def _check_chat_template(self, path: str) -> None:
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise DataError(
+                f"{path}: the prompts need a chat template (data.chat_template: {self.cfg.chat_template}), "
+                f"but the tokenizer has none ({type(self.tokenizer).__name__}; data.tokenizer names one)"
+            )
+
+    def _add_row(self, record: dict[str, Any], source: str, answer_key: str | None, source_key: str | None):
+        data_source = value_at(record, source_key) if source_key else None
         try:
-            text, prompt_ids, answer = self._parse_row(record, data_source)
+            text, prompt_ids, answer = self._parse_row(record, answer_key, data_source)
         except _BadRow as bad:
             self._bad(source, str(bad))
             return
-        except LookupError as err:  # the routed answer check: this source has no reward
+        except LookupError as err:  # reward.fn_by_source has no reward for this row's source
             raise DataError(f"{source}: {err}") from None
         self.items.append(PromptItem(len(self.items), prompt_ids, text, answer, source, data_source))
 
-    def _parse_row(self, record: dict[str, Any], data_source: str | None) -> tuple[str, list[int], Any]:
+    def _prompt_text(self, record: dict[str, Any]) -> tuple[str, bool]:
+        """The prompt as text, and whether it is already framed by the chat template."""
         cfg = self.cfg
-        prompt = record[cfg.prompt_key]
+        prompt = value_at(record, cfg.prompt_key)
         if prompt is None:
             raise _BadRow(f"missing prompt (column {cfg.prompt_key!r} is null)")
+        if isinstance(prompt, list):
+            try:
+                return self._chat(messages_of(prompt)), True
+            except ValueError as err:
+                raise _BadRow(f"column {cfg.prompt_key!r}: {err}") from None
         if not isinstance(prompt, str):
-            raise _BadRow(f"prompt is {type(prompt).__name__}, not a string (column {cfg.prompt_key!r})")
+            raise _BadRow(
+                f"prompt is {type(prompt).__name__}, not a string or a list of messages "
+                f"(column {cfg.prompt_key!r})"
+            )
         for column in self.template_cols:
             if record[column] is None:
                 raise _BadRow(f"column {column!r} used by data.template is null")
@@ -214,8 +234,31 @@ class _ParquetLoader:
             raise _BadRow(f"data.template cannot format this row: {err!r}") from None
         if not text.strip():
             raise _BadRow("empty prompt after applying data.template")
+        if cfg.chat_template == "always":
+            return self._chat([{"role": "user", "content": text}]), True
+        return text, False
+
+    def _chat(self, messages: list[dict[str, str]]) -> str:
+        if self.cfg.system_prompt is not None and messages[0]["role"] != "system":
+            messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
         try:
-            prompt_ids = [int(t) for t in self.tokenizer.encode(text)]
+            return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as err:  # the template's own checks (e.g. roles must alternate)
+            raise _BadRow(f"the chat template failed: {err!r}") from None
+
+    def _parse_row(
+        self, record: dict[str, Any], answer_key: str | None, data_source: str | None
+    ) -> tuple[str, list[int], Any]:
+        cfg = self.cfg
+        text, framed = self._prompt_text(record)
+        try:
+            # the chat template writes its own special tokens (a BOS among them where the model has one)
+            ids = (
+                self.tokenizer.encode(text, add_special_tokens=False)
+                if framed
+                else self.tokenizer.encode(text)
+            )
+            prompt_ids = [int(t) for t in ids]
         except Exception as err:
             raise _BadRow(f"tokenizer failed: {err!r}") from None
         if not prompt_ids:
@@ -224,13 +267,14 @@ class _ParquetLoader:
             raise _BadRow(
                 f"prompt has {len(prompt_ids)} tokens > data.max_prompt_length {cfg.max_prompt_length}"
             )
-        answer = record.get(cfg.answer_key)
+        answer = value_at(record, answer_key) if answer_key else None
         if self.answer_check is not None:
             if answer is None:
-                raise _BadRow(f"missing answer (column {cfg.answer_key!r} is null)")
+                raise _BadRow(f"missing answer (column {answer_key!r} is null)")
             try:
-                by_source = (data_source,) if self.by_source else ()
-                answer = self.answer_check(answer, *by_source)
+                answer = (
+                    self.answer_check(answer, data_source) if self.by_source else self.answer_check(answer)
+                )
             except (ValueError, TypeError) as err:
                 raise _BadRow(f"unparsable answer {answer!r}: {err}") from None
         return text, prompt_ids, answer

@@ -69,6 +69,12 @@ class SyntheticTokenizer:
         return f"SyntheticTokenizer(vocab_size={self.vocab_size})"
 
 
+def tokenizer_path(cfg: Any) -> str | None:
+    """Run `cfg`'s tokenizer (an `RL3DConfig`): `data.tokenizer`, else the model's directory for
+    text data; None: the synthetic vocabulary (synthetic tasks speak token ids)."""
+    return cfg.data.tokenizer or (cfg.model.hf_path if cfg.data.train_files else None)
+
+
 def load_tokenizer(path: str | None, *, vocab_size: int) -> Any:
     """An HF tokenizer from the local directory `path`, a class named ``"package.module:Class"``
     built with `vocab_size`, or a `SyntheticTokenizer(vocab_size)`.

@@ -9,8 +9,11 @@ already checked the recipe as data; this module looks at the machine and the use
 - `model.hf_path` holds an HF directory (config.json + safetensors) or an rl3d Megatron weight
   directory whose shapes are those of `model.name` (`rl3d.models.spec.spec_of`), or, with the
   name unset, whose shapes the run takes;
-- every `data.train_files` entry is a readable parquet file with the prompt column, the
-  template's columns and (when the reward needs answers) the answer column;
+- every `data.train_files` and `data.val_files` entry is a readable parquet file whose columns
+  the data config can read (`rl3d.data.check_layout`): the prompt column, text or chat
+  messages (the first row's messages well formed), the template's columns, the answer (when
+  the reward needs answers) and data-source columns of a usable type; dotted keys reach into
+  struct columns; prompts framed by the chat template need a tokenizer directory that has one;
 - user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
 - the run directory (`check_run_dir`): a run never mixes with another. `checkpoint.resume:
   never` into a directory holding an earlier run is refused unless the user passes
@@ -133,8 +136,8 @@ def _check_data(check: _Check) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from rl3d.data import DataError, template_columns
-    from rl3d.data.dataset import SOURCE_COLUMN
+    from rl3d.data import DataError, check_first_row, check_layout, template_columns
+    from rl3d.data.columns import type_at
     from rl3d.rewards import answer_check_for
 
     cfg = check.cfg
@@ -148,25 +151,63 @@ def _check_data(check: _Check) -> None:
     except DataError as err:
         raise check.fail("data.template", str(err)) from None
     needs_answer = answer_check_for(cfg.reward, cfg.data) is not None
-    for i, name in enumerate(cfg.data.train_files):
-        key = f"data.train_files[{i}]"
+    files = [(f"data.train_files[{i}]", name) for i, name in enumerate(cfg.data.train_files)]
+    files += [(f"data.val_files[{i}]", name) for i, name in enumerate(cfg.data.val_files)]
+    for key, name in files:
         if check.absent_ok and not Path(name).exists():
             continue
         if not Path(name).is_file():
             raise check.fail(key, f"{name}: no such file")
         try:
-            have = pq.read_schema(name).names
+            schema = pq.read_schema(name)
         except (pa.ArrowException, OSError) as err:
             raise check.fail(key, f"{name}: not a readable parquet file ({_first_line(err)})") from None
-        wanted = [("data.prompt_key", cfg.data.prompt_key)]
-        wanted += [("data.template", c) for c in columns]
-        wanted += [("data.answer_key", cfg.data.answer_key)] if needs_answer else []
-        wanted += [("reward.fn_by_source", SOURCE_COLUMN)] if cfg.reward.fn_by_source is not None else []
-        for what, column in wanted:
-            if column not in have:
-                raise check.fail(
-                    key, f"{name} has no column {column!r} ({what}); its columns: {', '.join(have)}"
-                )
+        try:  # columns and their types; a messages column's first row (its roles)
+            messages = check_layout(
+                name, schema, cfg.data, template_columns=columns, needs_answer=needs_answer
+            )
+            check_first_row(name, cfg.data, messages=messages)
+        except DataError as err:
+            raise check.fail(key, str(err)) from None
+        if cfg.reward.fn_by_source is not None and type_at(schema, cfg.data.source_key) is None:
+            raise check.fail(
+                key,
+                f"{name}: reward.fn_by_source needs each row's source, but the file has no column "
+                f"{cfg.data.source_key!r} (data.source_key); its columns: {', '.join(schema.names)}",
+            )
+        if (messages or cfg.data.chat_template == "always") and not _has_chat_template(check):
+            raise check.fail(
+                "data.chat_template",
+                f"{name}: the prompts need the tokenizer's chat template, but "
+                f"{_tokenizer_dir(check) or 'the synthetic tokenizer'} has none",
+            )
+
+
+def _tokenizer_dir(check: _Check) -> str | None:
+    """The run's HF tokenizer directory (None: a synthetic vocabulary)."""
+    from rl3d.data.tokenizer import tokenizer_path
+    from rl3d.utils.imports import is_import_path
+
+    path = tokenizer_path(check.cfg)
+    return None if path is None or is_import_path(path) else path
+
+
+def _has_chat_template(check: _Check) -> bool:
+    """Whether the tokenizer directory has a chat template (transformers writes it to
+    chat_template.jinja, older versions into tokenizer_config.json), read without loading it."""
+    path = _tokenizer_dir(check)
+    if path is None:
+        return False
+    directory = Path(path)
+    if not directory.is_dir():
+        return check.absent_ok  # checked where it exists
+    if (directory / "chat_template.jinja").is_file() or (directory / "chat_template.json").is_file():
+        return True
+    config = directory / "tokenizer_config.json"
+    try:
+        return bool(config.is_file() and json.loads(config.read_text()).get("chat_template"))
+    except ValueError:
+        return False
 
 
 def _check_imports(check: _Check) -> None:
@@ -190,6 +231,7 @@ def _check_imports(check: _Check) -> None:
 RUN_OUTPUTS = (
     "checkpoints",
     "metrics.jsonl",
+    "samples.jsonl",
     "metrics.csv",
     "tensorboard",
     "logs",

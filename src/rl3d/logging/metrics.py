@@ -51,7 +51,8 @@ class JsonlMetricsWriter:
 
 
 def drop_rows_after(run_dir: str | os.PathLike, step: int) -> int:
-    """Keep only rows up to `step` in ``metrics.jsonl``, ``metrics.csv`` and ``validation.csv``.
+    """Keep only rows up to `step` in ``metrics.jsonl``, ``samples.jsonl``, ``metrics.csv`` and
+    ``validation.csv``.
 
     A resumed run continues from its checkpoint's step; rows a killed run logged after it would
     otherwise sit next to the new run's rows for the same steps. Each file is rewritten to a
@@ -59,12 +60,12 @@ def drop_rows_after(run_dir: str | os.PathLike, step: int) -> int:
     """
     run_dir = Path(run_dir)
     dropped = 0
-    jsonl = run_dir / "metrics.jsonl"
-    if jsonl.is_file():
-        lines = jsonl.read_text(encoding="utf-8").splitlines(keepends=True)
-        kept = [line for line in lines if line.strip() and _step_of_json(line) <= step]
-        dropped += len([line for line in lines if line.strip()]) - len(kept)
-        _replace_text(jsonl, "".join(kept))
+    for jsonl in (run_dir / "metrics.jsonl", run_dir / "samples.jsonl"):
+        if jsonl.is_file():
+            lines = jsonl.read_text(encoding="utf-8").splitlines(keepends=True)
+            kept = [line for line in lines if line.strip() and _step_of_json(line) <= step]
+            dropped += len([line for line in lines if line.strip()]) - len(kept)
+            _replace_text(jsonl, "".join(kept))
     for csv_path in (run_dir / "metrics.csv", run_dir / "validation.csv"):  # validation's: step 0 on
         dropped += _drop_csv_rows(csv_path, step)
     return dropped
@@ -123,6 +124,11 @@ class TensorBoardWriter:
                 continue  # TensorBoard scalars only; JSONL keeps the rest
             tag = key if "/" in key else f"{worker}/{key}"
             self._writer.add_scalar(tag, value, global_step=step)
+        self._writer.flush()
+
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """Markdown in TensorBoard's Text tab (`rl3d.logging.samples`)."""
+        self._writer.add_text(tag, text, global_step=step)
         self._writer.flush()
 
     def close(self) -> None:

@@ -58,12 +58,12 @@ from rl3d.rollout.sglang_weights import (
     hf_names,
     hf_tensors,
     is_torchrun_var,
-    model_eos_token_ids,
     plan_buckets,
     sglang_launch_env,
     sglang_server_args,
     to_sglang_sampling,
 )
+from rl3d.rollout.stops import model_eos_token_ids
 from rl3d.utils.device import current_gpu, empty_cache
 
 logger = logging.getLogger(__name__)

@@ -12,10 +12,8 @@ fields of SGLang's `FlattenedTensorMetadata` (`load_format="flattened_bucket"`).
 from __future__ import annotations
 
 import inspect
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -166,20 +164,6 @@ def sglang_server_args(
     return args
 
 
-def model_eos_token_ids(model_path: str) -> frozenset[int]:
-    """The EOS ids SGLang stops at unless `ignore_eos` (sglang's ModelConfig._get_hf_eos_token_id:
-    config.json's `eos_token_id` united with generation_config.json's)."""
-    ids: set[int] = set()
-    for name in ("config.json", "generation_config.json"):
-        path = Path(model_path) / name
-        if not path.is_file():
-            continue
-        value = json.loads(path.read_text()).get("eos_token_id")
-        if value is not None:
-            ids |= {value} if isinstance(value, int) else set(value)
-    return frozenset(ids)
-
-
 # -- Megatron -> HF ----------------------------------------------------------------------------
 def hf_names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
     """Megatron global name -> the HF names its tensors get (output layer absent when tied)."""
@@ -275,17 +259,18 @@ def unflatten_bucket(flat: torch.Tensor, entries: list[BucketEntry]) -> list[tup
 
 def to_sglang_sampling(params: Any, sample_index: int, eos_token_ids: Iterable[int] = ()) -> dict[str, Any]:
     """SGLang's per-request sampling dict for sample `sample_index` of a `SamplingParams`, with
-    the torch engine's stopping rule: stop at `stop_token_ids` only. SGLang's `ignore_eos` turns
-    off the stop ids as well as the model's EOS (`eos_token_ids`), so without stop ids it is on,
-    and with them the model's EOS ids must be among them (else SGLang would stop where the torch
-    engine does not: ValueError)."""
+    the torch engine's stopping rule: stop at `stop_token_ids` only (the run's resolved stops:
+    `rollout.stop_token_ids` and, by default, the model's end ids, `rl3d.rollout.stops`).
+    SGLang's `ignore_eos` turns off the stop ids as well as the model's EOS (`eos_token_ids`), so
+    without stop ids it is on, and with them the model's EOS ids must be among them (else SGLang
+    would stop where the torch engine does not: ValueError)."""
     stops = sorted(set(params.stop_token_ids))
     extra = sorted(set(eos_token_ids) - set(stops))
     if stops and extra:
         raise ValueError(
             f"rollout.stop_token_ids={stops}: SGLang also stops at the model's EOS ids {extra} "
-            "(config.json / generation_config.json), which the torch engine does not; "
-            "add them to rollout.stop_token_ids"
+            "(config.json / generation_config.json), which the torch engine does not with "
+            "rollout.ignore_eos: true; add them to rollout.stop_token_ids or drop ignore_eos"
         )
     out: dict[str, Any] = {
         "temperature": float(params.temperature),

@@ -51,8 +51,10 @@ def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bo
     """The engine's sampling for a step's rollout on one generation-DP rank: the recipe's
     `rollout` settings and a seed of (trainer seed, step, rank), the same wherever it runs
     (colocated actor or a separate rollout pool). `greedy`: one temperature-0 response per
-    prompt (ReMax's baseline, validation's greedy answers)."""
+    prompt (ReMax's baseline, validation's greedy answers). It stops at `rollout.stop_token_ids`
+    and the model's end ids (`rl3d.rollout.stops`)."""
     from rl3d.rollout import SamplingParams
+    from rl3d.rollout.stops import stop_token_ids
 
     ro = cfg.rollout
     params = SamplingParams(
@@ -60,7 +62,7 @@ def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bo
         top_p=ro.top_p,
         top_k=ro.top_k,
         max_new_tokens=ro.max_new_tokens,
-        stop_token_ids=tuple(ro.stop_token_ids),
+        stop_token_ids=stop_token_ids(cfg),
         n=ro.n,
         seed=cfg.trainer.seed * 100003 + step * 1009 + gen_dp_rank,
     )

@@ -207,3 +207,49 @@ def test_slurm_checks_what_exists_here(capsys, tmp_path, parquet):
     code = main([*base, "trainer.seed=-5"])
     assert code == EXIT_BAD_INPUT
     assert_one_line(capsys.readouterr().err, "trainer.seed")
+
+
+@pytest.fixture(scope="module")
+def chat_data(tmp_path_factory):
+    """verl-layout parquet files (one good, one of ShareGPT roles, one of word lists) and a
+    tokenizer directory with a chat template."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rl3d.testing.chat import save_chat_tokenizer, verl_row, write_verl_parquet
+
+    root = tmp_path_factory.mktemp("chat")
+    rows = [verl_row("what is two ?", "2", 0), verl_row("what is three ?", "3", 1)]
+    good = write_verl_parquet(root / "verl.parquet", rows)
+    shared = [dict(row, prompt=[{"role": "human", "content": "what is two ?"}]) for row in rows]
+    sharegpt = write_verl_parquet(root / "sharegpt.parquet", shared)
+    words = root / "words.parquet"
+    pq.write_table(pa.table({"prompt": [["what", "is"]], "answer": ["1"]}), words)
+    return {"good": good, "sharegpt": sharegpt, "words": words, "tok": save_chat_tokenizer(root / "tok")}
+
+
+def test_chat_data_column_types_and_roles(capsys, tmp_path, chat_data):
+    tok = f"data.tokenizer={chat_data['tok']}"
+    err = train_fails(capsys, tmp_path, f"data.train_files=[{chat_data['sharegpt']}]", tok)
+    assert_one_line(
+        err,
+        "data.train_files[0]",
+        "sharegpt.parquet:0: column 'prompt' (data.prompt_key): message 0 has role 'human'",
+    )
+    err = train_fails(capsys, tmp_path, f"data.train_files=[{chat_data['words']}]", tok)
+    assert_one_line(err, "data.train_files[0]", "column 'prompt' (data.prompt_key) is list<element: string>")
+    good = f"data.train_files=[{chat_data['good']}]"
+    err = train_fails(capsys, tmp_path, good, tok, f"data.val_files=[{chat_data['words']}]")
+    assert_one_line(err, "data.val_files[0]", "words.parquet: column 'prompt' (data.prompt_key) is list")
+    err = train_fails(capsys, tmp_path, f"data.train_files=[{chat_data['good']}]")  # synthetic vocabulary
+    assert_one_line(err, "data.chat_template", "verl.parquet: the prompts need the tokenizer's chat template")
+    code, err = run_cli(
+        capsys,
+        "validate",
+        "--preflight",
+        GRPO,
+        f"data.train_files=[{chat_data['good']}]",
+        tok,
+        "reward.fn=gsm8k",
+    )
+    assert code == 0, err

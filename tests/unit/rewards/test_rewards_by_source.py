@@ -96,7 +96,7 @@ def test_loading_stops_at_a_source_without_a_reward(tmp_path):
         load_prompt_dataset(cfg, SyntheticTokenizer(256), answer_check=check)
     plain = tmp_path / "plain.parquet"
     pq.write_table(pa.table({"prompt": ["1 1"], "answer": ["2"]}), str(plain))
-    with pytest.raises(DataError, match="reward.fn_by_source needs a 'data_source' column"):
+    with pytest.raises(DataError, match="reward.fn_by_source needs each row's source.*'data_source'"):
         load_prompt_dataset(DataConfig(train_files=[str(plain)]), SyntheticTokenizer(256), answer_check=check)
 
 
