@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from rl3d.data.gsm8k_synth import SOURCE as GSM8K_SYNTH_SOURCE
 from rl3d.data.synthetic import SYNTHETIC_TASKS, SyntheticTask, get_synthetic_task
 from rl3d.rewards.base import RewardFn, RewardInput
 from rl3d.rewards.math_boxed import math_answer_check, math_reward
@@ -137,9 +138,10 @@ def answer_check_for(reward_cfg: Any, data_cfg: Any) -> Callable[..., Any] | Non
     return _answer_check_named(_resolve_name(reward_cfg, data_cfg))
 
 
-# The reward of each well-known `data_source`, as verl routes them.
+# The reward of each well-known `data_source`, as verl routes them (and rl3d's own problems).
 SOURCE_REWARDS: dict[str, str] = {
     "openai/gsm8k": "gsm8k",
+    GSM8K_SYNTH_SOURCE: "gsm8k",
     "lighteval/MATH": "math",
     "DigitalLearningGmbH/MATH-lighteval": "math",
     "HuggingFaceH4/MATH-500": "math",

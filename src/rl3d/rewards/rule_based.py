@@ -97,3 +97,15 @@ def math_exact_reward(inp: RewardInput) -> float:
     if inp.answer is None:
         raise ValueError("the prompt has no answer")
     return 1.0 if _normalise_ws(inp.response_text) == _normalise_ws(str(inp.answer)) else 0.0
+
+
+def gsm8k_rates(step: int, batch, metrics: dict) -> dict[str, float]:
+    """A `trainer.hooks.on_rollout_end` hook for the `gsm8k_format_credit` reward, whose scores
+    tell the two apart: the step's exact-answer rate (`gsm8k/exact`, score 1.0) and format rate
+    (`gsm8k/format`, a ``#### <number>`` right or wrong: score >= `FORMAT_CREDIT`)."""
+    scores = [float(s) for s in batch["score"]]
+    n = max(len(scores), 1)
+    return {
+        "gsm8k/exact": sum(s == 1.0 for s in scores) / n,
+        "gsm8k/format": sum(s >= FORMAT_CREDIT for s in scores) / n,
+    }

@@ -100,3 +100,14 @@ def test_math_exact_reward():
     assert math_exact_reward(_inp("42", 42)) == 1.0
     with pytest.raises(ValueError, match="no answer"):
         math_exact_reward(_inp("42", None))
+
+
+def test_gsm8k_rates_reads_exact_and_format_from_the_credit_scores():
+    import torch
+
+    from rl3d.rewards.rule_based import gsm8k_rates
+
+    scores = [gsm8k_format_credit_reward(_inp(text, "7")) for text in ("#### 7", "#### 6", "seven", "7")]
+    assert scores == [1.0, 0.1, 0.0, 0.0]
+    rates = gsm8k_rates(step=1, batch={"score": torch.tensor(scores)}, metrics={})
+    assert rates == {"gsm8k/exact": 0.25, "gsm8k/format": 0.5}
