@@ -1,16 +1,20 @@
 """GSM8K-style word problems that rl3d makes itself, in verl's RL parquet layout.
 
-    python -m rl3d.data.gsm8k_synth --out data/gsm8k_synth --steps 1 --max-number 10
+    python -m rl3d.data.gsm8k_synth --out data/gsm8k_synth [--steps 1 --max-number 5 --ops add]
 
 writes ``train.parquet`` and ``val.parquet`` (distinct questions). Each row is what verl's GSM8K
 preprocessing writes, with its own source:
 
 - ``data_source``: ``rl3d/gsm8k_synth`` (scored by the GSM8K scorer: `rl3d.rewards.SOURCE_REWARDS`)
-- ``prompt``: ``[{"role": "user", "content": question + " " + INSTRUCTION}]`` (``--system`` puts a
-  system message first; ``--instruction`` replaces verl's instruction)
+- ``prompt``: ``[{"role": "user", "content": question}]``; ``--instruction verl`` appends verl's
+  instruction (`INSTRUCTION`, "Let's think step by step ... after ####"), ``--instruction TEXT``
+  another; ``--system`` puts a system message first
 - ``ability``: ``math``; ``reward_model``: ``{"style": "rule", "ground_truth": "<int>"}``
 - ``extra_info``: ``{"split", "index", "question", "answer"}``, where ``answer`` is a worked
   solution in GSM8K's form, ending in ``#### <int>``.
+
+The defaults are what `recipes/quickstart_cpu_smollm2_gsm8k.yaml` trains on: one addition with
+numbers up to 5, the question alone (the recipe's system prompt shows the answer form).
 
 Difficulty: ``steps`` is the number of operations after the starting amount, ``max_number``
 bounds every number in the question, ``ops`` picks from ``add``, ``sub`` and ``mul`` (``mul``
@@ -171,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-val", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--steps", type=int, default=1, help="operations after the starting amount")
-    parser.add_argument("--max-number", type=int, default=10, help="largest number in a question")
-    parser.add_argument("--ops", default="add,sub", help=f"comma-separated, from {','.join(OPS)}")
+    parser.add_argument("--max-number", type=int, default=5, help="largest number in a question")
+    parser.add_argument("--ops", default="add", help=f"comma-separated, from {','.join(OPS)}")
     parser.add_argument("--system", default=None, help="a system message put before each question")
-    parser.add_argument("--instruction", default=INSTRUCTION, help="appended to each question ('' for none)")
+    parser.add_argument("--instruction", default="", help="appended to each question ('verl': verl's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
             max_number=args.max_number,
             ops=tuple(op.strip() for op in args.ops.split(",") if op.strip()),
             system=args.system,
-            instruction=args.instruction,
+            instruction=INSTRUCTION if args.instruction == "verl" else args.instruction,
         )
     except (OSError, ValueError) as err:
         logger.error("%s", err)

@@ -67,7 +67,7 @@ def test_bad_difficulty_is_refused():
 
 
 def test_cli_writes_train_and_val_without_overlap(tmp_path):
-    assert main(["--out", str(tmp_path), "--num-train", "40", "--num-val", "8", "--max-number", "5"]) == 0
+    assert main(["--out", str(tmp_path), "--num-train", "40", "--num-val", "8", "--instruction", "verl"]) == 0
     train = pq.read_table(tmp_path / "train.parquet").to_pylist()
     val = pq.read_table(tmp_path / "val.parquet").to_pylist()
     assert (len(train), len(val)) == (40, 8) and {r["extra_info"]["split"] for r in val} == {"val"}
