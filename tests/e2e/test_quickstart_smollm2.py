@@ -49,4 +49,4 @@ def test_the_smollm2_quickstart_trains_a_few_steps(tmp_path, smollm2_dir):
     assert any(r["response/stop_fraction"] > 0 for r in rows.values())  # the chat model's EOS ends answers
     samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert samples and samples[0]["prompt"].startswith("<|im_start|>system\nGive the calculation")
-    assert "<|im_end|>" not in samples[0]["response"]
+    assert {s["finish_reason"] for s in samples} <= {"eos", "length"}
