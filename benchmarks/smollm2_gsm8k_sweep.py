@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import shlex
 import statistics
@@ -46,6 +47,7 @@ COLUMNS += ["gain", "train_s", "wall_s", "load_avg", "meets_goal"]
 def run_seed(recipe: Path, seed: int, overrides: list[str], run_dir: Path) -> dict:
     load_before = os.getloadavg()[0]
     steps, wall = train_run(recipe, run_dir, [f"trainer.seed={seed}", *overrides])
+    rates_from_samples(run_dir, steps)
     row: dict = {"seed": seed, "steps": len(steps), "curves": {}}
     for name, key in KEYS.items():
         values = [r[key] for r in steps]
@@ -59,6 +61,33 @@ def run_seed(recipe: Path, seed: int, overrides: list[str], run_dir: Path) -> di
     row["meets_goal"] = row["gain"] >= GOAL_GAIN and row["train_s"] < GOAL_TRAIN_S
     row["step_rows"] = steps
     return row
+
+
+def rates_from_samples(run_dir: Path, steps: list[dict]) -> None:
+    """With `logging.samples` at least a step's responses, read `gsm8k/exact` and `gsm8k/format`
+    from the text in samples.jsonl: right for any reward (the hook reads them from the scores
+    of `gsm8k_format_credit`, and cannot see the format under the strict `gsm8k`)."""
+    import yaml
+    from rl3d.rewards.rule_based import extract_gsm8k_answer
+
+    path = run_dir / "samples.jsonl"
+    if not path.is_file():
+        return
+    cfg = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
+    per_step = cfg["data"]["prompts_per_step"] * cfg["rollout"]["n"]
+    by_step: dict[int, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        sample = json.loads(line)
+        if sample.get("split", "train") == "train":
+            by_step.setdefault(sample["step"], []).append(sample)
+    for row in steps:
+        samples = by_step.get(row["step"], [])
+        if len(samples) < per_step:  # logging.samples below the step's responses: keep the hook's
+            continue
+        row["gsm8k/format"] = statistics.fmean(
+            extract_gsm8k_answer(s["response"], strict=True) is not None for s in samples
+        )
+        row["gsm8k/exact"] = statistics.fmean(s["reward"] == 1.0 for s in samples)
 
 
 def spread(rows: list[dict], key: str) -> str:
