@@ -14,7 +14,7 @@ STAMP   := $(VENV)/.rl3d-installed
 PYTEST  := $(BIN)/python -m pytest
 RECIPE  ?= recipes/quickstart_cpu_grpo.yaml
 
-.PHONY: install install-gpu test test-all test-gpu gpu-wheels lint demo bench real-model clean
+.PHONY: install install-gpu test test-all test-gpu gpu-wheels lint demo bench real-model quickstart-smollm2 clean
 
 install: $(STAMP)
 
@@ -73,6 +73,12 @@ bench: $(STAMP)
 # The real SmolLM2-135M-Instruct as an HF directory in the model cache (once; prints its path).
 real-model: $(STAMP)
 	$(BIN)/rl3d models fetch smollm2-135m
+
+# The real-model quickstart: GRPO on SmolLM2-135M-Instruct with GSM8K-style problems that rl3d
+# writes once into data/gsm8k_synth (docs/quickstart_smollm2.md); a fresh run directory each time.
+quickstart-smollm2: real-model
+	test -f data/gsm8k_synth/train.parquet || $(BIN)/python -m rl3d.data.gsm8k_synth --out data/gsm8k_synth
+	$(BIN)/rl3d train recipes/quickstart_cpu_smollm2_gsm8k.yaml trainer.run_dir=runs/smollm2-gsm8k-$$(date +%Y%m%d-%H%M%S)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

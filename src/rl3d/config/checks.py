@@ -151,11 +151,16 @@ def _check_reward_names(cfg: RL3DConfig, fail) -> None:
     from rl3d.utils.imports import is_import_path
 
     checks = (("reward.fn", cfg.reward.fn, lambda: resolve_reward_fn(cfg.reward, cfg.data)),)
+    if cfg.reward.fn_by_source is not None:  # resolves its built-in names and reward.fn's
+        checks = (("reward.fn_by_source", "by source", lambda: resolve_reward_fn(cfg.reward, cfg.data)),)
     checks += (("reward.cost_fn", cfg.reward.cost_fn, lambda: resolve_cost_fn(cfg.reward)),)
     for key, name, resolve in checks:
         if name is None or is_import_path(name):
             continue
         try:
             resolve()
-        except ValueError as err:
-            raise fail(key, str(err).removeprefix(f"{key}: ")) from None
+        except ValueError as err:  # "reward.fn_by_source.openai/gsm8k: unknown reward ..."
+            where, sep, message = str(err).partition(": ")
+            if not (sep and where.startswith(key)):
+                where, message = key, str(err)
+            raise fail(where, message) from None

@@ -352,6 +352,9 @@ class AlgorithmConfig:
 @dataclass(frozen=True, kw_only=True)
 class RewardConfig:
     fn: str = "synthetic"  # a built-in reward name, or a user function "package.module:function"
+    # Route each row's reward by its data_source column: {source: reward name}, over the
+    # built-in sources (rl3d.rewards.registry.SOURCE_REWARDS); other sources fall back to `fn`
+    fn_by_source: dict[str, str] | None = None
     # A cost per response (higher = worse), named like `fn`: Safe-RLHF trains against it, the
     # other estimators only log it (cost/mean)
     cost_fn: str | None = None

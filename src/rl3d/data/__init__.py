@@ -7,7 +7,8 @@
     batch = sampler.next_batch()  # list[PromptItem]
 
 Parquet files (see `rl3d.data.dataset`), or a synthetic task (`rl3d.data.synthetic`) when
-`data.train_files` is empty. `python -m rl3d.data.gsm8k` converts GSM8K jsonl into parquet.
+`data.train_files` is empty. `python -m rl3d.data.gsm8k` converts GSM8K jsonl into parquet;
+`python -m rl3d.data.gsm8k_synth` writes GSM8K-style problems of its own in verl's layout.
 """
 
 from rl3d.data.columns import check_first_row, check_layout

@@ -14,7 +14,10 @@ text or chat messages:
 
 Files are read one row group at a time and only the columns the keys and the template need.
 The answer is `data.answer_key` (unset: `answer`, else verl's `reward_model.ground_truth`) and the
-data source `data.source_key` (`data_source`) when the file has it.
+data source `data.source_key` (`data_source`) when the file has it. The answer check of
+`reward.fn_by_source` (``answer_check.by_source``) is called as ``check(answer, data_source)``,
+the column is then required, and a source with no reward is a `DataError` naming the file, row
+and source (a recipe error, never a skipped row).
 
 Errors of the *recipe* (a missing file, a column missing or of the wrong type, a template naming
 a column the file lacks, a chat template the tokenizer does not have) raise `DataError` naming
@@ -148,6 +151,8 @@ class _ParquetLoader:
         self.cfg = cfg
         self.tokenizer = tokenizer
         self.answer_check = answer_check
+        # the check of reward.fn_by_source: called with the row's data source too
+        self.by_source = bool(getattr(answer_check, "by_source", False))
         self.template_cols = template_columns(cfg.template)
         self.items: list[PromptItem] = []
         self.bad_rows: list[tuple[str, str]] = []
@@ -172,6 +177,11 @@ class _ParquetLoader:
         answer_key = answer_key_of(cfg, schema)
         answer_key = answer_key if answer_key and type_at(schema, answer_key) is not None else None
         source_key = cfg.source_key if type_at(schema, cfg.source_key) is not None else None
+        if self.by_source and source_key is None:
+            raise DataError(
+                f"{path}: reward.fn_by_source needs each row's source, but the file has no column "
+                f"{cfg.source_key!r} (data.source_key); columns: {', '.join(schema.names)}"
+            )
         keys = [k for k in (cfg.prompt_key, answer_key, source_key) if k]
         wanted = [column_of(k, schema.names) for k in keys] + ([] if messages else self.template_cols)
         columns = list(dict.fromkeys(wanted))
@@ -189,12 +199,14 @@ class _ParquetLoader:
             )
 
     def _add_row(self, record: dict[str, Any], source: str, answer_key: str | None, source_key: str | None):
+        data_source = value_at(record, source_key) if source_key else None
         try:
-            text, prompt_ids, answer = self._parse_row(record, answer_key)
+            text, prompt_ids, answer = self._parse_row(record, answer_key, data_source)
         except _BadRow as bad:
             self._bad(source, str(bad))
             return
-        data_source = value_at(record, source_key) if source_key else None
+        except LookupError as err:  # reward.fn_by_source has no reward for this row's source
+            raise DataError(f"{source}: {err}") from None
         self.items.append(PromptItem(len(self.items), prompt_ids, text, answer, source, data_source))
 
     def _prompt_text(self, record: dict[str, Any]) -> tuple[str, bool]:
@@ -234,7 +246,9 @@ class _ParquetLoader:
         except Exception as err:  # the template's own checks (e.g. roles must alternate)
             raise _BadRow(f"the chat template failed: {err!r}") from None
 
-    def _parse_row(self, record: dict[str, Any], answer_key: str | None) -> tuple[str, list[int], Any]:
+    def _parse_row(
+        self, record: dict[str, Any], answer_key: str | None, data_source: str | None
+    ) -> tuple[str, list[int], Any]:
         cfg = self.cfg
         text, framed = self._prompt_text(record)
         try:
@@ -258,7 +272,9 @@ class _ParquetLoader:
             if answer is None:
                 raise _BadRow(f"missing answer (column {answer_key!r} is null)")
             try:
-                answer = self.answer_check(answer)
+                answer = (
+                    self.answer_check(answer, data_source) if self.by_source else self.answer_check(answer)
+                )
             except (ValueError, TypeError) as err:
                 raise _BadRow(f"unparsable answer {answer!r}: {err}") from None
         return text, prompt_ids, answer

@@ -137,6 +137,7 @@ def _check_data(check: _Check) -> None:
     import pyarrow.parquet as pq
 
     from rl3d.data import DataError, check_first_row, check_layout, template_columns
+    from rl3d.data.columns import type_at
     from rl3d.rewards import answer_check_for
 
     cfg = check.cfg
@@ -168,6 +169,12 @@ def _check_data(check: _Check) -> None:
             check_first_row(name, cfg.data, messages=messages)
         except DataError as err:
             raise check.fail(key, str(err)) from None
+        if cfg.reward.fn_by_source is not None and type_at(schema, cfg.data.source_key) is None:
+            raise check.fail(
+                key,
+                f"{name}: reward.fn_by_source needs each row's source, but the file has no column "
+                f"{cfg.data.source_key!r} (data.source_key); its columns: {', '.join(schema.names)}",
+            )
         if (messages or cfg.data.chat_template == "always") and not _has_chat_template(check):
             raise check.fail(
                 "data.chat_template",
@@ -208,6 +215,7 @@ def _check_imports(check: _Check) -> None:
 
     cfg = check.cfg
     named = [("reward.fn", cfg.reward.fn), ("reward.cost_fn", cfg.reward.cost_fn)]
+    named += [(f"reward.fn_by_source.{k}", v) for k, v in (cfg.reward.fn_by_source or {}).items()]
     named += [(f"trainer.hooks.{k}", v) for k, v in cfg.trainer.hooks.items()]
     named += [(f"roles.{k}.worker", r.worker) for k, r in cfg.roles.items()]
     for key, path in named:

@@ -38,6 +38,7 @@ class RewardInput:
     # multi-turn rollouts (rollout.multi_turn): turns, tool calls, observations and counts
     # (`rl3d.rollout.agent_loop.Trajectory.record`); None for single-turn responses
     trajectory: dict[str, Any] | None = None
+    data_source: str | None = None  # the row's data.source_key column (reward.fn_by_source routes by it)
 
 
 RewardFn = Callable[[RewardInput], float]

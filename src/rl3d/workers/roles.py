@@ -367,6 +367,7 @@ class RewardWorker:
                 answer=batch["answer"][i],
                 finish_reason=batch["finish_reason"][i],
                 trajectory=batch["trajectory"][i] if "trajectory" in batch else None,
+                data_source=batch["data_source"][i] if "data_source" in batch else None,
             )
             for i in range(len(batch))
         ]

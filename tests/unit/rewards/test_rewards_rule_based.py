@@ -3,7 +3,7 @@ from decimal import Decimal
 import pytest
 
 from rl3d.rewards import RewardInput, extract_gsm8k_answer, gsm8k_reward, math_exact_reward, parse_number
-from rl3d.rewards.rule_based import gsm8k_answer_check
+from rl3d.rewards.rule_based import gsm8k_answer_check, gsm8k_flexible_reward, gsm8k_format_credit_reward
 
 
 def _inp(response_text, answer):
@@ -35,6 +35,13 @@ def test_extract_gsm8k_answer(text, expected):
     assert extract_gsm8k_answer(text) == expected
 
 
+def test_strict_extraction_needs_the_marker():
+    assert extract_gsm8k_answer("first #### 5, then #### 6", strict=True) == "6"
+    assert extract_gsm8k_answer("#### $1,234.00", strict=True) == "1,234.00"
+    assert extract_gsm8k_answer("The answer is 42", strict=True) is None
+    assert extract_gsm8k_answer("#### seven, so 8", strict=True) is None
+
+
 def test_parse_number():
     assert parse_number("1,200") == parse_number(1200) == parse_number("1200.0") == parse_number(1200.0)
     assert parse_number(" $72. ") == Decimal(72)
@@ -48,20 +55,30 @@ def test_parse_number():
         parse_number(True)
 
 
-@pytest.mark.parametrize(
-    "response, answer, reward",
-    [
-        ("so the total is 1200.\n#### 1,200", "1200", 1.0),
-        ("The answer is 72.0", "72", 1.0),
-        ("#### 72", 72.0, 1.0),
-        ("#### 71", "72", 0.0),
-        ("#### 5 ... wait, 7 apples", "5", 1.0),  # the marker wins over later numbers
-        ("I give up", "5", 0.0),
-        ("#### -2.50", "-2.5", 1.0),
-    ],
-)
-def test_gsm8k_reward(response, answer, reward):
-    assert gsm8k_reward(_inp(response, answer)) == reward
+# (response, answer, strict, flexible, strict with format credit): a chat model's real formats
+GSM8K_CASES = [
+    ("so the total is 1200.\n#### 1,200", "1200", 1.0, 1.0, 1.0),
+    ("3 apples + 4 apples = 7 apples.\n#### 7", "7", 1.0, 1.0, 1.0),
+    ("#### $1,234.00", "1234", 1.0, 1.0, 1.0),  # $, thousands comma and .00 stripped
+    ("####42", "42", 1.0, 1.0, 1.0),
+    ("The answer is 42", "42", 0.0, 1.0, 0.0),  # no "####": strict gives nothing
+    ("The answer is 72.0", "72", 0.0, 1.0, 0.0),
+    ("#### 72", 72.0, 1.0, 1.0, 1.0),
+    ("#### 71", "72", 0.0, 0.0, 0.1),  # well-formed, wrong: the format credit
+    ("12 + 7 = 9\n#### 9", "19", 0.0, 0.0, 0.1),
+    ("#### 5 ... wait, 7 apples", "5", 1.0, 1.0, 1.0),  # the marker wins over later numbers
+    ("#### 4 then #### 5", "5", 1.0, 1.0, 1.0),  # the last marker counts
+    ("#### five", "5", 0.0, 0.0, 0.0),  # a marker without a number is not the format
+    ("I give up", "5", 0.0, 0.0, 0.0),
+    ("#### -2.50", "-2.5", 1.0, 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize("response, answer, strict, flexible, credit", GSM8K_CASES)
+def test_gsm8k_rewards(response, answer, strict, flexible, credit):
+    assert gsm8k_reward(_inp(response, answer)) == strict
+    assert gsm8k_flexible_reward(_inp(response, answer)) == flexible
+    assert gsm8k_format_credit_reward(_inp(response, answer)) == credit
 
 
 def test_gsm8k_reward_with_an_unusable_answer_raises():
@@ -83,3 +100,14 @@ def test_math_exact_reward():
     assert math_exact_reward(_inp("42", 42)) == 1.0
     with pytest.raises(ValueError, match="no answer"):
         math_exact_reward(_inp("42", None))
+
+
+def test_gsm8k_rates_reads_exact_and_format_from_the_credit_scores():
+    import torch
+
+    from rl3d.rewards.rule_based import gsm8k_rates
+
+    scores = [gsm8k_format_credit_reward(_inp(text, "7")) for text in ("#### 7", "#### 6", "seven", "7")]
+    assert scores == [1.0, 0.1, 0.0, 0.0]
+    rates = gsm8k_rates(step=1, batch={"score": torch.tensor(scores)}, metrics={})
+    assert rates == {"gsm8k/exact": 0.25, "gsm8k/format": 0.5}
