@@ -11,9 +11,11 @@ With `packing`, each micro-batch's sequences run as one row without pads (`rl3d.
 and outputs come back in the same per-sample `[B, R]` layout; `max_tokens_per_micro_batch` then
 forms micro-batches by a token budget instead of `micro_batch_size` sequences.
 
-With `response_outputs` (the actor and the reference, which read log-probs of response tokens
-only) the output layer runs on positions P-1 .. T-2 alone: the vocabulary projection, the
-log-softmax over it and their backward then cost R/T of the whole sequence's.
+With `response_outputs` (for roles that read log-probs of response tokens only) the output
+layer runs on positions P-1 .. T-2 alone: the vocabulary projection, the log-softmax over it and
+their backward then cost R/T of the whole sequence's. Training runs leave it off: it rounds
+differently from the whole-sequence forward (within 1e-6, not bit for bit) and showed no
+measured gain on CPU (`benchmarks/real_model_step/profile_update.py ab`).
 """
 
 from __future__ import annotations

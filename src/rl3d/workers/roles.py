@@ -147,7 +147,6 @@ class ActorRolloutWorker(_LogProbMixin):
             total_steps=cfg.trainer.total_steps,
             seed=cfg.trainer.seed,
             hf_path=cfg.model.hf_path,
-            response_outputs=True,
             **_batching(cfg.actor),
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
@@ -324,7 +323,6 @@ class ReferenceWorker(_LogProbMixin):
             seed=cfg.trainer.seed,
             hf_path=path,
             init_from=None if path else ctx.init_from,
-            response_outputs=True,
             **_reference_batching(cfg),
         )
 
