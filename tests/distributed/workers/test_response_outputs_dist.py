@@ -70,6 +70,7 @@ def check(results):
         assert got["logp_diff"] <= TOL and got["grad_diff"] <= TOL, got
 
 
+@pytest.mark.slow  # an option training runs leave off
 def test_output_layer_on_response_positions_only(hf_dir):
     check(run_distributed(worker, 1, str(hf_dir), timeout_s=240))
 
