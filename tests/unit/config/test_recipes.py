@@ -10,6 +10,20 @@ from rl3d.config import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[3]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+REAL_MODEL_RECIPE = "quickstart_cpu_smollm2_gsm8k"
+
+
+def _inputs(recipe: Path, request, tmp_path: Path) -> list[str]:
+    """Overrides for what a recipe needs that `make` makes: the real-model quickstart names the
+    fetched SmolLM2 (fetched here, or the test skips) and problems `make quickstart-smollm2`
+    writes (written into `tmp_path` here)."""
+    if recipe.stem != REAL_MODEL_RECIPE:
+        return []
+    request.getfixturevalue("smollm2_dir")
+    from rl3d.data import gsm8k_synth
+
+    assert gsm8k_synth.main(["--out", str(tmp_path), "--num-train", "8", "--num-val", "4"]) == 0
+    return [f"data.train_files=[{tmp_path}/train.parquet]", f"data.val_files=[{tmp_path}/val.parquet]"]
 
 
 def test_recipes_exist():
@@ -19,11 +33,12 @@ def test_recipes_exist():
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.stem)
-def test_rl3d_validate_accepts_recipe(recipe, capsys):
-    assert main(["validate", str(recipe)]) == 0
+def test_rl3d_validate_accepts_recipe(recipe, capsys, request, tmp_path):
+    overrides = _inputs(recipe, request, tmp_path)
+    assert main(["validate", str(recipe), *overrides]) == 0
     out = capsys.readouterr().out
     printed = yaml.safe_load(out)
-    cfg = load_config(recipe).config
+    cfg = load_config(recipe, overrides).config
     assert printed["model"]["name"] == cfg.model.name
     if printed.get("job") == "reward_model":  # a reward-model training job (rl3d.controller.rm_train)
         assert printed["parallel"]["tp"] == cfg.parallel.tp

@@ -56,9 +56,13 @@ def test_text_data_stops_at_the_model_and_tokenizer_end_ids(inputs):
     assert stop_token_ids(cfg) == () and end_token_ids(cfg) == {2, 3, 5}
 
 
-@pytest.mark.parametrize(
-    "recipe", sorted((ROOT / "recipes").glob("quickstart_cpu_*.yaml")), ids=lambda p: p.stem
-)
+# the synthetic-task quickstarts (the SmolLM2 one is text data: it stops at the model's EOS)
+SYNTHETIC_QUICKSTARTS = [
+    p for p in sorted((ROOT / "recipes").glob("quickstart_cpu_*.yaml")) if "smollm2" not in p.stem
+]
+
+
+@pytest.mark.parametrize("recipe", SYNTHETIC_QUICKSTARTS, ids=lambda p: p.stem)
 def test_cpu_quickstarts_stop_where_they_always_did(recipe):
     """Synthetic tasks have no end id: their stops are the recipe's own list, unchanged."""
     loaded = load_config(recipe, [])
