@@ -73,13 +73,18 @@ def spread(rows: list[dict], key: str) -> str:
     return f"{min(values):.3g} / {statistics.fmean(values):.3g} / {max(values):.3g}"
 
 
-def write_outputs(out: Path, name: str, rows: list[dict], command: str, note: str = "") -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+def write_seed_csv(path: Path, columns: tuple[str, ...], rows: list[dict]) -> None:
+    """One line per seed, floats to 4 decimals (the sweeps' CSV)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         for r in rows:
             writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+
+
+def write_outputs(out: Path, name: str, rows: list[dict], command: str, note: str = "") -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    write_seed_csv(out / f"{name}.csv", COLUMNS, rows)
     lines = [
         f"# demo sweep `{name}`",
         "",

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_sweep import train_run  # noqa: E402 - the same `rl3d train` run
+from demo_sweep import spread, train_run, write_seed_csv  # noqa: E402 - shared with the demo sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes/quickstart_cpu_smollm2_gsm8k.yaml"
@@ -90,18 +90,9 @@ def rates_from_samples(run_dir: Path, steps: list[dict]) -> None:
         row["gsm8k/exact"] = statistics.fmean(s["reward"] == 1.0 for s in samples)
 
 
-def spread(rows: list[dict], key: str) -> str:
-    values = [r[key] for r in rows]
-    return f"{min(values):.3g} / {statistics.fmean(values):.3g} / {max(values):.3g}"
-
-
 def write_outputs(out: Path, name: str, rows: list[dict], command: str, note: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    write_seed_csv(out / f"{name}.csv", COLUMNS, rows)
     with open(out / f"{name}_steps.csv", "w", newline="") as f:
         fields = ["seed", "step", *KEYS.values(), "response/length_mean", "time/step"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")

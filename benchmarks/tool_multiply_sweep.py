@@ -15,7 +15,6 @@ exact operands, exact answer = the tool's result copied), entropy, and the times
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import shlex
 import statistics
@@ -24,7 +23,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo_sweep import train_run  # noqa: E402 - the same `rl3d train` run
+from demo_sweep import spread, train_run, write_seed_csv  # noqa: E402 - shared with the demo sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes/quickstart_cpu_tool_grpo.yaml"
@@ -91,18 +90,9 @@ def arrow(row: dict, key: str) -> str:
     return f"{row[f'first20_{key}']:.3f} -> {row[f'last20_{key}']:.3f}"
 
 
-def spread(rows: list[dict], key: str) -> str:
-    values = [r[key] for r in rows]
-    return f"{min(values):.3g} / {statistics.fmean(values):.3g} / {max(values):.3g}"
-
-
 def write_outputs(out: Path, name: str, rows: list[dict], command: str, note: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: (f"{v:.4f}" if isinstance(v, float) else v) for k, v in r.items()})
+    write_seed_csv(out / f"{name}.csv", COLUMNS, rows)
     lines = [f"# tool demo sweep `{name}`", "", f"`{command}`", ""]
     lines += [
         "| seed | SFT loss first -> last | SFT-only exact answer | exact answer first-20 -> last-20 | "
