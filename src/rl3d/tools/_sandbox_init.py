@@ -76,7 +76,9 @@ def build_root(libc, settings: dict) -> None:
     scratch = settings["scratch"]
     os.mkdir(root + scratch)
     owner = settings["drop_to"] if settings["drop_to"] is not None else os.getuid()
-    options = f"size={settings['disk_mb']}m,nr_inodes={settings['max_files']},mode=0700,uid={owner},gid={owner}"
+    options = (
+        f"size={settings['disk_mb']}m,nr_inodes={settings['max_files']},mode=0700,uid={owner},gid={owner}"
+    )
     mount("rl3d-scratch", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, options)
     os.symlink(scratch, root + "/tmp")
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
@@ -143,7 +145,9 @@ def main() -> int:
         if pid == worker:
             break
     cpu = usage.ru_utime + usage.ru_stime
-    status.write(json.dumps({"wait_status": wait_status, "cpu_seconds": cpu, "wall_killed": bool(wall_killed)}))
+    status.write(
+        json.dumps({"wait_status": wait_status, "cpu_seconds": cpu, "wall_killed": bool(wall_killed)})
+    )
     return 0
 
 

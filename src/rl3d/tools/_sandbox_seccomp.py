@@ -31,6 +31,7 @@ X32_SYSCALL_BIT = 0x40000000
 
 # machine -> (AUDIT_ARCH, syscall numbers by name). Only x86_64 for now: another machine's
 # numbers differ, and a wrong table would block harmless calls or let harmful ones through.
+# fmt: off
 SYSCALLS = {
     "x86_64": (
         0xC000003E,
@@ -51,6 +52,7 @@ SYSCALLS = {
         },
     ),
 }
+# fmt: on
 CLONE, CLONE3 = {"x86_64": (56, 435)}.get(platform.machine(), (None, None))
 
 

@@ -78,7 +78,9 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
             os.chown(scratch, drop_to, drop_to)  # the code may write its scratch dir, nothing of root's
         if sandbox_setup.cgroup_usable(config):
             memory = (config.memory_mb + (config.disk_mb if kernel else 0)) << 20
-            group = RunCgroup.create(max_processes=config.max_processes, memory_bytes=memory, cpus=config.cpus)
+            group = RunCgroup.create(
+                max_processes=config.max_processes, memory_bytes=memory, cpus=config.cpus
+            )
         settings = {
             "isolation": config.isolation,
             "status_fd": status_w,
@@ -95,14 +97,26 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
             "open_files": config.open_files,
             "block_network": config.block_sockets,
         }
-        argv = [*sandbox_setup.launch_prefix(config), sandbox_setup.interpreter(config), "-I", "-S", "-B", LAUNCHER]
+        argv = [
+            *sandbox_setup.launch_prefix(config),
+            sandbox_setup.interpreter(config),
+            "-I",
+            "-S",
+            "-B",
+            LAUNCHER,
+        ]
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=scratch if not kernel else "/",
-            env={"LANG": "C.UTF-8", "PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": scratch, "TMPDIR": scratch},
+            env={
+                "LANG": "C.UTF-8",
+                "PATH": "/usr/local/bin:/usr/bin:/bin",
+                "HOME": scratch,
+                "TMPDIR": scratch,
+            },
             start_new_session=True,  # its own process group: killpg reaches what it starts
             pass_fds=(status_w,),
         )
@@ -111,7 +125,9 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
         stdin = json.dumps(settings).encode() + b"\n" + code.encode("utf-8", errors="replace")
         try:
             # Each output limit counts bytes; a char is at most 4 of them in UTF-8.
-            out, err, wall_timed_out = communicate(proc, stdin, config.wall_seconds, 4 * config.max_output_chars)
+            out, err, wall_timed_out = communicate(
+                proc, stdin, config.wall_seconds, 4 * config.max_output_chars
+            )
         finally:
             _kill_group(proc.pid)
             if group is not None:
@@ -122,7 +138,7 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
             raise RuntimeError(f"sandbox: isolation '{config.isolation}' failed: {status['setup_error']}")
         if not status and not wall_timed_out:
             raise RuntimeError(
-                f"sandbox: the launcher exited ({proc.returncode}) without running the code: {err.text()[-500:]}"
+                f"sandbox: the launcher exited ({proc.returncode}) before the code ran: {err.text()[-500:]}"
             )
         returncode = os.waitstatus_to_exitcode(status["wait_status"]) if status else None
         return SandboxRun(
@@ -174,11 +190,12 @@ def _probe(config: SandboxConfig) -> str | None:
         return "the caller needs os.pidfd_open (Linux 5.3 or later)"
     missing = _sandbox_cgroup.missing_controllers()
     if config.cgroup == "required" and (missing or sandbox_setup.in_user_namespace(config)):
-        return (
-            "tools.python.cgroup is 'required' but the per-run cgroup cannot have "
-            + (", ".join(missing) if missing else "any controller (the trainer is not root)")
+        return "tools.python.cgroup is 'required' but the per-run cgroup cannot have " + (
+            ", ".join(missing) if missing else "any controller (the trainer is not root)"
         )
-    probe = SandboxConfig(**{**config.__dict__, "cpu_seconds": 5, "wall_seconds": 30, "max_output_chars": 4096})
+    probe = SandboxConfig(
+        **{**config.__dict__, "cpu_seconds": 5, "wall_seconds": 30, "max_output_chars": 4096}
+    )
     try:
         run = run_python(PROBE, probe)
     except (OSError, RuntimeError) as err:
@@ -230,17 +247,23 @@ def to_result(run: SandboxRun, config: SandboxConfig) -> ToolResult:
     """The observation of a run; a kill is named by what caused it, as far as the kernel tells."""
     code = run.returncode
     if run.wall_timed_out:
-        return ToolResult(run.stdout, error=f"timed out after {config.wall_seconds:g}s (wall clock)", timed_out=True)
+        return ToolResult(
+            run.stdout, error=f"timed out after {config.wall_seconds:g}s (wall clock)", timed_out=True
+        )
     cpu_limit = max(1, math.ceil(config.cpu_seconds))
     cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.05
     if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_reached):
-        return ToolResult(run.stdout, error=f"CPU time limit of {config.cpu_seconds:g}s exceeded", timed_out=True)
+        return ToolResult(
+            run.stdout, error=f"CPU time limit of {config.cpu_seconds:g}s exceeded", timed_out=True
+        )
     if run.oom_killed:
         return ToolResult(run.stdout, error=f"memory limit of {config.memory_mb} MiB exceeded (killed)")
     if code == -signal.SIGXFSZ:
         return ToolResult(run.stdout, error=f"file size limit of {config.file_mb} MiB exceeded")
     if code != 0:
-        detail = run.stderr.strip() or (f"killed by signal {-code}" if code and code < 0 else f"exit code {code}")
+        detail = run.stderr.strip() or (
+            f"killed by signal {-code}" if code and code < 0 else f"exit code {code}"
+        )
         return ToolResult(run.stdout, error=detail)
     text = run.stdout if not run.stderr else f"{run.stdout}\n[stderr]\n{run.stderr}"
     return ToolResult(text)

@@ -41,7 +41,9 @@ class Capture:
         return f"{text}\n{note}" if self.keep == "head" else f"{note}\n{text}"
 
 
-def communicate(proc: subprocess.Popen, data: bytes, timeout: float, limit: int) -> tuple[Capture, Capture, bool]:
+def communicate(
+    proc: subprocess.Popen, data: bytes, timeout: float, limit: int
+) -> tuple[Capture, Capture, bool]:
     """Write `data` to the process's stdin, read its output until it exits (plus the grace) or
     `timeout` seconds pass; (stdout head, stderr tail, whether the timeout struck). The caller
     kills and reaps the process."""

@@ -48,15 +48,23 @@ class SandboxConfig:
         for key in (*positive, "max_processes", "cpus"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"tools.python.{key} must be > 0, got {getattr(self, key)!r}")
-        for key, modes in (("isolation", ISOLATION_MODES), ("network", NETWORK_MODES), ("cgroup", CGROUP_MODES)):
+        for key, modes in (
+            ("isolation", ISOLATION_MODES),
+            ("network", NETWORK_MODES),
+            ("cgroup", CGROUP_MODES),
+        ):
             if getattr(self, key) not in modes:
                 raise ValueError(f"tools.python.{key} must be one of {modes}, got {getattr(self, key)!r}")
         if self.open_files < 16:
-            raise ValueError(f"tools.python.open_files must be >= 16 (Python needs a few), got {self.open_files}")
+            raise ValueError(
+                f"tools.python.open_files must be >= 16 (Python needs a few), got {self.open_files}"
+            )
         if self.user is not None and not 0 < self.user < 2**32 - 1:
             raise ValueError(f"tools.python.user must be a uid > 0 or None, got {self.user!r}")
         if self.isolation == "kernel" and self.network != "namespace":
-            raise ValueError("tools.python.network 'audit' needs isolation 'process' (kernel isolation has its own)")
+            raise ValueError(
+                "tools.python.network 'audit' needs isolation 'process' (kernel isolation has its own)"
+            )
         if self.network == "audit" and not self.block_sockets:
             raise ValueError("tools.python: network 'audit' with block_sockets false leaves the network open")
 
