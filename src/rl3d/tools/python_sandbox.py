@@ -39,11 +39,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rl3d.tools import sandbox_setup
-from rl3d.tools._sandbox_cgroup import RunCgroup
+from rl3d.tools._sandbox_cgroup import RunCgroup, missing_controllers
+from rl3d.tools._sandbox_seccomp import supported as seccomp_problem
 from rl3d.tools.base import Tool, ToolResult, register_tool
 from rl3d.tools.sandbox_io import communicate
-from rl3d.tools.sandbox_setup import SandboxConfig
+from rl3d.tools.sandbox_setup import (
+    SandboxConfig,
+    cgroup_usable,
+    drop_to,
+    in_user_namespace,
+    interpreter,
+    launch_prefix,
+    log_weaker_isolation,
+    read_only_binds,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +82,10 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
     group = None
     status_r, status_w = os.pipe()
     try:
-        drop_to = sandbox_setup.drop_to(config)
-        if not kernel and drop_to is not None:
-            os.chown(scratch, drop_to, drop_to)  # the code may write its scratch dir, nothing of root's
-        if sandbox_setup.cgroup_usable(config):
+        uid = drop_to(config)
+        if not kernel and uid is not None:
+            os.chown(scratch, uid, uid)  # the code may write its scratch dir, nothing of root's
+        if cgroup_usable(config):
             memory = (config.memory_mb + (config.disk_mb if kernel else 0)) << 20
             group = RunCgroup.create(
                 max_processes=config.max_processes, memory_bytes=memory, cpus=config.cpus
@@ -85,8 +94,8 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
             "isolation": config.isolation,
             "status_fd": status_w,
             "cgroup_procs": group.procs_files if group else [],
-            "binds": sandbox_setup.read_only_binds(),
-            "drop_to": drop_to,
+            "binds": read_only_binds(),
+            "drop_to": uid,
             "scratch": scratch,
             "disk_mb": config.disk_mb,
             "max_files": SCRATCH_INODES,
@@ -98,8 +107,8 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
             "block_network": config.block_sockets,
         }
         argv = [
-            *sandbox_setup.launch_prefix(config),
-            sandbox_setup.interpreter(config),
+            *launch_prefix(config),
+            interpreter(config),
             "-I",
             "-S",
             "-B",
@@ -181,15 +190,13 @@ _PROBED: dict[tuple, str | None] = {}
 
 
 def _probe(config: SandboxConfig) -> str | None:
-    from rl3d.tools import _sandbox_cgroup, _sandbox_seccomp
-
-    problem = _sandbox_seccomp.supported()
+    problem = seccomp_problem()
     if problem is not None:
         return problem
     if not hasattr(os, "pidfd_open"):
         return "the caller needs os.pidfd_open (Linux 5.3 or later)"
-    missing = _sandbox_cgroup.missing_controllers()
-    if config.cgroup == "required" and (missing or sandbox_setup.in_user_namespace(config)):
+    missing = missing_controllers()
+    if config.cgroup == "required" and (missing or in_user_namespace(config)):
         return "tools.python.cgroup is 'required' but the per-run cgroup cannot have " + (
             ", ".join(missing) if missing else "any controller (the trainer is not root)"
         )
@@ -281,7 +288,7 @@ class PythonSandbox(Tool):
 
     def __init__(self, **options: Any):
         self.config = SandboxConfig(**options)
-        sandbox_setup.log_weaker_isolation(self.config)
+        log_weaker_isolation(self.config)
 
     def preflight(self) -> str | None:
         """Why this machine cannot give the configured isolation (None: it can); runs a probe."""

@@ -12,7 +12,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from rl3d.tools import _sandbox_cgroup
+from rl3d.tools._sandbox_cgroup import CONTROLLERS, missing_controllers, usable
 
 logger = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ def read_only_binds() -> list[str]:
 
 
 def cgroup_usable(config: SandboxConfig) -> bool:
-    return config.cgroup != "off" and not in_user_namespace(config) and bool(_sandbox_cgroup.usable())
+    return config.cgroup != "off" and not in_user_namespace(config) and bool(usable())
 
 
 def log_weaker_isolation(config: SandboxConfig) -> None:
@@ -125,12 +125,12 @@ def log_weaker_isolation(config: SandboxConfig) -> None:
             "sandbox: tools.python.isolation is 'process': no PID or mount namespace; writes and "
             "processes rest on an audit hook that code can switch off. Not a boundary."
         )
-    missing = _sandbox_cgroup.missing_controllers()
+    missing = missing_controllers()
     if config.cgroup == "auto" and (missing or in_user_namespace(config)):
         logger.warning(
             "sandbox: no per-run cgroup for %s here (tools.python.cgroup: auto); process count, "
             "memory and CPU are limited per process only",
-            ", ".join(_sandbox_cgroup.CONTROLLERS if in_user_namespace(config) else missing),
+            ", ".join(CONTROLLERS if in_user_namespace(config) else missing),
         )
 
 
