@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 LAUNCHER = str(Path(__file__).with_name("_sandbox_init.py"))
 SCRATCH = "/sandbox"  # the run's cwd inside its own mount namespace
+PATH = "/usr/local/bin:/usr/bin:/bin"
 SCRATCH_INODES = 16384  # files + directories the scratch tmpfs holds (each costs kernel memory)
 
 
@@ -106,26 +107,14 @@ def run_python(code: str, config: SandboxConfig) -> SandboxRun:
             "open_files": config.open_files,
             "block_network": config.block_sockets,
         }
-        argv = [
-            *launch_prefix(config),
-            interpreter(config),
-            "-I",
-            "-S",
-            "-B",
-            LAUNCHER,
-        ]
+        # -I -S -B: no PYTHON* environment, no site-packages, no .pyc writes
         proc = subprocess.Popen(
-            argv,
+            [*launch_prefix(config), interpreter(config), "-I", "-S", "-B", LAUNCHER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             cwd=scratch if not kernel else "/",
-            env={
-                "LANG": "C.UTF-8",
-                "PATH": "/usr/local/bin:/usr/bin:/bin",
-                "HOME": scratch,
-                "TMPDIR": scratch,
-            },
+            env={"LANG": "C.UTF-8", "PATH": PATH, "HOME": scratch, "TMPDIR": scratch},
             start_new_session=True,  # its own process group: killpg reaches what it starts
             pass_fds=(status_w,),
         )
