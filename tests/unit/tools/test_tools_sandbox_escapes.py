@@ -276,3 +276,33 @@ def test_an_unprivileged_trainer_gets_the_boundary_through_a_user_namespace():
     listing, status = rest.split("]", 1)
     assert uid == "0" and "work" not in listing and "sandbox" in listing  # root of its own namespace only
     assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status and "CapEff:\t0000000000000000" in status
+
+
+SYSCALLS = """
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+calls = {
+    "ptrace": (101, 0, 0, 0, 0),  # PTRACE_TRACEME
+    "unshare": (272, 0x10000000),  # CLONE_NEWUSER
+    "clone": (56, 0x10000000 | 17, 0, 0, 0, 0),  # a child in a new user namespace
+    "mount": (165, b"none", b"/sandbox", b"tmpfs", 0, None),
+    "keyctl": (250, 0, -3, 0),  # KEYCTL_GET_KEYRING_ID of the session keyring
+    "bpf": (321, 0, None, 0),
+    "io_uring_setup": (425, 1, None),
+    "memfd_create": (319, b"x", 0),
+    "userfaultfd": (323, 0),
+    "perf_event_open": (298, None, 0, -1, -1, 0),
+}
+for name, (nr, *args) in calls.items():
+    result = libc.syscall(nr, *args)
+    print(name, result, errno.errorcode.get(ctypes.get_errno(), ctypes.get_errno()))
+print("getpid", libc.syscall(39))
+"""
+
+
+def test_seccomp_refuses_the_calls_an_escape_needs():
+    raw, result = run(SYSCALLS)
+    assert result.ok, result
+    *refused, allowed = raw.stdout.splitlines()
+    assert len(refused) == 10 and all(line.split()[1:] == ["-1", "EPERM"] for line in refused), raw.stdout
+    assert allowed == "getpid 2"  # an ordinary call goes through (the code is PID 2 of its namespace)
