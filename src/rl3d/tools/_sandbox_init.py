@@ -48,7 +48,6 @@ class _Mounter:
 
 def build_root(libc, settings: dict) -> None:
     """Make the run's file system (see the module docstring) and pivot into it."""
-    import platform
 
     mount = _Mounter(libc)
     root = "/tmp"  # any directory will do: the tmpfs covers it in this mount namespace only
@@ -83,7 +82,7 @@ def build_root(libc, settings: dict) -> None:
     os.symlink(scratch, root + "/tmp")
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
-    if libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b".") != 0:
+    if libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".") != 0:
         raise OSError(ctypes.get_errno(), "pivot_root")
     if libc.umount2(b".", MNT_DETACH) != 0:
         raise OSError(ctypes.get_errno(), "unmounting the old root")

@@ -11,7 +11,6 @@ names x86_64 numbers only.
 
 import ctypes
 import os
-import platform
 import struct
 
 PR_CAPBSET_DROP = 24
@@ -53,13 +52,13 @@ SYSCALLS = {
     ),
 }
 # fmt: on
-CLONE, CLONE3 = {"x86_64": (56, 435)}.get(platform.machine(), (None, None))
+CLONE, CLONE3 = {"x86_64": (56, 435)}.get(os.uname().machine, (None, None))
 
 
 def supported() -> str | None:
     """Why the filter cannot be built on this machine, or None."""
-    if platform.machine() not in SYSCALLS:
-        return f"seccomp: no system-call table for {platform.machine()} (only {sorted(SYSCALLS)})"
+    if os.uname().machine not in SYSCALLS:
+        return f"seccomp: no system-call table for {os.uname().machine} (only {sorted(SYSCALLS)})"
     return None
 
 
@@ -69,7 +68,7 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
 
 def build_filter() -> bytes:
     """The BPF program (a sequence of `struct sock_filter`)."""
-    arch, numbers = SYSCALLS[platform.machine()]
+    arch, numbers = SYSCALLS[os.uname().machine]
     eperm = SECCOMP_RET_ERRNO | 1
     prog = [
         _insn(LD_ABS, OFFSET_ARCH),
