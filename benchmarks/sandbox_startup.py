@@ -40,7 +40,8 @@ def start_worker(src: str, options: dict) -> subprocess.Popen:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=formatter)
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument("--before", help="another source tree to compare (its default settings)")
     args = parser.parse_args()
