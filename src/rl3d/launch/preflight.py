@@ -15,6 +15,9 @@ already checked the recipe as data; this module looks at the machine and the use
   the reward needs answers) and data-source columns of a usable type; dotted keys reach into
   struct columns; prompts framed by the chat template need a tokenizer directory that has one;
 - user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
+- a Python tool (``rollout.multi_turn.tools: {python: ...}``) gets its isolation here: a probe
+  program runs under it (`rl3d.tools.python_sandbox.isolation_problem`), and a machine that
+  cannot give it is refused naming what is missing (no fallback to a weaker mode);
 - the run directory (`check_run_dir`): a run never mixes with another. `checkpoint.resume:
   never` into a directory holding an earlier run is refused unless the user passes
   `--overwrite` (which deletes that run's outputs); a resolved_config.yaml that differs in
@@ -66,6 +69,7 @@ def preflight(loaded: LoadedConfig, *, check_paths: bool = True, absent_ok: bool
     if check_paths:
         _check_data(check)
         _check_imports(check)
+        _check_tools(check)
         from rl3d.config.reward_model import preflight_reward_models
 
         preflight_reward_models(check.cfg, check.fail, absent_ok=absent_ok)
@@ -225,6 +229,19 @@ def _check_imports(check: _Check) -> None:
             import_object(path, what=key)
         except ValueError as err:  # "KEY 'pkg.mod:fn': module 'pkg' not found"
             raise check.fail(key, _first_line(err).removeprefix(f"{key} ")) from None
+
+
+def _check_tools(check: _Check) -> None:
+    multi_turn = check.cfg.rollout.multi_turn
+    if not multi_turn.enabled:
+        return
+    for name, tool in multi_turn.build_tools().tools.items():
+        problem = tool.preflight()
+        if problem is not None:
+            raise check.fail(
+                f"rollout.multi_turn.tools.{name}.isolation",
+                f"the {name!r} tool cannot run here: {problem}",
+            )
 
 
 # What a run writes into its directory (`rl3d train --overwrite` removes these, nothing else).

@@ -1,6 +1,6 @@
 """Tools the policy calls during multi-turn rollouts: the interface and registry
 (`base`), the tool-call parser (`parser`), and the built-ins `calculator` and `python`
-(a subprocess sandbox, `python_sandbox`). Imports only `rl3d.utils`."""
+(a sandbox the kernel confines, `python_sandbox`). Imports only `rl3d.utils`."""
 
 from rl3d.tools.base import (
     BUILTIN_TOOLS,

@@ -1,19 +1,19 @@
-"""The Python sandbox's child: run as a script by ``python -I -S -B``, stdlib only.
+"""The sandbox worker's last steps (stdlib only, imported by `_sandbox_init`): resource limits,
+an audit hook, and running the code.
 
-It reads the code from stdin, then, before the code runs: moves into the scratch directory,
-drops root to the uid it is given, sets the resource limits, and installs an audit hook
-(`sys.addaudithook`, which cannot be removed) that refuses writes outside the scratch
-directory, socket creation (when asked), starting processes, signalling other processes, and
-ctypes. The hook is a best-effort guard for honest model code; the hard limits are the uid,
-the rlimits, the network namespace and the parent's kill of the whole session.
+The audit hook (`sys.addaudithook`) is a fast, readable error for honest code, never the
+boundary: code can switch it off from inside. Under ``isolation: kernel`` it only names
+network use (which the empty network namespace refuses anyway, less readably); under
+``isolation: process``, where nothing else stands, it also refuses writes outside the scratch
+directory, starting or signalling processes and ctypes.
 """
 
-import json
 import os
 import resource
 import sys
 import traceback
 
+_OWN_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 _REFUSED_EVENTS = {
     "os.fork": "starting processes",
@@ -49,7 +49,7 @@ _PATH_EVENTS = {
 }
 
 
-def _set_limits(settings: dict) -> None:
+def set_limits(settings: dict) -> None:
     cpu = int(settings["cpu_seconds"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU at the soft limit
     memory = int(settings["memory_bytes"])
@@ -57,9 +57,11 @@ def _set_limits(settings: dict) -> None:
     file_size = int(settings["file_bytes"])
     resource.setrlimit(resource.RLIMIT_FSIZE, (file_size, file_size))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    files = int(settings["open_files"])
+    resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
 
 
-def _make_hook(scratch: str, block_network: bool):
+def _make_hook(scratch: str, block_network: bool, strict: bool):
     realpath, fsdecode, sep = os.path.realpath, os.fsdecode, os.sep
 
     def inside(path, dir_fd=None) -> bool:
@@ -67,7 +69,7 @@ def _make_hook(scratch: str, block_network: bool):
             return True  # an fd the code already opened: the open itself was checked
         try:
             path = fsdecode(path)
-            if dir_fd is not None and not path.startswith(sep):
+            if dir_fd is not None and dir_fd >= 0 and not path.startswith(sep):
                 path = os.readlink(f"/proc/self/fd/{dir_fd}") + sep + path
             real = realpath(path)
         except Exception:
@@ -75,6 +77,10 @@ def _make_hook(scratch: str, block_network: bool):
         return real == scratch or real.startswith(scratch + sep)
 
     def hook(event: str, args: tuple) -> None:
+        if block_network and event in _NETWORK_EVENTS:
+            raise PermissionError(f"sandbox: network access is not allowed ({event})")
+        if not strict:
+            return
         if event == "open":
             path, mode, flags = args
             if path is None:
@@ -101,47 +107,29 @@ def _make_hook(scratch: str, block_network: bool):
             raise PermissionError(f"sandbox: {_REFUSED_EVENTS[event]} is not allowed ({event})")
         elif event == "import" and args[0] in _REFUSED_IMPORTS:
             raise ImportError(f"sandbox: importing {args[0]!r} is not allowed")
-        elif block_network and event in _NETWORK_EVENTS:
-            raise PermissionError(f"sandbox: network access is not allowed ({event})")
 
     return hook
 
 
-def _drop_privileges(uid) -> None:
-    """Run as root: become `uid` (gid the same number), with no supplementary groups."""
-    if uid is None:
-        return
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
-    if os.getuid() != uid or os.geteuid() != uid:
-        raise SystemExit("sandbox: could not drop privileges")
-
-
-def main() -> int:
-    settings = json.loads(sys.argv[1])
-    code = sys.stdin.read()
+def run(code: str, settings: dict) -> int:
+    """Run `code` as the program ``<sandbox>``; its exit status."""
     scratch = os.path.realpath(settings["scratch"])
-    os.chdir(scratch)
-    _drop_privileges(settings.get("drop_to"))
-    _set_limits(settings)
     sys.dont_write_bytecode = True
-    sys.addaudithook(_make_hook(scratch, settings["block_network"]))
+    sys.addaudithook(_make_hook(scratch, settings["block_network"], settings["isolation"] == "process"))
     sys.argv = ["<sandbox>"]
     namespace = {"__name__": "__main__", "__builtins__": __builtins__}
     try:
         exec(compile(code, "<sandbox>", "exec"), namespace)
-    except SystemExit:
-        raise
+    except SystemExit as err:
+        if err.code is None or isinstance(err.code, int):
+            return err.code or 0
+        sys.stderr.write(f"{err.code}\n")
+        return 1
     except BaseException as err:
         namespace.clear()  # free what the code allocated (a MemoryError needs room to be printed)
-        # Show the code's frames only: not this script's, nor the audit hook's.
-        frames = [f for f in traceback.extract_tb(err.__traceback__) if f.filename != __file__]
+        # Show the code's frames only: not the sandbox's, nor the audit hook's.
+        frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(_OWN_FILES)]
         lines = traceback.format_list(frames) + traceback.format_exception_only(type(err), err)
         sys.stderr.write("Traceback (most recent call last):\n" + "".join(lines))
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

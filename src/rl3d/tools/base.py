@@ -52,6 +52,11 @@ class Tool(ABC):
     def call(self, arguments: dict[str, Any]) -> ToolResult:
         """Run on arguments already checked against `parameters`."""
 
+    def preflight(self) -> str | None:
+        """Why this tool cannot run on this machine (None: it can). `rl3d validate --preflight`
+        and `rl3d train` refuse a recipe naming it; a tool that needs nothing keeps this."""
+        return None
+
     def schema(self) -> dict[str, Any]:
         """The OpenAI/Hermes function description that chat templates render."""
         return {

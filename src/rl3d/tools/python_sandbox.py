@@ -1,30 +1,32 @@
-"""A Python sandbox tool: run model-written code in a limited child process.
+"""A Python sandbox tool: run model-written code where the kernel confines it.
 
-Each call:
-- makes a fresh scratch directory (the child's cwd) and removes it afterwards;
-- starts ``python -I -S -B`` (isolated: no user site, no PYTHON* env, no site-packages, no
-  .pyc writes) in a new session, with an empty environment, the code on stdin;
-- run as root, the child drops to an unprivileged uid/gid (``user``, 65534 = nobody, no
-  supplementary groups) after entering its network namespace, and owns only the scratch dir;
-- the child (`_sandbox_child`) sets RLIMIT_CPU, RLIMIT_AS, RLIMIT_FSIZE and RLIMIT_CORE before the
-  code runs, and installs an audit hook refusing writes outside the scratch directory, starting
-  or signalling processes, ctypes, and (``block_sockets``) socket creation;
-- network: with ``network="namespace"`` the child runs under ``unshare --net`` (as root) or
-  ``unshare --user --map-root-user --net`` (unprivileged user namespaces): a namespace with only a
-  loopback interface that is down, so nothing (not even the host's 127.0.0.1) is reachable.
-  ``"auto"`` uses a namespace when `unshare` works here, else relies on the audit hook alone;
-- a wall-clock timeout kills the whole process group (``os.killpg``), and the group is killed
-  again after a normal exit, so no process of the call outlives it;
-- stdout keeps its first `max_output_chars`, stderr its last (where a traceback ends).
+``isolation: kernel`` (the default) gives each call, through `unshare` and the launcher
+`_sandbox_init`:
+- its own PID namespace: the call's processes die with it, and ``/proc`` shows only them;
+- its own mount namespace: a read-only view of the system directories and the Python
+  installation, a minimal ``/dev``, and one writable place, a tmpfs of ``disk_mb`` at
+  ``/sandbox`` (the cwd; ``/tmp`` points there). No host ``/tmp``, ``/run``, ``/dev/shm``,
+  home or project directory is visible, and the scratch vanishes with the namespace;
+- its own network (loopback down: nothing reachable), IPC and UTS namespaces;
+- a per-run cgroup when the machine has one to give (``cgroup: auto``; ``required`` refuses to
+  run without it): ``max_processes``, ``memory_mb`` (+ the scratch) and ``cpus`` for everything
+  the call starts, killed at the end;
+- an unprivileged uid (``user``, 65534 = nobody; root of a user namespace when the trainer is
+  not root) with no capabilities, no-new-privs, and a seccomp filter (`_sandbox_seccomp`);
+- rlimits per process: CPU seconds, address space, file size, ``open_files``;
+- its settings and code on stdin, never on a command line another process could read.
 
-Calls are blocking and thread-safe (no ``preexec_fn``): an agent loop runs them in a thread pool.
-Not a boundary against hostile code (it can read what ``nobody`` may read); it keeps honest
-but buggy model code from hurting the trainer.
+``isolation: process`` is the weaker mode a recipe may opt into where namespaces cannot be made
+(logged whenever the tool is built): rlimits, the uid, no-new-privs and seccomp, a host scratch
+directory, an optional network namespace (``network``), and an audit hook as the only guard on
+writes and processes. Code can switch an audit hook off; that mode is not a boundary.
+
+Calls are blocking and thread-safe: an agent loop runs them in a thread pool. stdout keeps its
+first `max_output_chars`, stderr its last (where a traceback ends).
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
@@ -32,203 +34,196 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rl3d.tools._sandbox_cgroup import RunCgroup, missing_controllers
+from rl3d.tools._sandbox_seccomp import supported as seccomp_problem
 from rl3d.tools.base import Tool, ToolResult, register_tool
+from rl3d.tools.sandbox_io import communicate
+from rl3d.tools.sandbox_setup import (
+    SandboxConfig,
+    cgroup_usable,
+    drop_to,
+    in_user_namespace,
+    interpreter,
+    launch_prefix,
+    log_weaker_isolation,
+    read_only_binds,
+)
 
 logger = logging.getLogger(__name__)
 
-CHILD_SCRIPT = str(Path(__file__).with_name("_sandbox_child.py"))
-_NETWORK_MODES = ("auto", "namespace", "audit")
-_UNSHARE_VARIANTS = (("--net",), ("--user", "--map-root-user", "--net"))
-
-
-@dataclass(frozen=True, kw_only=True)
-class SandboxConfig:
-    cpu_seconds: float = 5.0
-    wall_seconds: float = 10.0
-    memory_mb: int = 512
-    file_mb: int = 16  # largest file the code may write (RLIMIT_FSIZE)
-    max_output_chars: int = 4096
-    network: str = "auto"  # auto | namespace | audit (see the module docstring)
-    block_sockets: bool = True  # the audit hook refuses socket creation, on top of any namespace
-    # the uid/gid the child drops to when the trainer runs as root (65534: nobody); None stays root
-    user: int | None = 65534
-
-    def __post_init__(self) -> None:
-        for key in ("cpu_seconds", "wall_seconds", "memory_mb", "file_mb", "max_output_chars"):
-            if not getattr(self, key) > 0:
-                raise ValueError(f"tools.python.{key} must be > 0, got {getattr(self, key)!r}")
-        if self.network not in _NETWORK_MODES:
-            raise ValueError(f"tools.python.network must be one of {_NETWORK_MODES}, got {self.network!r}")
-        if self.network == "namespace" and network_namespace_prefix() is None:
-            raise ValueError("tools.python.network is 'namespace' but `unshare --net` does not work here")
-        if self.user is not None and not 0 < self.user < 2**32 - 1:
-            raise ValueError(f"tools.python.user must be a uid > 0 or None, got {self.user!r}")
-        if self.network == "audit" and not self.block_sockets:
-            raise ValueError("tools.python: network 'audit' with block_sockets false leaves the network open")
-
-
-@functools.cache
-def network_namespace_prefix() -> tuple[str, ...] | None:
-    """The `unshare` command line that gives a child its own empty network namespace here, or None."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    for flags in _UNSHARE_VARIANTS:
-        try:
-            probe = subprocess.run([unshare, *flags, "true"], capture_output=True, timeout=10, check=False)
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if probe.returncode == 0:
-            return (unshare, *flags)
-    return None
-
-
-def _others_can_read(path: str) -> bool:
-    """Whether a user with no rights of its own can reach and read `path` (o+x on every parent)."""
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
-    for i in range(2, len(parts)):
-        if not os.stat(os.sep.join(parts[:i])).st_mode & 0o001:
-            return False
-    return bool(os.stat(path).st_mode & 0o004)
-
-
-@functools.cache
-def unprivileged_interpreter() -> str | None:
-    """A Python whose standard library an unprivileged uid can read: this one, else the system's
-    ``python3`` (a trainer's Python often lives under a home directory closed to others)."""
-    for candidate in (sys.executable, shutil.which("python3", path="/usr/local/bin:/usr/bin:/bin")):
-        if not candidate:
-            continue
-        try:
-            probe = subprocess.run(
-                [candidate, "-I", "-S", "-c", "import os, json; print(os.__file__); print(json.__file__)"],
-                capture_output=True, text=True, timeout=30, check=True,
-            )  # fmt: skip
-            if all(_others_can_read(f) for f in [candidate, *probe.stdout.split()]):
-                return candidate
-        except (OSError, subprocess.SubprocessError):
-            continue
-    return None
-
-
-class _Capture(threading.Thread):
-    """Drains a pipe, keeping its first (`keep="head"`) or last `limit` bytes: a flood of output
-    costs neither memory nor a blocked child."""
-
-    def __init__(self, stream: Any, limit: int, keep: str):
-        super().__init__(daemon=True)
-        self.stream, self.limit, self.keep = stream, limit, keep
-        self.data = bytearray()
-        self.total = 0
-
-    def run(self) -> None:
-        while chunk := self.stream.read1(65536):
-            self.total += len(chunk)
-            if self.keep == "head":
-                self.data += chunk[: max(self.limit - len(self.data), 0)]
-            else:
-                self.data = (self.data + chunk)[-self.limit :]
-        self.stream.close()
-
-    def text(self) -> str:
-        text = self.data.decode("utf-8", errors="replace")
-        dropped = self.total - len(self.data)
-        if not dropped:
-            return text
-        note = f"[... {dropped} bytes truncated]"
-        return f"{text}\n{note}" if self.keep == "head" else f"{note}\n{text}"
+LAUNCHER = str(Path(__file__).with_name("_sandbox_init.py"))
+SCRATCH = "/sandbox"  # the run's cwd inside its own mount namespace
+PATH = "/usr/local/bin:/usr/bin:/bin"
+SCRATCH_INODES = 16384  # files + directories the scratch tmpfs holds (each costs kernel memory)
 
 
 @dataclass(frozen=True)
 class SandboxRun:
-    """The raw outcome of one run, before it becomes a `ToolResult` (tests read the pid)."""
+    """The raw outcome of one run, before it becomes a `ToolResult`."""
 
     stdout: str
     stderr: str
     returncode: int | None
     wall_timed_out: bool
     pid: int
+    cpu_seconds: float | None = None  # the code's CPU time (its process and the children it waited for)
+    oom_killed: bool = False
 
 
 def run_python(code: str, config: SandboxConfig) -> SandboxRun:
-    """Run `code` in a fresh limited child; see the module docstring."""
-    prefix: tuple[str, ...] = ()
-    if config.network in ("auto", "namespace"):
-        prefix = network_namespace_prefix() or ()
-    scratch = tempfile.mkdtemp(prefix="rl3d-sandbox-")
-    # root outside a user namespace drops to `user`; in one (`--map-root-user`) only uid 0 exists
-    drop_to = (
-        config.user if config.user is not None and os.geteuid() == 0 and "--user" not in prefix else None
-    )
-    python = sys.executable
-    if drop_to is not None:
-        python = unprivileged_interpreter()
-        if python is None:
-            shutil.rmtree(scratch, ignore_errors=True)
-            raise RuntimeError(
-                "sandbox: no Python whose standard library uid nobody can read; set user: null"
-            )
-        os.chown(scratch, drop_to, drop_to)  # the code may write its scratch dir, nothing of root's
-    settings = {
-        "drop_to": drop_to,
-        "scratch": scratch,
-        "cpu_seconds": max(1, math.ceil(config.cpu_seconds)),
-        "memory_bytes": config.memory_mb << 20,
-        "file_bytes": config.file_mb << 20,
-        "block_network": config.block_sockets,
-    }
-    argv = [*prefix, python, "-I", "-S", "-B", CHILD_SCRIPT, json.dumps(settings)]
+    """Run `code` in a fresh confined child; see the module docstring. Raises RuntimeError when
+    the isolation cannot be set up (the code did not run)."""
+    kernel = config.isolation == "kernel"
+    scratch = SCRATCH if kernel else tempfile.mkdtemp(prefix="rl3d-sandbox-")
+    group = None
+    status_r, status_w = os.pipe()
     try:
+        uid = drop_to(config)
+        if not kernel and uid is not None:
+            os.chown(scratch, uid, uid)  # the code may write its scratch dir, nothing of root's
+        if cgroup_usable(config):
+            memory = (config.memory_mb + (config.disk_mb if kernel else 0)) << 20
+            group = RunCgroup.create(
+                max_processes=config.max_processes, memory_bytes=memory, cpus=config.cpus
+            )
+        settings = {
+            "isolation": config.isolation,
+            "status_fd": status_w,
+            "cgroup_procs": group.procs_files if group else [],
+            "binds": read_only_binds(),
+            "drop_to": uid,
+            "scratch": scratch,
+            "disk_mb": config.disk_mb,
+            "max_files": SCRATCH_INODES,
+            "cpu_seconds": max(1, math.ceil(config.cpu_seconds)),
+            "wall_seconds": config.wall_seconds,
+            "memory_bytes": config.memory_mb << 20,
+            "file_bytes": config.file_mb << 20,
+            "open_files": config.open_files,
+            "block_network": config.block_sockets,
+        }
+        # -I -S -B: no PYTHON* environment, no site-packages, no .pyc writes
         proc = subprocess.Popen(
-            argv,
+            [*launch_prefix(config), interpreter(config), "-I", "-S", "-B", LAUNCHER],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            cwd=scratch,
-            env={"LANG": "C.UTF-8", "PATH": "/usr/bin:/bin"},
-            start_new_session=True,  # its own process group: killpg reaches everything it starts
-            close_fds=True,
+            cwd=scratch if not kernel else "/",
+            env={"LANG": "C.UTF-8", "PATH": PATH, "HOME": scratch, "TMPDIR": scratch},
+            start_new_session=True,  # its own process group: killpg reaches what it starts
+            pass_fds=(status_w,),
         )
-        # Each output limit counts bytes; a char is at most 4 of them in UTF-8.
-        out = _Capture(proc.stdout, 4 * config.max_output_chars, keep="head")
-        err = _Capture(proc.stderr, 4 * config.max_output_chars, keep="tail")
-        out.start()
-        err.start()
-        wall_timed_out = False
+        os.close(status_w)
+        status_w = -1
+        stdin = json.dumps(settings).encode() + b"\n" + code.encode("utf-8", errors="replace")
         try:
-            try:
-                assert proc.stdin is not None
-                proc.stdin.write(code.encode("utf-8", errors="replace"))
-                proc.stdin.close()
-            except BrokenPipeError:
-                pass  # the child died before reading it all; its exit status says why
-            proc.wait(timeout=config.wall_seconds)
-        except subprocess.TimeoutExpired:
-            wall_timed_out = True
+            # Each output limit counts bytes; a char is at most 4 of them in UTF-8.
+            out, err, wall_timed_out = communicate(
+                proc, stdin, config.wall_seconds, 4 * config.max_output_chars
+            )
         finally:
             _kill_group(proc.pid)
+            if group is not None:
+                group.kill()
             proc.wait()
-        out.join(timeout=5)
-        err.join(timeout=5)
+        status = _read_status(status_r)
+        if "setup_error" in status:
+            raise RuntimeError(f"sandbox: isolation '{config.isolation}' failed: {status['setup_error']}")
+        if not status and not wall_timed_out:
+            raise RuntimeError(
+                f"sandbox: the launcher exited ({proc.returncode}) before the code ran: {err.text()[-500:]}"
+            )
+        returncode = os.waitstatus_to_exitcode(status["wait_status"]) if status else None
         return SandboxRun(
             stdout=_clip(out.text(), config.max_output_chars, head=True),
             stderr=_clip(err.text(), config.max_output_chars, head=False),
-            returncode=proc.returncode,
-            wall_timed_out=wall_timed_out,
+            returncode=returncode,
+            wall_timed_out=wall_timed_out or bool(status.get("wall_killed")),
             pid=proc.pid,
+            cpu_seconds=status.get("cpu_seconds"),
+            oom_killed=group.oom_killed() if group is not None else False,
         )
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-        if os.path.exists(scratch):
-            logger.warning("sandbox: could not remove scratch directory %s", scratch)
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                os.close(fd)
+        if group is not None:
+            group.close()
+        if not kernel:
+            _remove_tree(scratch)
+
+
+# Run by `isolation_problem`: what the code sees of its own confinement.
+PROBE = """
+import json, os
+status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+print(json.dumps({key: status[key].strip() for key in ("NoNewPrivs", "Seccomp", "CapEff", "CapBnd")}))
+"""
+EXPECTED = {"NoNewPrivs": "1", "Seccomp": "2", "CapEff": "0000000000000000", "CapBnd": "0000000000000000"}
+
+
+def isolation_problem(config: SandboxConfig) -> str | None:
+    """Why this machine cannot give `config`'s isolation (None: it can), found by a real run."""
+    key = (config.isolation, config.network, config.cgroup, config.user, os.geteuid())
+    if key not in _PROBED:
+        _PROBED[key] = _probe(config)
+    return _PROBED[key]
+
+
+_PROBED: dict[tuple, str | None] = {}
+
+
+def _probe(config: SandboxConfig) -> str | None:
+    problem = seccomp_problem()
+    if problem is not None:
+        return problem
+    if not hasattr(os, "pidfd_open"):
+        return "the caller needs os.pidfd_open (Linux 5.3 or later)"
+    missing = missing_controllers()
+    if config.cgroup == "required" and (missing or in_user_namespace(config)):
+        return "tools.python.cgroup is 'required' but the per-run cgroup cannot have " + (
+            ", ".join(missing) if missing else "any controller (the trainer is not root)"
+        )
+    probe = SandboxConfig(
+        **{**config.__dict__, "cpu_seconds": 5, "wall_seconds": 30, "max_output_chars": 4096}
+    )
+    try:
+        run = run_python(PROBE, probe)
+    except (OSError, RuntimeError) as err:
+        return str(err).removeprefix("sandbox: ")
+    if run.returncode != 0:
+        return f"the probe program failed: {to_result(run, probe).error}"
+    seen = json.loads(run.stdout)
+    wrong = {k: v for k, v in seen.items() if v != EXPECTED[k] and not (k == "CapBnd" and os.geteuid() != 0)}
+    return f"the probe ran without its confinement: {wrong}" if wrong else None
+
+
+def _read_status(fd: int) -> dict[str, Any]:
+    os.set_blocking(fd, False)
+    try:
+        raw = os.read(fd, 65536)
+    except BlockingIOError:
+        return {}
+    return json.loads(raw) if raw else {}
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a scratch directory whatever the code left in it; logs, never raises."""
+    try:
+        shutil.rmtree(path)
+        return
+    except FileNotFoundError:
+        return
+    except Exception:  # a tree deeper than the recursion limit, odd permissions...
+        pass
+    subprocess.run(["rm", "-rf", "--one-file-system", "--", path], capture_output=True, check=False)
+    if os.path.exists(path):
+        logger.warning("sandbox: could not remove scratch directory %s", path)
 
 
 def _kill_group(pgid: int) -> None:
@@ -245,16 +240,20 @@ def _clip(text: str, limit: int, *, head: bool) -> str:
 
 
 def to_result(run: SandboxRun, config: SandboxConfig) -> ToolResult:
+    """The observation of a run; a kill is named by what caused it, as far as the kernel tells."""
     code = run.returncode
     if run.wall_timed_out:
         return ToolResult(
             run.stdout, error=f"timed out after {config.wall_seconds:g}s (wall clock)", timed_out=True
         )
-    if code in (-signal.SIGXCPU, -signal.SIGKILL):
-        # SIGKILL without a wall timeout is the hard CPU limit (or the OOM killer).
+    cpu_limit = max(1, math.ceil(config.cpu_seconds))
+    cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.05
+    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_reached):
         return ToolResult(
             run.stdout, error=f"CPU time limit of {config.cpu_seconds:g}s exceeded", timed_out=True
         )
+    if run.oom_killed:
+        return ToolResult(run.stdout, error=f"memory limit of {config.memory_mb} MiB exceeded (killed)")
     if code == -signal.SIGXFSZ:
         return ToolResult(run.stdout, error=f"file size limit of {config.file_mb} MiB exceeded")
     if code != 0:
@@ -278,6 +277,14 @@ class PythonSandbox(Tool):
 
     def __init__(self, **options: Any):
         self.config = SandboxConfig(**options)
+        log_weaker_isolation(self.config)
+
+    def preflight(self) -> str | None:
+        """Why this machine cannot give the configured isolation (None: it can); runs a probe."""
+        return isolation_problem(self.config)
 
     def call(self, arguments: dict[str, Any]) -> ToolResult:
+        problem = isolation_problem(self.config)
+        if problem is not None:
+            raise RuntimeError(f"sandbox: {problem}")  # ToolBox turns it into an error observation
         return to_result(run_python(arguments["code"], self.config), self.config)

@@ -1,0 +1,154 @@
+"""The sandbox's launcher, run as a script by ``python -I -S -B`` (stdlib only).
+
+Under ``isolation: kernel`` it starts as root (real, or of a fresh user namespace) and as PID 1
+of the run's own PID, mount, network, IPC and UTS namespaces (`unshare` made them). It reads
+its settings (one JSON line) and then the code from stdin, moves itself into the run's cgroup,
+builds the run's file system and pivots into it: a read-only tmpfs root holding read-only binds
+of the system directories and the Python installation, a minimal ``/dev``, a ``/proc`` of the
+run's own PID namespace, and the only writable place, a size-limited tmpfs at ``/sandbox``
+(``/tmp`` points there). Then it forks the worker, which sets the rlimits, drops to the
+unprivileged uid with no capabilities, turns on no-new-privs and the seccomp filter, and runs
+the code (`_sandbox_child`). The launcher waits for the worker and writes its wait status and
+CPU time to the status pipe; when it exits, the kernel kills whatever the code left in the
+namespace. Under ``isolation: process`` the file system steps are skipped.
+"""
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import traceback
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
+import _sandbox_child  # noqa: E402
+import _sandbox_seccomp  # noqa: E402
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
+SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+class _Mounter:
+    def __init__(self, libc):
+        self.libc = libc
+
+    def __call__(self, source, target, fstype, flags, data=None) -> None:
+        args = [None if s is None else s.encode() for s in (source, target, fstype, data)]
+        if self.libc.mount(args[0], args[1], args[2], flags, args[3]) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
+
+    def bind_read_only(self, source: str, target: str, extra: int = MS_NODEV) -> None:
+        self(source, target, None, MS_BIND | MS_REC)
+        self(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | extra)
+
+
+def build_root(libc, settings: dict) -> None:
+    """Make the run's file system (see the module docstring) and pivot into it."""
+
+    mount = _Mounter(libc)
+    root = "/tmp"  # any directory will do: the tmpfs covers it in this mount namespace only
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("rl3d-sandbox", root, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    for source in settings["binds"]:
+        target = root + source
+        if os.path.islink(source):
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            os.symlink(os.readlink(source), target)
+        elif os.path.isdir(source):
+            os.makedirs(target, exist_ok=True)
+            mount.bind_read_only(source, target)
+    os.mkdir(root + "/dev")
+    mount("rl3d-dev", root + "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in DEVICES:
+        open(f"{root}/dev/{name}", "w").close()
+        mount.bind_read_only(f"/dev/{name}", f"{root}/dev/{name}", extra=MS_NOEXEC)
+    for name, target in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                         ("stderr", "/proc/self/fd/2")]:  # fmt: skip
+        os.symlink(target, f"{root}/dev/{name}")
+    mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+    os.mkdir(root + "/proc")
+    mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    scratch = settings["scratch"]
+    os.mkdir(root + scratch)
+    owner = settings["drop_to"] if settings["drop_to"] is not None else os.getuid()
+    options = (
+        f"size={settings['disk_mb']}m,nr_inodes={settings['max_files']},mode=0700,uid={owner},gid={owner}"
+    )
+    mount("rl3d-scratch", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    os.symlink(scratch, root + "/tmp")
+    mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(root)
+    if libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".") != 0:
+        raise OSError(ctypes.get_errno(), "pivot_root")
+    if libc.umount2(b".", MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), "unmounting the old root")
+    os.chdir("/")
+
+
+def _worker(libc, code: str, settings: dict) -> int:
+    os.chdir(settings["scratch"])
+    _sandbox_child.set_limits(settings)
+    if os.geteuid() == 0:
+        uid = settings["drop_to"]
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+        _sandbox_seccomp.drop_bounding_set(libc)  # needs CAP_SETPCAP, which setuid takes away
+        if uid is not None:
+            os.setuid(uid)
+            if os.getuid() != uid or os.geteuid() != uid:
+                raise SystemExit("sandbox: could not drop privileges")
+        else:
+            _sandbox_seccomp.clear_capabilities(libc)
+    _sandbox_seccomp.confine(libc)
+    return _sandbox_child.run(code, settings)
+
+
+def main() -> int:
+    settings = json.loads(sys.stdin.buffer.readline())
+    code = sys.stdin.buffer.read().decode("utf-8", errors="replace")
+    status = os.fdopen(settings["status_fd"], "w")
+    try:
+        for procs in settings["cgroup_procs"]:
+            with open(procs, "w") as f:
+                f.write("0")  # this process; what it forks from now on starts inside
+        libc = ctypes.CDLL(None, use_errno=True)
+        if settings["isolation"] == "kernel":
+            build_root(libc, settings)
+    except Exception as err:  # the parent raises this as an isolation failure, never runs the code
+        status.write(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}))
+        return 1
+    worker = os.fork()
+    if worker == 0:
+        rc = 1
+        try:
+            status.close()
+            rc = _worker(libc, code, settings)
+        except SystemExit as err:
+            sys.stderr.write(f"{err}\n")
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    wall_killed = []
+    signal.signal(signal.SIGALRM, lambda *_: (wall_killed.append(1), os.kill(worker, signal.SIGKILL)))
+    signal.alarm(int(settings["wall_seconds"]) + 2)  # a second clock should the caller be gone
+    while True:
+        pid, wait_status, usage = os.wait4(-1, 0)  # also reaps what the code orphaned
+        if pid == worker:
+            break
+    cpu = usage.ru_utime + usage.ru_stime
+    status.write(
+        json.dumps({"wait_status": wait_status, "cpu_seconds": cpu, "wall_killed": bool(wall_killed)})
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
