@@ -7,7 +7,7 @@ per-call latency, in three steps:
 
 1. The executor's calls (`executor_calls`), as the executor issues them, one after another:
    - an all-gather of training shards (hybridflow, hybridflow_v): bucketed
-     (`executor.bucket_bounds`, `bucket_mb`); per bucket one ring all-gather when every
+     (`plan.bucket_bounds`, `bucket_mb`); per bucket one ring all-gather when every
      member's bucket has the same size, else one broadcast per sender that has bytes
      (`CountedComm.all_gather_v`). The groups of one collective run at once: their k-th calls
      are charged as one call.
@@ -103,7 +103,7 @@ def send(src: int, dst: int, nbytes: int, name: str = "send") -> Call:
 
 
 def _bounds(sizes: list[int], limit: int) -> list[tuple[int, int]]:
-    """`executor.bucket_bounds` on bytes: consecutive ranges within `limit` (a bigger one alone)."""
+    """`plan.bucket_bounds` on bytes: consecutive ranges within `limit` (a bigger one alone)."""
     bounds, lo, total = [], 0, 0
     for i, n in enumerate(sizes):
         if i > lo and total + n > limit:

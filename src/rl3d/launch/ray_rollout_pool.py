@@ -66,7 +66,7 @@ def join_bridge(_state, host: str, port: int, plan, num_rollout: int, device: st
 
 
 def send_actor_weights(state) -> Any:
-    """On each actor-pool rank actor: send its planned shards of the current actor (SyncStats)."""
+    """On each actor-pool rank actor: send its planned shards of the current actor (TransitionStats)."""
     import torch.distributed as dist
 
     from rl3d.weight_sync import send_weights
