@@ -17,7 +17,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("parallel", "tools"),  # layouts and process groups; the tools a policy calls
     ("ops", "single_controller", "data"),  # resharding kernels; the role protocol; datasets
     ("models", "algos", "rewards"),  # megatron-core models; algorithm functions; reward functions
-    ("hybrid_engine", "rollout", "weight_sync"),  # moving weights in place and to a rollout pool; generation
+    ("hybrid_engine", "rollout"),  # planning and moving weights between layouts; generation
+    ("weight_sync",),  # the transport of a transition to another pool's ranks
     ("config",),  # typed recipe sections: every layer below works without reading a recipe
     ("workers",),  # one class per role
     ("checkpoint", "testing"),  # run checkpoints; kits for tests and benchmarks (tiny models, spawn)

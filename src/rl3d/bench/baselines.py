@@ -170,8 +170,8 @@ class OpenRLHF(Strategy):
     def execute(self, plan, engine, train, zero_shards):
         import torch
 
-        from rl3d.hybrid_engine.executor import bucket_bounds
-        from rl3d.hybrid_engine.weights import shard_shape
+        from rl3d.hybrid_engine.params import shard_shape
+        from rl3d.hybrid_engine.plan import bucket_bounds
         from rl3d.ops import pack_bucket
         from rl3d.ops.layouts import merge_tp_shards, shard_for_tp
 

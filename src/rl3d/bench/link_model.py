@@ -7,7 +7,7 @@ per-call latency, in three steps:
 
 1. The executor's calls (`executor_calls`), as the executor issues them, one after another:
    - an all-gather of training shards (hybridflow, hybridflow_v): bucketed
-     (`executor.bucket_bounds`, `bucket_mb`); per bucket one ring all-gather when every
+     (`plan.bucket_bounds`, `bucket_mb`); per bucket one ring all-gather when every
      member's bucket has the same size, else one broadcast per sender that has bytes
      (`CountedComm.all_gather_v`). The groups of one collective run at once: their k-th calls
      are charged as one call.
@@ -40,7 +40,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rl3d.hybrid_engine.nodes import NodeMap
-from rl3d.hybrid_engine.plan import Collective, TransitionPlan
+from rl3d.hybrid_engine.plan import Collective, TransitionPlan, bucket_bounds
 
 
 @dataclass(frozen=True)
@@ -102,19 +102,6 @@ def send(src: int, dst: int, nbytes: int, name: str = "send") -> Call:
     return Call(name, ({(src, dst): nbytes},), 1, frozenset((src, dst)))
 
 
-def _bounds(sizes: list[int], limit: int) -> list[tuple[int, int]]:
-    """`executor.bucket_bounds` on bytes: consecutive ranges within `limit` (a bigger one alone)."""
-    bounds, lo, total = [], 0, 0
-    for i, n in enumerate(sizes):
-        if i > lo and total + n > limit:
-            bounds.append((lo, i))
-            lo, total = i, 0
-        total += n
-    if lo < len(sizes):
-        bounds.append((lo, len(sizes)))
-    return bounds
-
-
 def _merge(per_group: list[list[Call]]) -> list[Call]:
     """The groups of one collective run at once: their k-th calls become one call."""
     merged = []
@@ -136,7 +123,7 @@ def _bucketed_all_gather(ctx, c: Collective, limit: int) -> list[Call]:
     per_group = []
     for group, contrib in zip(c.groups, c.contributions):
         sizes = {m: [ctx.piece_bytes(c.unit, i, m) for i in contrib.get(m, ())] for m in group}
-        cuts = {m: _bounds(sizes[m], limit) for m in group}
+        cuts = {m: bucket_bounds(sizes[m], limit) for m in group}
         calls = []
         for k in range(max(len(v) for v in cuts.values())):
             bucket = {m: sum(sizes[m][slice(*cuts[m][k])]) if k < len(cuts[m]) else 0 for m in group}
@@ -177,7 +164,8 @@ def _collective_calls(ctx, c: Collective, limit: int) -> list[Call]:
         root = group[0]
         sizes = [ctx.piece_bytes(c.unit, i, root) for i in contrib[root]]
         name = f"{c.group_kind}_broadcast"
-        per_group.append([tree(group, root, sum(sizes[lo:hi]), name) for lo, hi in _bounds(sizes, limit)])
+        buckets = bucket_bounds(sizes, limit)
+        per_group.append([tree(group, root, sum(sizes[lo:hi]), name) for lo, hi in buckets])
     return _merge(per_group)
 
 

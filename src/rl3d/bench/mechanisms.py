@@ -125,7 +125,7 @@ def mechanism_cost(mech: Mechanism, cluster: Cluster) -> dict:
 
 
 def bucket_rounds(sizes: list[int], bucket_bytes: int) -> int:
-    """How many buckets the executor cuts a member's pieces into (`executor.bucket_bounds`)."""
+    """How many buckets the executor cuts a member's pieces into (`plan.bucket_bounds`)."""
     rounds, size, first = 0, 0, True
     for n in sizes:
         if first or size + n > bucket_bytes:

@@ -73,7 +73,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
-    from rl3d.config import OptimConfig
+    from rl3d.config import ActorConfig, ModelConfig, OptimConfig
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.models.spec import get_model_spec
@@ -113,18 +113,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         )
     try:
         groups = init_megatron(ParallelLayout(1, 1, 1), seed=args.seed)
-        common = dict(params_dtype=torch.float32, optim=OptimConfig(), total_steps=1, seed=args.seed)
-        padded = MegatronRole(spec, groups, role="actor", **common)
+        # the same network twice, padded and packed (a token budget per micro-batch)
+        model = ModelConfig(name=args.model, dtype="float32")
+        common = dict(role="actor", model=model, seed=args.seed, optim=OptimConfig())
+        padded = MegatronRole.from_config(spec, groups, **common)
         budget = args.max_tokens or T
-        packed = MegatronRole(
-            spec,
-            groups,
-            role="actor",
-            init_from=padded,
-            packing=True,
-            max_tokens_per_micro_batch=budget,
-            **common,
-        )
+        batching = ActorConfig(packing=True, max_tokens_per_micro_batch=budget)
+        packed = MegatronRole.from_config(spec, groups, batching=batching, init_from=padded, **common)
 
         def logp_of(role, output, micro):
             logits = role.response_slice(output, micro)

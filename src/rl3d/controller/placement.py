@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from rl3d.hybrid_engine.pool import sync_metrics
 from rl3d.single_controller.async_link import AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import MODES, Dispatch
@@ -134,12 +135,12 @@ class SeparatePool:
     def publish(self, version: int, *, needed: bool) -> dict[str, float]:
         """Send policy `version` to the pool, unless no step or validation is left to use it."""
         if not needed:
-            return {"weight_sync/bytes": 0.0, "weight_sync/seconds": 0.0}
+            return sync_metrics(0, 0.0)
         if self.rank == 0:
             self.link.announce_weights(version)
         seconds = self.send()  # returns once the pool took every bucket
         self.published = version
-        return {"weight_sync/bytes": float(self.sync_bytes), "weight_sync/seconds": seconds}
+        return sync_metrics(self.sync_bytes, seconds)
 
     def begin_step(self, step: int) -> None:
         """Drop what every training rank has read (parts, positions, requests two steps back)."""

@@ -30,7 +30,6 @@ from rl3d.config.reward_model import RM_WEIGHTS
 from rl3d.config.rm_job import RMJobConfig
 from rl3d.data.tokenizer import pad_id_of
 from rl3d.single_controller.batch import DataBatch
-from rl3d.utils.dtypes import torch_dtype
 from rl3d.utils.failures import report_rank_failure
 from rl3d.workers.reward_model import (
     bradley_terry_loss,
@@ -220,14 +219,14 @@ def run(cfg: RMJobConfig, run_dir: Path) -> dict[str, float]:
     )
     groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
     steps = cfg.trainer.total_steps
-    role = MegatronRole(
+    role = MegatronRole.from_config(
         spec,
         groups,
         role="critic",
-        params_dtype=torch_dtype(cfg.model.dtype),
+        model=cfg.model,
+        seed=cfg.trainer.seed,
         optim=cfg.optim,
         total_steps=steps,
-        seed=cfg.trainer.seed,
         hf_path=cfg.model.hf_path,
     )
     trainer = RMTrainer(cfg, role, train, val)

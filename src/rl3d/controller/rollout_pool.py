@@ -109,15 +109,14 @@ class RolloutPoolRunner:
 
 def sync_plan(cfg, spec, actor) -> Any:
     """The weight-sync plan from the actor's pool to the rollout pool (pure: both backends)."""
-    from rl3d.utils.dtypes import DTYPE_BYTES
-    from rl3d.weight_sync import plan_weight_sync
+    from rl3d.hybrid_engine.pool import plan_pool_transition
 
-    return plan_weight_sync(
+    return plan_pool_transition(
         spec,
         actor.layout,
         gen_tp=cfg.rollout.pool.tp,
         gen_dp=cfg.rollout.pool.dp,
-        bytes_per_element=DTYPE_BYTES[cfg.model.dtype],
+        dtype=cfg.model.dtype,
         bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
     )
 

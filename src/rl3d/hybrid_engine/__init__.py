@@ -1,5 +1,6 @@
 """The 3D-HybridEngine: reshard the actor's weights from the training layout to the
-generation layout (docs/hybrid_engine.md says how, with the benchmarks).
+generation layout (docs/hybrid_engine.md says how, with the benchmarks), in place or to a
+separate rollout pool's ranks (`plan_pool_transition`, run over `rl3d.weight_sync`'s bridge).
 
 `plan_transition` and the strategy registry are pure Python, so planning never imports torch;
 the torch-side names (`Resharder`, `GenerationWeights`, ...) load on first use for the same
@@ -9,6 +10,7 @@ when `rl3d.bench` is imported.
 
 from rl3d.hybrid_engine import hybridflow as _hybridflow  # noqa: F401  registers "hybridflow"
 from rl3d.hybrid_engine.plan import StrategyPlan, TransitionPlan, plan_transition
+from rl3d.hybrid_engine.pool import PoolTransition, plan_pool_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES, Strategy, get_strategy, register_strategy
 from rl3d.utils.imports import lazy_attributes
 
@@ -21,10 +23,12 @@ _LAZY = {
 
 __all__ = [
     "STRATEGIES",
+    "PoolTransition",
     "Strategy",
     "StrategyPlan",
     "TransitionPlan",
     "get_strategy",
+    "plan_pool_transition",
     "plan_transition",
     "register_strategy",
     *_LAZY,

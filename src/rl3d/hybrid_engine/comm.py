@@ -41,10 +41,13 @@ class CountedComm:
     """Logical byte counts: a rank receives each peer's chunk once and sends its own chunk once
     per receiver, whatever algorithm (ring, tree) the backend runs underneath."""
 
-    def __init__(self, rank: int, timeout_s: float):
+    def __init__(self, rank: int, timeout_s: float, *, bridge: dist.ProcessGroup | None = None):
         self.rank = rank
         self.timeout_s = timeout_s
         self.counter = CommCounter()
+        # point to point over a process group outside the default world (two pools' ranks,
+        # `rl3d.weight_sync.WeightBridge`): ranks are then its own
+        self.bridge = bridge
 
     def _fail(self, op: str, group: Group, err: Exception) -> ReshardError:
         others = [r for r in group.ranks if r != self.rank]
@@ -118,12 +121,16 @@ class CountedComm:
         self.counter.received(src, _nbytes(tensor))
 
     def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: int = 0) -> None:
-        """Point to point over the world, all at once: `sends[dst]` goes to world rank dst,
-        `recvs[src]` is filled from world rank src (one message per pair and tag)."""
+        """Point to point over the world (or the bridge), all at once: `sends[dst]` goes to rank
+        dst, `recvs[src]` is filled from rank src (one message per pair and tag)."""
         works = []
         try:
-            works += [dist.irecv(t, src=src, tag=tag) for src, t in recvs.items()]
-            works += [dist.isend(t, dst=dst, tag=tag) for dst, t in sends.items()]
+            if self.bridge is None:
+                works += [dist.irecv(t, src=src, tag=tag) for src, t in recvs.items()]
+                works += [dist.isend(t, dst=dst, tag=tag) for dst, t in sends.items()]
+            else:
+                works += [self.bridge.recv([t], src, tag) for src, t in recvs.items()]
+                works += [self.bridge.send([t], dst, tag) for dst, t in sends.items()]
             for work in works:
                 work.wait()
             self.counter.calls += len(works)

@@ -22,10 +22,11 @@ import torch
 
 from rl3d.hybrid_engine.comm import CountedComm, ReshardError
 from rl3d.hybrid_engine.nodes import NodeMap
-from rl3d.hybrid_engine.params import ParamInfo, model_params, stages_of
-from rl3d.hybrid_engine.plan import Collective, StrategyPlan, piece_key, plan_transition
+from rl3d.hybrid_engine.p2p import run_phases
+from rl3d.hybrid_engine.params import ParamInfo, model_params, shard_shape, stages_of
+from rl3d.hybrid_engine.plan import Collective, StrategyPlan, bucket_bounds, plan_transition
 from rl3d.hybrid_engine.registry import get_strategy
-from rl3d.hybrid_engine.weights import GenerationWeights, shard_shape
+from rl3d.hybrid_engine.weights import GenerationWeights
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
 from rl3d.parallel.groups import HybridGroups
@@ -192,44 +193,19 @@ class Resharder:
         return param.kind is ShardKind.REPLICATED
 
     def run_phases(self, plan: StrategyPlan, train) -> tuple[dict[tuple[int, int], torch.Tensor], list]:
-        """Run the plan's point-to-point phases in order. Returns what this rank received, by
-        piece key (param index, holder's TP rank or -1 when replicated), and the buffers."""
-        from rl3d.ops import pack_bucket
-
-        me, tp = self.rank, self.train.t
-        got: dict[tuple[int, int], torch.Tensor] = {}
-        buffers = []
-
-        def key(holder: int, i: int) -> tuple[int, int]:
-            return piece_key(i, self.is_replicated(self.params[i]), self.train.coords(holder).tp)
-
-        for k, phase in enumerate(plan.phases):
-            sends, recvs, landed = {}, {}, []
-            for t in phase:
-                if me not in (t.src, t.dst):
-                    continue
-                params = [(h, self.params[i]) for h, i in t.pieces]
-                numel = sum(self.piece_numel(t.unit, p) for _, p in params)
-                buf = torch.empty(numel, dtype=self.dtype, device=self.device)
-                if t.src == me:
-                    own = [
-                        train[p.name] if h == me else got[key(h, self.index_of[p.name])] for h, p in params
-                    ]
-                    pack_bucket(own, out=buf, backend=self.kernel_backend)
-                    sends[t.dst] = buf
-                else:
-                    recvs[t.src] = buf
-                    landed.append((buf, t.pieces))
-            self.comm.exchange(sends, recvs, tag=k)
-            for buf, pieces in landed:
-                cursor = 0
-                for h, i in pieces:
-                    p = self.params[i]
-                    n = self.piece_numel("shard", p)
-                    got[key(h, i)] = buf[cursor : cursor + n].view(shard_shape(p, tp))
-                    cursor += n
-                buffers.append(buf)
-        return got, buffers
+        """Run the plan's point-to-point phases in order (`p2p.run_phases`). Returns what this
+        rank received, by piece key (param index, holder's TP rank or -1 when replicated), and
+        the buffers."""
+        return run_phases(
+            plan.phases,
+            comm=self.comm,
+            params=self.params,
+            train=self.train,
+            own=train,
+            dtype=self.dtype,
+            device=self.device,
+            kernel_backend=self.kernel_backend,
+        )
 
     def weights(self, pieces, full, buffers, gen_tp_rank, gen_tp_as_train: bool = False) -> GenerationWeights:
         return GenerationWeights(
@@ -377,19 +353,6 @@ class Resharder:
             else:
                 full[p.name] = merge_tp_shards([c for _, c in chunks], p.kind)
         return {k: v.to(self.device) for k, v in full.items()}
-
-
-def bucket_bounds(numels: list[int], bucket_elems: int) -> list[tuple[int, int]]:
-    """Consecutive [lo, hi) index ranges whose element counts stay within `bucket_elems`."""
-    bounds, lo, size = [], 0, 0
-    for i, n in enumerate(numels):
-        if i > lo and size + n > bucket_elems:
-            bounds.append((lo, i))
-            lo, size = i, 0
-        size += n
-    if lo < len(numels):
-        bounds.append((lo, len(numels)))
-    return bounds
 
 
 def verify_against(weights: GenerationWeights, full: dict[str, torch.Tensor], *, rank: int) -> None:

@@ -22,8 +22,17 @@ __all__ = [
     "check_shardable",
     "kv_groups_of",
     "model_params",
+    "shard_shape",
     "stages_of",
 ]
+
+
+def shard_shape(param: ParamInfo, tp: int) -> tuple[int, ...]:
+    """The shape of one of `tp` TP shards of `param` (the whole shape when replicated)."""
+    if param.kind is ShardKind.REPLICATED or tp == 1:
+        return param.shape
+    dim = param.kind.tp_dim
+    return tuple(s // tp if i == dim else s for i, s in enumerate(param.shape))
 
 
 def kv_groups_of(tp_rank: int, tp_size: int, num_groups: int) -> range:

@@ -245,6 +245,19 @@ class PlanContext:
         return dict(pairs)
 
 
+def bucket_bounds(numels: list[int], bucket_elems: int) -> list[tuple[int, int]]:
+    """Consecutive [lo, hi) index ranges whose element counts stay within `bucket_elems`."""
+    bounds, lo, size = [], 0, 0
+    for i, n in enumerate(numels):
+        if i > lo and size + n > bucket_elems:
+            bounds.append((lo, i))
+            lo, size = i, 0
+        size += n
+    if lo < len(numels):
+        bounds.append((lo, len(numels)))
+    return bounds
+
+
 def rank_traffic(pairs: dict[tuple[int, int], int]) -> tuple[dict[int, int], dict[int, int]]:
     """(received, sent) bytes per rank of {(sender, receiver): bytes}."""
     recv: dict[int, int] = defaultdict(int)

@@ -19,13 +19,6 @@ from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
 
 
-def shard_shape(param: ParamInfo, tp: int) -> tuple[int, ...]:
-    if param.kind is ShardKind.REPLICATED or tp == 1:
-        return param.shape
-    dim = param.kind.tp_dim
-    return tuple(s // tp if i == dim else s for i, s in enumerate(param.shape))
-
-
 def full_model(params: list[ParamInfo], *, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """Random full (t=1) Megatron tensors, the same on every rank for a seed (tests, benchmarks)."""
     gen = torch.Generator().manual_seed(seed)

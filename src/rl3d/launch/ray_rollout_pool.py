@@ -66,7 +66,7 @@ def join_bridge(_state, host: str, port: int, plan, num_rollout: int, device: st
 
 
 def send_actor_weights(state) -> Any:
-    """On each actor-pool rank actor: send its planned shards of the current actor (SyncStats)."""
+    """On each actor-pool rank actor: send its planned shards of the current actor (TransitionStats)."""
     import torch.distributed as dist
 
     from rl3d.weight_sync import send_weights
@@ -232,7 +232,7 @@ def start_rollout_pool(
         stats = run.rollout.wait(
             refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s, liveness=live
         )
-        sent = sum(s.bytes for s in stats)
+        sent = sum(s.send_bytes for s in stats)
         if sent != plan.total_bytes:  # the plan's bytes are what the metric reports
             raise RuntimeError(f"weight sync sent {sent} bytes, the plan has {plan.total_bytes}")
         return max(s.seconds for s in stats)

@@ -38,7 +38,8 @@ from rl3d.rewards.rule_based import (
     math_exact_answer_check,
     math_exact_reward,
 )
-from rl3d.utils.imports import import_object, is_import_path, suggest
+from rl3d.utils.imports import import_object, is_import_path
+from rl3d.utils.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,16 @@ class BuiltinReward:
     answer_check: Callable[[Any], Any] | None = None
 
 
-BUILTIN_REWARDS: dict[str, BuiltinReward] = {}
+USER_FN = "or a user function 'package.module:function'"
+BUILTIN_REWARDS: Registry[BuiltinReward] = Registry(
+    "reward", note=f"; or 'synthetic' (the task of data.synthetic.task), {USER_FN}"
+)
 
 
 def register_reward(name: str, fn: RewardFn, *, answer_check: Callable[[Any], Any] | None = None) -> None:
-    assert name not in BUILTIN_REWARDS and name != "synthetic", f"reward {name!r} registered twice"
+    assert name != "synthetic", "'synthetic' names the data's task, not a reward"
     fn.reward_name = name  # type: ignore[attr-defined]  # what score_batch's errors call it
-    BUILTIN_REWARDS[name] = BuiltinReward(fn, answer_check)
+    BUILTIN_REWARDS.register(name, BuiltinReward(fn, answer_check))
 
 
 class SyntheticReward:
@@ -98,23 +102,17 @@ def _resolve_name(reward_cfg: Any, data_cfg: Any) -> str:
 def _builtin(name: str) -> BuiltinReward | None:
     if name not in BUILTIN_REWARDS and name in SYNTHETIC_TASKS:  # a task registered after import
         register_reward(name, synthetic_reward(SYNTHETIC_TASKS[name]))
-    return BUILTIN_REWARDS.get(name)
+    return BUILTIN_REWARDS[name] if name in BUILTIN_REWARDS else None
 
 
 def _resolve_named(name: str, key: str) -> RewardFn:
-    if is_import_path(name):
-        try:
+    try:
+        if is_import_path(name):
             return import_object(name, what="reward function")
-        except ValueError as err:
-            raise ValueError(f"{key}: {err}") from err
-    builtin = _builtin(name)
-    if builtin is None:
-        known = sorted([*BUILTIN_REWARDS, "synthetic"])
-        raise ValueError(
-            f"{key}: unknown reward {name!r}{suggest(name, known)}; known: {', '.join(known)}, "
-            "or a user function 'package.module:function'"
-        )
-    return builtin.fn
+        _builtin(name)
+        return BUILTIN_REWARDS.get(name).fn  # unknown: the closest name in the error
+    except ValueError as err:
+        raise ValueError(f"{key}: {err}") from err
 
 
 def _answer_check_named(name: str) -> Callable[[Any], Any] | None:
@@ -224,7 +222,8 @@ def high_token_ids_cost(inp: RewardInput) -> float:
 
 HIGH_TOKEN_ID = 128
 high_token_ids_cost.reward_name = "high_token_ids"  # type: ignore[attr-defined]
-BUILTIN_COSTS: dict[str, RewardFn] = {"high_token_ids": high_token_ids_cost}
+BUILTIN_COSTS: Registry[RewardFn] = Registry("cost", note=f", {USER_FN}")
+BUILTIN_COSTS.register("high_token_ids", high_token_ids_cost)
 
 
 def resolve_cost_fn(reward_cfg: Any) -> RewardFn | None:
@@ -232,15 +231,9 @@ def resolve_cost_fn(reward_cfg: Any) -> RewardFn | None:
     name = reward_cfg.cost_fn
     if name is None:
         return None
-    if is_import_path(name):
-        try:
+    try:
+        if is_import_path(name):
             return import_object(name, what="cost function")
-        except ValueError as err:
-            raise ValueError(f"reward.cost_fn: {err}") from err
-    if name not in BUILTIN_COSTS:
-        known = sorted(BUILTIN_COSTS)
-        raise ValueError(
-            f"reward.cost_fn: unknown cost {name!r}{suggest(name, known)}; known: {', '.join(known)}, "
-            "or a user function 'package.module:function'"
-        )
-    return BUILTIN_COSTS[name]
+        return BUILTIN_COSTS.get(name)
+    except ValueError as err:
+        raise ValueError(f"reward.cost_fn: {err}") from err

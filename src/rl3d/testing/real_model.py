@@ -71,17 +71,14 @@ def actor_logprobs(
 ) -> Any:
     """Log-probs [B, R] of the batch's responses by rl3d's actor (a MegatronRole built from
     `hf_dir` in fp32, the actor's forward and vocab-parallel log-probs); None off the last stage."""
-    from types import SimpleNamespace
-
+    from rl3d.config import ModelConfig
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.models.spec import spec_of
     from rl3d.workers.megatron_role import MegatronRole
 
-    spec = spec_of(SimpleNamespace(name=None, hf_path=str(hf_dir)))
-    role = MegatronRole(
-        spec, groups, role="actor", params_dtype=torch.float32, optim=None, total_steps=1, seed=1,
-        hf_path=str(hf_dir),
-    )  # fmt: skip
+    model = ModelConfig(hf_path=str(hf_dir), dtype="float32")
+    spec = spec_of(model)
+    role = MegatronRole.from_config(spec, groups, role="actor", model=model, seed=1, hf_path=model.hf_path)
 
     def extract(output: torch.Tensor, micro: Any):
         logits = role.response_slice(output, micro)

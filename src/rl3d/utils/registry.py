@@ -31,7 +31,8 @@ def _qualname(obj: Any) -> str | None:
 class Registry(Generic[T]):
     """A mapping from names to objects of one kind, filled by `register` (bare or as a decorator).
 
-    `note` ends the unknown-name error (say where more entries come from)."""
+    `note` ends the unknown-name error (say where more entries come from); one that starts
+    with "," or ";" continues the list of known names."""
 
     def __init__(self, kind: str, *, note: str = "") -> None:
         self.kind = kind
@@ -59,7 +60,7 @@ class Registry(Generic[T]):
         if name in self._entries:
             return self._entries[name]
         known = self.names()
-        note = f" {self.note}" if self.note else ""
+        note = self.note if self.note[:1] in ("", ",", ";") else f" {self.note}"  # a clause or a remark
         hint = suggest(name, known)
         raise ValueError(f"unknown {self.kind} {name!r}{hint}; known: {', '.join(known)}{note}")
 

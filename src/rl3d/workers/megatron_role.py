@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from rl3d.config import ModelConfig
 from rl3d.config import OptimConfig as OptimSection
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.packing import (
@@ -42,6 +43,7 @@ from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.dtypes import torch_dtype
 
 logger = logging.getLogger(__name__)
 # A metric row's weight in the step's mean (packed micro-batches differ in size, so their rows
@@ -113,6 +115,42 @@ class MegatronRole:
             self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
             self.optimizer = build_optimizer(self.ddp, groups, optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_steps=total_steps)
+
+    @classmethod
+    def from_config(
+        cls,
+        spec: ModelSpec,
+        groups: MegatronGroups,
+        *,
+        role: str,
+        model: ModelConfig,
+        seed: int,
+        batching: Any = None,
+        optim: OptimSection | None = None,
+        total_steps: int = 1,
+        hf_path: str | None = None,
+        init_from: MegatronRole | None = None,
+    ) -> MegatronRole:
+        """A role built from its recipe sections, the one way every worker and job builds one.
+
+        `model` gives the parameter dtype; `batching` is the role's section holding `packing`
+        and `max_tokens_per_micro_batch` (an actor, critic, reference or reward-model section;
+        None: padded micro-batches); `optim` (with `total_steps` for its schedule) makes the
+        role trainable, None keeps it forward-only. `hf_path` and `init_from` say where the
+        weights start (see `__init__`)."""
+        return cls(
+            spec,
+            groups,
+            role=role,
+            params_dtype=torch_dtype(model.dtype),
+            optim=optim,
+            total_steps=total_steps,
+            seed=seed,
+            hf_path=hf_path,
+            init_from=init_from,
+            packing=bool(batching is not None and batching.packing),
+            max_tokens_per_micro_batch=None if batching is None else batching.max_tokens_per_micro_batch,
+        )
 
     def unwrapped(self) -> torch.nn.Module:
         return unwrap_model(self.ddp)

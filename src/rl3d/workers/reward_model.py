@@ -17,11 +17,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from rl3d.config import ModelConfig
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
-from rl3d.utils.dtypes import torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -138,27 +138,18 @@ def load_reward_model(
     groups: MegatronGroups,
     weights_dir: Path,
     *,
-    dtype: torch.dtype,
+    model: ModelConfig,
     seed: int,
-    packing: bool = False,
-    max_tokens_per_micro_batch: int | None = None,
+    batching=None,
 ):
-    """A forward-only MegatronRole holding the reward model of `weights_dir`, in this layout."""
+    """A forward-only MegatronRole holding the reward model of `weights_dir`, in this layout
+    (`model.dtype`; `batching`: the reward-model section's packing, None: padded)."""
     from safetensors.torch import load_file
 
     from rl3d.workers.megatron_role import MegatronRole
 
-    role = MegatronRole(
-        spec,
-        groups,
-        role="critic",
-        params_dtype=dtype,
-        optim=None,
-        total_steps=1,
-        seed=seed,
-        hf_path=str(weights_dir),
-        packing=packing,
-        max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+    role = MegatronRole.from_config(
+        spec, groups, role="critic", model=model, seed=seed, batching=batching, hf_path=str(weights_dir)
     )
     if groups.is_last_stage:
         head = load_file(str(weights_dir / HEAD_FILE))["weight"]
@@ -188,13 +179,7 @@ class RewardModelWorker:
         weights = resolve_weights_dir(self.section.path)
         spec = reward_model_spec(weights)
         self.role = load_reward_model(
-            spec,
-            ctx.groups,
-            weights,
-            dtype=torch_dtype(cfg.model.dtype),
-            seed=cfg.trainer.seed,
-            packing=self.section.packing,
-            max_tokens_per_micro_batch=self.section.max_tokens_per_micro_batch,
+            spec, ctx.groups, weights, model=cfg.model, seed=cfg.trainer.seed, batching=self.section
         )
         logger.info("%s model from %s (%s)", kind, weights, spec.name)
 

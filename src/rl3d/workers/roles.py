@@ -11,7 +11,7 @@ import logging
 import torch
 
 from rl3d import algos
-from rl3d.config import RL3DConfig
+from rl3d.config import ReferenceConfig, RL3DConfig
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
@@ -54,19 +54,14 @@ def _count_unit(mode: str):
     return lambda m: float((m["response_mask"].sum(-1) > 0).sum())
 
 
-def _batching(section) -> dict:
-    """MegatronRole's packing options from a role's config section."""
-    return {"packing": section.packing, "max_tokens_per_micro_batch": section.max_tokens_per_micro_batch}
-
-
-def _reference_batching(cfg: RL3DConfig) -> dict:
+def _reference_batching(cfg: RL3DConfig) -> ReferenceConfig:
     """The reference runs the actor's micro-batches: the actor's packing unless it sets its own."""
     ref, actor = cfg.reference, cfg.actor
     packing = actor.packing if ref.packing is None else ref.packing
     budget = ref.max_tokens_per_micro_batch
     if budget is None and packing:
         budget = actor.max_tokens_per_micro_batch
-    return {"packing": packing, "max_tokens_per_micro_batch": budget}
+    return dataclasses.replace(ref, packing=packing, max_tokens_per_micro_batch=budget)
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
@@ -138,16 +133,16 @@ class ActorRolloutWorker(_LogProbMixin):
         cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
         self.cfg, self.spec, self.groups = cfg, spec, groups
         self.dtype = torch_dtype(cfg.model.dtype)
-        self.role = MegatronRole(
+        self.role = MegatronRole.from_config(
             spec,
             groups,
             role="actor",
-            params_dtype=self.dtype,
+            model=cfg.model,
+            seed=cfg.trainer.seed,
+            batching=cfg.actor,
             optim=cfg.actor.optim,
             total_steps=cfg.trainer.total_steps,
-            seed=cfg.trainer.seed,
             hf_path=cfg.model.hf_path,
-            **_batching(cfg.actor),
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
         he = cfg.hybrid_engine
@@ -257,17 +252,17 @@ class CriticWorker:
             f"{prefix}returns",
             f"{prefix}critic",
         )
-        self.role = MegatronRole(
+        self.role = MegatronRole.from_config(
             spec,
             groups,
             role="critic",
-            params_dtype=torch_dtype(cfg.model.dtype),
+            model=cfg.model,
+            seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
+            batching=cfg.critic,
             optim=cfg.critic.optim,
             total_steps=cfg.trainer.total_steps,
-            seed=cfg.trainer.seed + (1 if kind == "reward" else 2),
             hf_path=ctx.init_path,
             init_from=ctx.init_from,
-            **_batching(cfg.critic),
         )
 
     def dispatch_info(self) -> DispatchInfo:
@@ -313,17 +308,16 @@ class ReferenceWorker(_LogProbMixin):
         self.cfg, self.spec, self.groups = cfg, spec, groups
         warmed = cfg.actor.warm_start is not None  # then the actor's SFT'd weights, never hf_path's
         path = ctx.init_path if warmed else cfg.model.hf_path or ctx.init_path
-        self.role = MegatronRole(
+        self.role = MegatronRole.from_config(
             spec,
             groups,
             role="reference",
-            params_dtype=torch_dtype(cfg.model.dtype),
-            optim=None,
-            total_steps=cfg.trainer.total_steps,
+            model=cfg.model,
             seed=cfg.trainer.seed,
+            batching=_reference_batching(cfg),
+            total_steps=cfg.trainer.total_steps,
             hf_path=path,
             init_from=None if path else ctx.init_from,
-            **_reference_batching(cfg),
         )
 
     def dispatch_info(self) -> DispatchInfo:

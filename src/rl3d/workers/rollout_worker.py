@@ -20,10 +20,11 @@ import torch
 import torch.distributed as dist
 
 from rl3d.config import RL3DConfig
+from rl3d.hybrid_engine.pool import PoolTransition
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.dtypes import torch_dtype
-from rl3d.weight_sync import SyncPlan, WeightBridge, receive_weights
+from rl3d.weight_sync import WeightBridge, receive_weights
 from rl3d.workers.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class RolloutWorker:
         tokenizer,
         pool_rank: int,
         bridge: WeightBridge,
-        plan: SyncPlan,
+        plan: PoolTransition,
         link: AsyncLink,
         device,
     ):
@@ -106,7 +107,7 @@ class RolloutWorker:
         self.version += 1
         self.sync_seconds += stats.seconds
         logger.debug(
-            "rollout rank %d: policy version %d (%d bytes)", self.pool_rank, self.version, stats.bytes
+            "rollout rank %d: policy version %d (%d bytes)", self.pool_rank, self.version, stats.recv_bytes
         )
         return True
 

@@ -1,7 +1,7 @@
 """The weight sync for real, over gloo: training ranks (one world) send their shards to rollout
 ranks through a `WeightBridge` built on a separate TCPStore, as two pools do. Each rollout rank
 gets its generation-TP shard of every parameter bit for bit, and the bytes counted on both sides
-equal the plan's."""
+equal the plan's (`rl3d.hybrid_engine.pool`, run by the hybrid engine's point-to-point executor)."""
 
 import datetime
 
@@ -9,12 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from rl3d.hybrid_engine.pool import plan_pool_transition
 from rl3d.models.params import model_params, stages_of
 from rl3d.models.spec import get_model_spec
 from rl3d.ops.layouts import shard_for_tp
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.testing.spawn import free_port, run_distributed
-from rl3d.weight_sync import WeightBridge, plan_weight_sync, receive_weights, send_weights
+from rl3d.weight_sync import WeightBridge, receive_weights, send_weights
 
 pytestmark = pytest.mark.distributed
 SPEC = get_model_spec("tiny-llama")
@@ -25,7 +26,7 @@ def _sync(rank, world, layout, t_g, d_g, port):
 
     params = [p for p in model_params(SPEC, train_tp=layout.t) if not p.tied_copy]
     full = full_model(params, seed=7, dtype=torch.float32)
-    plan = plan_weight_sync(SPEC, layout, gen_tp=t_g, gen_dp=d_g, bytes_per_element=4, bucket_bytes=48 * 1024)
+    plan = plan_pool_transition(SPEC, layout, gen_tp=t_g, gen_dp=d_g, dtype="float32", bucket_bytes=48 * 1024)
     store = dist.TCPStore(
         "127.0.0.1", port, world, is_master=rank == 0, timeout=datetime.timedelta(seconds=60)
     )
@@ -38,14 +39,14 @@ def _sync(rank, world, layout, t_g, d_g, port):
             for p in params
             if c.pp in stages_of(p, SPEC.num_layers, layout.p)
         }
-        return ("train", send_weights(bridge, plan, shards, rank).bytes)
+        return ("train", send_weights(bridge, plan, shards, rank).send_bytes)
     me = rank - n
     got, stats = receive_weights(bridge, plan, me, dtype=torch.float32)
     a = me % t_g
     for p in params:
         assert torch.equal(got[p.name], shard_for_tp(full[p.name], p.kind, t_g, a)), p.name
     assert set(got) == {p.name for p in params}
-    return ("rollout", stats.bytes, plan.bytes_to(me), plan.total_bytes)
+    return ("rollout", stats.recv_bytes, plan.bytes_to(me), plan.total_bytes)
 
 
 LAYOUTS = [

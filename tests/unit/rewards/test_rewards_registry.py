@@ -125,3 +125,22 @@ def test_user_function_by_import_path(user_module):
 def test_user_function_errors_name_the_path(user_module, path, message):
     with pytest.raises(ValueError, match=f"reward.fn: reward function '{path}': {message}"):
         _resolve(path, FILES)
+
+
+def test_reward_and_cost_tables_are_registries():
+    """Both tables are `rl3d.utils.registry.Registry`s: the error names the key, the closest
+    name, every built-in, and the other ways to name a function."""
+    from rl3d.rewards.registry import BUILTIN_COSTS, BUILTIN_REWARDS, resolve_cost_fn
+    from rl3d.utils.registry import Registry
+
+    assert isinstance(BUILTIN_REWARDS, Registry) and isinstance(BUILTIN_COSTS, Registry)
+    assert {"gsm8k", "math", "parity_match"} <= set(BUILTIN_REWARDS.names())
+    with pytest.raises(ValueError) as err:
+        _resolve("math_exakt", FILES)
+    text = str(err.value)
+    assert text.startswith("reward.fn: unknown reward 'math_exakt' (did you mean 'math_exact'")
+    assert "gsm8k_flexible" in text and "'synthetic'" in text and "package.module:function" in text
+    with pytest.raises(
+        ValueError, match=r"reward\.cost_fn: unknown cost 'x'; known: high_token_ids, or a user"
+    ):
+        resolve_cost_fn(RewardConfig(cost_fn="x"))
