@@ -48,7 +48,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         # the recipe is read here: the planner below the config layer takes shapes and layouts
         config = load_config(args.recipe, args.overrides).config if args.recipe else None
-        print(run_plan(args, config))
+        if args.memory:
+            from rl3d.planning.memory_report import run_memory_plan
+
+            print(run_memory_plan(args, config))
+        else:
+            print(run_plan(args, config))
         return 0
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -105,8 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
     import rl3d.bench  # noqa: F401  registers the baseline strategies the plan table compares against
     from rl3d.hybrid_engine.report import add_plan_arguments
+    from rl3d.planning.memory_report import add_memory_arguments
 
     add_plan_arguments(plan)
+    add_memory_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
     bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition ...`, `rl3d bench rollout ...`")
     from rl3d.bench.report import add_bench_arguments
