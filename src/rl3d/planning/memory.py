@@ -14,7 +14,8 @@ For every rank of every pool (`rl3d.config.pools.role_pools`), bytes by phase:
 - reshard: the static bytes, the generation weights the 3D-HybridEngine builds, the engine's
   own copy and the transfer buckets (`rl3d.planning.memory_generate`);
 - generate: what the roles keep resident (less `<role>.offload`) plus the engine's weights,
-  KV cache and workspace.
+  KV cache and workspace; SGLang's KV pool takes what the device leaves free, up to the rank's
+  whole share of the step's sequences.
 An SGLang engine without `enable_memory_saver` keeps its weights and KV cache through training.
 Each phase's peak, the rank's largest, and whether it fits `device_bytes`.
 """
@@ -29,7 +30,7 @@ from rl3d.config.pools import Pool, role_pools
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec, spec_of
 from rl3d.parallel import GenerationLayout
-from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes
+from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes, sglang_pool
 from rl3d.planning.memory_roles import RoleModel, resident_in_generation, role_model, role_train_bytes
 from rl3d.planning.memory_train import RoleBytes
 
@@ -133,7 +134,13 @@ def _gen_shape(cfg: RL3DConfig, pool: Pool, rank: int) -> GenShape:
 
 
 def _rank_plan(
-    cfg: RL3DConfig, spec: ModelSpec, pool: Pool, rank: int, roles: list[RoleModel], resharded: list[int]
+    cfg: RL3DConfig,
+    spec: ModelSpec,
+    pool: Pool,
+    rank: int,
+    roles: list[RoleModel],
+    resharded: list[int],
+    device_bytes: int | None,
 ) -> RankPlan:
     world_rank = pool.offset + rank
     node = world_rank // max(cfg.launch.nproc_per_node, 1)
@@ -148,6 +155,9 @@ def _rank_plan(
         statics = {name: resident_in_generation(b, ()) for name, b in train.items()}
         phases["reshard"] = statics | {ENGINE: at_reshard}
         offloaded = {r.name: resident_in_generation(train[r.name], r.offload) for r in roles}
+        if cfg.rollout.engine == "sglang" and device_bytes is not None:
+            others = sum(b.total for b in offloaded.values())
+            at_generate = sglang_pool(cfg, spec, shape, at_generate, others=others, device_bytes=device_bytes)
         phases["generate"] = offloaded | {ENGINE: at_generate}
         if cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.enable_memory_saver:
             train[ENGINE] = EngineBytes(weights=at_generate.weights, kv_cache=at_generate.kv_cache)
@@ -173,5 +183,7 @@ def plan_memory(cfg: RL3DConfig, device_bytes: int | None = None) -> MemoryPlan:
             elif name != ROLLOUT_POOL:
                 unknown.append(name)
         resharded = _resharded_bytes(cfg, spec, pool) if "actor" in pool.roles else []
-        ranks += [_rank_plan(cfg, spec, pool, rank, roles, resharded) for rank in range(pool.size)]
+        ranks += [
+            _rank_plan(cfg, spec, pool, rank, roles, resharded, device_bytes) for rank in range(pool.size)
+        ]
     return MemoryPlan(device_bytes, ranks, tuple(unknown))

@@ -7,12 +7,14 @@
   rank already holds (`rl3d.hybrid_engine.plan`: peak + redundant - training bytes; 0 for
   hybridflow's identity transition). The torch engine generates on it; SGLang has copied it
   once its push is done, so the generate phase counts it for the torch engine only.
-- kv_cache: K and V for every sequence the engine decodes at once at full length
-  (`data.max_prompt_length + rollout.max_new_tokens` tokens): the torch engine decodes
-  `max_batch_rows` rows per chunk, SGLang the rank's whole share of the step.
+- kv_cache: K and V at full length (`data.max_prompt_length + rollout.max_new_tokens`
+  tokens). The torch engine allocates it for the rows it decodes at once (`max_batch_rows` per
+  chunk of the rank's share of the step). SGLang decodes as many sequences as its pool holds:
+  with a device size its pool is what the phase leaves free, at most the rank's whole share at
+  once and at least one full-length sequence (`sglang_pool`); without one, the whole share.
 - workspace: one layer's forward over a prefill (the torch engine's chunk of prompts, or
-  SGLang's `CHUNKED_PREFILL_TOKENS`) plus fp32 logits of the decoded rows. SGLang's CUDA
-  graphs and the allocator's fragmentation are not modelled.
+  SGLang's `CHUNKED_PREFILL_TOKENS`) plus fp32 logits of the decoded rows; for SGLang also a
+  flat `SGLANG_RESERVED_BYTES` for its CUDA graphs, NCCL and the allocator's fragmentation.
 - buffers: the resharding bucket (`hybrid_engine.bucket_mb`) and SGLang's push bucket
   (`rollout.sglang.bucket_mb`), held only while weights move (the reshard phase).
 """
@@ -20,7 +22,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.params import megatron_params, stages_of
@@ -33,6 +35,7 @@ from rl3d.utils.dtypes import DTYPE_BYTES
 MB = 1 << 20
 TORCH_MAX_BATCH_ROWS = 256  # TorchRolloutEngine's default max_batch_rows
 CHUNKED_PREFILL_TOKENS = 8192  # SGLang's chunked_prefill_size on an 80 GB-class GPU
+SGLANG_RESERVED_BYTES = 2 << 30  # an allowance, not a measurement: CUDA graphs, NCCL, fragmentation
 
 
 @dataclass(frozen=True)
@@ -84,9 +87,15 @@ def _sequences(cfg: RL3DConfig, shape: GenShape) -> tuple[int, int]:
 
 def kv_cache_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_bytes: int) -> int:
     rows, slots = _sequences(cfg, shape)
+    return rows * sequence_kv_bytes(cfg, spec, shape, dtype_bytes)
+
+
+def sequence_kv_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_bytes: int) -> int:
+    """K and V of one full-length sequence on one generation rank."""
+    slots = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
     layers = spec.num_layers // shape.pp
     kv_heads = max(spec.num_query_groups // shape.tp, 1)
-    return layers * rows * kv_heads * 2 * spec.head_dim * slots * dtype_bytes
+    return layers * kv_heads * 2 * spec.head_dim * slots * dtype_bytes
 
 
 def workspace_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_bytes: int) -> int:
@@ -124,3 +133,20 @@ def engine_bytes(
         workspace=workspace_bytes(cfg, spec, shape, dtype_bytes),
     )
     return reshard, generate
+
+
+def sglang_pool(
+    cfg: RL3DConfig,
+    spec: ModelSpec,
+    shape: GenShape,
+    generate: EngineBytes,
+    *,
+    others: int,
+    device_bytes: int,
+) -> EngineBytes:
+    """SGLang's KV pool on a device of `device_bytes` where the rest of the generate phase
+    takes `others` bytes: what is left, between one full-length sequence and the whole share."""
+    one = sequence_kv_bytes(cfg, spec, shape, DTYPE_BYTES[cfg.rollout.dtype or cfg.model.dtype])
+    free = device_bytes - others - (generate.total - generate.kv_cache)
+    pool = min(generate.kv_cache, max(one, free // one * one))
+    return replace(generate, kv_cache=pool)

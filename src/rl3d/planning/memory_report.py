@@ -35,6 +35,10 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / GIB:.2f}"
 
 
+def _size(nbytes: int) -> str:
+    return f"{nbytes / GIB:.2f} GiB" if nbytes >= GIB // 10 else f"{nbytes / (1 << 20):.2f} MiB"
+
+
 def biggest_item(rank: RankPlan) -> tuple[str, str, int]:
     """(role or "engine", item, bytes) of the largest single item in the rank's peak phase."""
     entries = rank.phases[rank.peak_phase]
@@ -44,7 +48,8 @@ def biggest_item(rank: RankPlan) -> tuple[str, str, int]:
     )
 
 
-def _key_of(role: str) -> str:
+def role_key(role: str) -> str:
+    """The recipe section that sets `role` up."""
     return {"cost_critic": "critic", "reward_model": "reward.model", "cost_model": "reward.cost_model"}.get(
         role, role
     )
@@ -52,7 +57,7 @@ def _key_of(role: str) -> str:
 
 def remedies(phase: str, role: str, item: str) -> str:
     """What would shrink `item` of `role` in `phase`: the recipe keys to change."""
-    key = _key_of(role)
+    key = role_key(role)
     if role == ENGINE:
         if item == "kv_cache":
             return (
@@ -85,9 +90,9 @@ def refusal(plan: MemoryPlan) -> str | None:
     worst = plan.worst()
     role, item, nbytes = biggest_item(worst)
     return (
-        f"memory plan: rank {worst.rank} (node {worst.node}) needs {_gib(worst.peak_bytes)} GiB in its "
-        f"{worst.peak_phase} phase, over the device's {_gib(plan.device_bytes)} GiB; biggest item: "
-        f"{role} {item} {_gib(nbytes)} GiB; to fit: {remedies(worst.peak_phase, role, item)}"
+        f"memory plan: rank {worst.rank} (node {worst.node}) needs {_size(worst.peak_bytes)} in its "
+        f"{worst.peak_phase} phase, over the device's {_size(plan.device_bytes)}; biggest item: "
+        f"{role} {item} {_size(nbytes)}; to fit: {remedies(worst.peak_phase, role, item)}"
     )
 
 
