@@ -79,6 +79,7 @@ class MegatronRole:
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         response_outputs: bool = False,
+        recompute: str = "none",
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -89,6 +90,12 @@ class MegatronRole:
         self.response_outputs = response_outputs
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
         overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
+        if recompute == "full":  # every layer its own checkpoint: one layer's activations at a time
+            overrides |= {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 1,
+            }
         self.model = build_gpt(
             spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
         )

@@ -55,8 +55,12 @@ def _count_unit(mode: str):
 
 
 def _batching(section) -> dict:
-    """MegatronRole's packing options from a role's config section."""
-    return {"packing": section.packing, "max_tokens_per_micro_batch": section.max_tokens_per_micro_batch}
+    """MegatronRole's packing and recompute options from a trained role's config section."""
+    return {
+        "packing": section.packing,
+        "max_tokens_per_micro_batch": section.max_tokens_per_micro_batch,
+        "recompute": section.recompute,
+    }
 
 
 def _reference_batching(cfg: RL3DConfig) -> dict:
