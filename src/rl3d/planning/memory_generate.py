@@ -101,15 +101,17 @@ def sequence_kv_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_b
 def workspace_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_bytes: int) -> int:
     rows, _ = _sequences(cfg, shape)
     width = cfg.data.max_prompt_length
+    reserved = 0
     if cfg.rollout.engine == "sglang":
         tokens = min(CHUNKED_PREFILL_TOKENS, rows * width)
         prefill = MicroBatchShape(seq_len=tokens, rows=1, response_len=0, flash=True)
+        reserved = SGLANG_RESERVED_BYTES
     else:
         prefill = MicroBatchShape(
             seq_len=width, rows=max(1, rows // cfg.rollout.n), response_len=0, flash=False
         )
     vocab = padded_vocab_size(spec.vocab_size, shape.train_tp) // shape.tp
-    return layer_bytes(spec, shape.tp, prefill, dtype_bytes) + rows * vocab * FP32
+    return layer_bytes(spec, shape.tp, prefill, dtype_bytes) + rows * vocab * FP32 + reserved
 
 
 def engine_bytes(

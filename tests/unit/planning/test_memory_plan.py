@@ -121,3 +121,22 @@ def test_pools_every_rank_and_separate_rollout():
     assert [(r.rank, r.pool) for r in plan.ranks] == [(0, "actor"), (1, "actor"), (2, "critic")]
     critic = plan.ranks[2]
     assert set(critic.phases) == {"train"} and set(critic.phases["train"]) == {"critic"}
+
+
+GPU_RECIPES = ("gpu_llama2_7b_grpo", "gpu_llama2_7b_ppo", "gpu_llama2_70b_grpo", "gpu_llama2_70b_ppo")
+
+
+@pytest.mark.parametrize("name", GPU_RECIPES)
+def test_gpu_recipes_fit_80_gib_by_their_settings(name):
+    recipe = f"recipes/{name}.yaml"
+    cfg = load_config(recipe, []).config
+    plan = plan_memory(cfg, device_bytes=80 << 30)
+    assert plan.fits is True
+    # without packing (megatron's local attention keeps the [b*heads, T, T] softmax) and
+    # recompute, training needs more: beyond the device for all but 7B GRPO (78.5 of 80 GiB)
+    undone = ["actor.packing=false", "actor.recompute=none"]
+    if "ppo" in name:
+        undone += ["critic.packing=false", "critic.recompute=none"]
+    padded = plan_memory(load_config(recipe, undone).config, device_bytes=80 << 30)
+    assert padded.fits is (name == "gpu_llama2_7b_grpo")
+    assert padded.ranks[0].peaks["train"] > plan.ranks[0].peaks["train"] + (20 << 30)
