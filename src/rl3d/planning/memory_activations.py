@@ -93,3 +93,20 @@ def activation_bytes(
     else:
         kept = layers * one_layer
     return shape.in_flight * (kept + head) + one_layer  # + the backward's transient
+
+
+def kept_bytes(spec: ModelSpec, *, tp: int, layers: int, shape: MicroBatchShape, dtype_bytes: int) -> int:
+    """What autograd keeps after one training micro-batch's forward on a single-stage rank with
+    the language-model head: the plan's activations less the backward's transient (what the CPU
+    check measures with saved-tensor hooks)."""
+    total = activation_bytes(
+        spec,
+        tp=tp,
+        layers=layers,
+        last_stage=True,
+        lm_head=True,
+        shape=shape,
+        dtype_bytes=dtype_bytes,
+        trains=True,
+    )
+    return total - layer_bytes(spec, tp, shape, dtype_bytes)

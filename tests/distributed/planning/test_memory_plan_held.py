@@ -71,14 +71,13 @@ def held_worker(rank, world, overrides):
 
 
 def planned_kept_activations(cfg, spec, tp, *, rows, width):
-    """The plan's activations of one training micro-batch without the backward's transient."""
-    from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, layer_bytes
+    from rl3d.planning.memory_activations import MicroBatchShape, kept_bytes
     from rl3d.utils.dtypes import DTYPE_BYTES
 
     shape = MicroBatchShape(width, rows, cfg.rollout.max_new_tokens, flash=False)
-    B = DTYPE_BYTES[cfg.model.dtype]
-    args = dict(tp=tp, layers=spec.num_layers, last_stage=True, lm_head=True, shape=shape, dtype_bytes=B)
-    return activation_bytes(spec, **args, trains=True) - layer_bytes(spec, tp, shape, B)
+    return kept_bytes(
+        spec, tp=tp, layers=spec.num_layers, shape=shape, dtype_bytes=DTYPE_BYTES[cfg.model.dtype]
+    )
 
 
 def check(results):
