@@ -15,7 +15,10 @@
 #   4. the rollout benchmark on CUDA;
 #   5. the whole GRPO loop on CUDA: the CPU quickstart on one GPU (world of 1, NCCL, local layer
 #      spec: TE is not there, and rl3d refuses it with left padding anyway), 5 steps;
-#   6. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
+#   6. the memory plan beside torch.cuda.max_memory_allocated per phase (benchmarks/
+#      memory_plan_gpu.py): the one-GPU quickstart, then llama2-7b in fp32 (random weights, no
+#      reference; bf16 needs TE's norms, absent there), planned at 103 GiB;
+#   7. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0  # compiled Triton kernels on the GPU
 OUT=${OUT:-/tmp/rl3d-gpu-out}
@@ -35,14 +38,18 @@ timeout 90 python3 -m rl3d.cli bench rollout --out "$OUT" 2>&1 | tee "$OUT/rollo
 timeout 180 python3 -m rl3d.cli train recipes/quickstart_cpu_grpo.yaml launch.device=cuda \
     launch.nproc_per_node=1 actor.parallel.tp=1 trainer.total_steps=5 checkpoint.save_every=0 \
     logging.tensorboard=false trainer.run_dir="$OUT/grpo_cuda" 2>&1 | tee "$OUT/grpo_cuda.log" || status=1
+timeout 90 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan" 2>&1 | tee "$OUT/memory_plan.log" || status=1
+timeout 150 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan_7b" model.name=llama2-7b \
+    algorithm.kl.coef=0 2>&1 | tee "$OUT/memory_plan_7b.log" || status=1
 
 {
   echo "# rl3d GPU session, $(date -u +%Y-%m-%d)"
   cat "$OUT/gpu.txt"
-  for step in test_gpu kernels rollout grpo_cuda; do
+  for step in test_gpu kernels rollout grpo_cuda memory_plan memory_plan_7b; do
     echo "- $step: $(tail -n 1 "$OUT/$step.log" 2>/dev/null)"
   done
   echo "- grpo_cuda last step: $(tail -n 1 "$OUT/grpo_cuda/metrics.jsonl" 2>/dev/null | head -c 600)"
+  grep -h "ratio" "$OUT/memory_plan.log" "$OUT/memory_plan_7b.log" 2>/dev/null | sed 's/^/- memory plan /'
   echo "overall status: $status"
 } > "$OUT/report.md"
 cat "$OUT/report.md"

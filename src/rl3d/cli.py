@@ -12,6 +12,7 @@ import sys
 from rl3d.config import ConfigError
 
 EXIT_BAD_INPUT = 2
+DEVICE_GIB_HELP = "GPU memory in GiB the recipe's memory plan must fit (default: this host's GPU on CUDA)"
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
@@ -24,7 +25,8 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         print(f"# {args.recipe}: valid reward-model job; files applied: {', '.join(loaded.files)}")
         print(config_to_yaml(loaded.config), end="")
         return 0
-    preflight(loaded, check_paths=args.preflight)  # ranges always; files and imports on request
+    # ranges always; files, imports and the memory plan on request
+    preflight(loaded, check_paths=args.preflight, device_gib=args.device_gib)
     print(f"# {args.recipe}: valid; files applied: {', '.join(loaded.files)}")
     for pool in role_pools(loaded.config):
         ranks = f"{pool.ranks.start}-{pool.ranks.stop - 1}" if pool.size > 1 else str(pool.offset)
@@ -37,7 +39,12 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rl3d.launch.train import launch_train
 
     return launch_train(
-        args.recipe, args.overrides, emit=print, dry_run=args.dry_run, overwrite=args.overwrite
+        args.recipe,
+        args.overrides,
+        emit=print,
+        dry_run=args.dry_run,
+        overwrite=args.overwrite,
+        device_gib=args.device_gib,
     )
 
 
@@ -48,7 +55,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         # the recipe is read here: the planner below the config layer takes shapes and layouts
         config = load_config(args.recipe, args.overrides).config if args.recipe else None
-        print(run_plan(args, config))
+        if args.memory:
+            from rl3d.planning.memory_report import run_memory_plan
+
+            print(run_memory_plan(args, config))
+        else:
+            print(run_plan(args, config))
         return 0
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -94,19 +106,23 @@ def build_parser() -> argparse.ArgumentParser:
     validate.add_argument(
         "--preflight", action="store_true", help="also check data files, model dir and user code here"
     )
+    validate.add_argument("--device-gib", type=float, default=None, help=DEVICE_GIB_HELP)
     validate.set_defaults(func=_cmd_validate)
     train = recipe_cmd("train", "run a recipe (spawns torchrun for its world size)")
     train.add_argument("--dry-run", action="store_true", help="print the launch command and exit")
     train.add_argument(
         "--overwrite", action="store_true", help="delete an earlier run's outputs in the run dir first"
     )
+    train.add_argument("--device-gib", type=float, default=None, help=DEVICE_GIB_HELP)
     train.set_defaults(func=_cmd_train)
 
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
     import rl3d.bench  # noqa: F401  registers the baseline strategies the plan table compares against
     from rl3d.hybrid_engine.report import add_plan_arguments
+    from rl3d.planning.memory_report import add_memory_arguments
 
     add_plan_arguments(plan)
+    add_memory_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
     bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition ...`, `rl3d bench rollout ...`")
     from rl3d.bench.report import add_bench_arguments

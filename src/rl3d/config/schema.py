@@ -119,6 +119,7 @@ class TrainedRoleConfig:
     ppo_epochs: int = 1
     mini_batch_size: int = 8
     micro_batch_size: int = 1
+    recompute: Literal["none", "full"] = "none"  # full: layers rerun forward in backward (docs/memory.md)
     # Sequence packing: each micro-batch's sequences run as one row without pad tokens (same
     # outputs within fp32 rounding, not bit for bit, hence off by default).
     packing: bool = False

@@ -18,6 +18,7 @@ already checked the recipe as data; this module looks at the machine and the use
 - a Python tool (``rollout.multi_turn.tools: {python: ...}``) gets its isolation here: a probe
   program runs under it (`rl3d.tools.python_sandbox.isolation_problem`), and a machine that
   cannot give it is refused naming what is missing (no fallback to a weaker mode);
+- the recipe's per-rank memory plan fits the device (`rl3d.launch.preflight_memory`);
 - the run directory (`check_run_dir`): a run never mixes with another. `checkpoint.resume:
   never` into a directory holding an earlier run is refused unless the user passes
   `--overwrite` (which deletes that run's outputs); a resolved_config.yaml that differs in
@@ -56,12 +57,20 @@ class _Check:
         return PreflightError(message, key=key, source=self.loaded.source_of(key))
 
 
-def preflight(loaded: LoadedConfig, *, check_paths: bool = True, absent_ok: bool = False) -> None:
+def preflight(
+    loaded: LoadedConfig,
+    *,
+    check_paths: bool = True,
+    absent_ok: bool = False,
+    device_gib: float | None = None,
+) -> None:
     """Raise `PreflightError` for the first problem.
 
     `check_paths=False` skips files and imports (what `rl3d validate` does without
     `--preflight`: the recipe may be meant for another machine). `absent_ok` skips input paths
     that do not exist here (`rl3d slurm` on a login node: the job checks them on its nodes).
+    With `check_paths`, or a `device_gib`, the memory plan must fit the device
+    (`rl3d.launch.preflight_memory`: the host's GPU, or `device_gib` GiB).
     """
     check = _Check(loaded, absent_ok)
     spec = _check_model(check, check_paths)
@@ -73,6 +82,10 @@ def preflight(loaded: LoadedConfig, *, check_paths: bool = True, absent_ok: bool
         from rl3d.config.reward_model import preflight_reward_models
 
         preflight_reward_models(check.cfg, check.fail, absent_ok=absent_ok)
+    if check_paths or device_gib is not None:
+        from rl3d.launch.preflight_memory import check_memory
+
+        check_memory(loaded, device_gib)
 
 
 def _check_ranges(check: _Check, spec: Any) -> None:

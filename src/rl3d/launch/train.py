@@ -57,16 +57,18 @@ def launch_train(
     emit: Callable[[str], None],
     dry_run: bool = False,
     overwrite: bool = False,
+    device_gib: float | None = None,
 ) -> int:
     """Validate and preflight first (bad input fails before any process starts), then launch;
     `emit` shows the user what will run. `overwrite` deletes an earlier run's outputs in the
-    run dir first (a dry run only checks)."""
+    run dir first (a dry run only checks). `device_gib`: the GPU size the memory plan must fit
+    (default: the host's GPU on a CUDA run)."""
     loaded = load_config(recipe, overrides)
     if getattr(loaded.config, "job", None) == "reward_model":  # rl3d.controller.rm_train
         from rl3d.launch.rm_job import launch_rm
 
         return launch_rm(loaded, overrides, emit=emit, dry_run=dry_run, overwrite=overwrite)
-    preflight(loaded)
+    preflight(loaded, device_gib=device_gib)
     removed = check_run_dir(loaded, overwrite=overwrite, launcher=not dry_run)
     emit(describe(loaded))
     if removed:

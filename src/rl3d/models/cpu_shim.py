@@ -4,7 +4,8 @@ megatron-core assumes CUDA in a handful of places that are not behind a config s
 module remaps exactly those to the CPU, and nothing else:
 
 1. The CUDA RNG tracker (`tensor_parallel.random`): TP weight init and dropout fork a CUDA
-   generator; on CPU the tracker forks the CPU generator instead.
+   generator; on CPU the tracker forks the CPU generator instead, and activation recompute's
+   CUDA state save/restore is left to the CPU generator's.
 2. `GlobalMemoryBuffer` allocates on `torch.cuda.current_device()` (sequence-parallel gathers,
    the local attention's baddbmm buffer).
 3. `device="cuda"` literals and `torch.cuda.current_device()` in the pipeline schedules and
@@ -153,6 +154,11 @@ def _patch_rng_tracker() -> None:
             tracker.__class__ = CpuRNGStatesTracker
 
     mrandom.initialize_rng_tracker = initialize_rng_tracker
+    # Activation recompute (`CheckpointFunction`) saves and restores the CPU, the CUDA and the
+    # tracker's states around a recomputed forward; without CUDA the CPU generator is the only
+    # default generator, which it already restores.
+    mrandom._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    mrandom._set_cuda_rng_state = lambda *args, **kwargs: None
     # model_parallel_cuda_manual_seed seeds the CUDA default generator; it is lazy (queued)
     # without CUDA, and the CPU generator is seeded by the caller.
 

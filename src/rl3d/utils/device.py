@@ -77,3 +77,8 @@ def empty_cache() -> None:
     process, e.g. SGLang on resume, can then map them)."""
     if cuda_available():
         torch.cuda.empty_cache()
+
+
+def device_total_bytes() -> int:
+    """Total memory of this process's GPU (the memory plan's device size on a CUDA host)."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory

@@ -81,6 +81,7 @@ class MegatronRole:
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         response_outputs: bool = False,
+        recompute: str = "none",
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -91,6 +92,12 @@ class MegatronRole:
         self.response_outputs = response_outputs
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
         overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
+        if recompute == "full":  # every layer its own checkpoint: one layer's activations at a time
+            overrides |= {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 1,
+            }
         self.model = build_gpt(
             spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
         )
@@ -134,10 +141,10 @@ class MegatronRole:
         """A role built from its recipe sections, the one way every worker and job builds one.
 
         `model` gives the parameter dtype; `batching` is the role's section holding `packing`
-        and `max_tokens_per_micro_batch` (an actor, critic, reference or reward-model section;
-        None: padded micro-batches); `optim` (with `total_steps` for its schedule) makes the
-        role trainable, None keeps it forward-only. `hf_path` and `init_from` say where the
-        weights start (see `__init__`)."""
+        and `max_tokens_per_micro_batch`, and `recompute` where the role trains (an actor,
+        critic, reference or reward-model section; None: padded micro-batches); `optim` (with
+        `total_steps` for its schedule) makes the role trainable, None keeps it forward-only.
+        `hf_path` and `init_from` say where the weights start (see `__init__`)."""
         return cls(
             spec,
             groups,
@@ -150,6 +157,7 @@ class MegatronRole:
             init_from=init_from,
             packing=bool(batching is not None and batching.packing),
             max_tokens_per_micro_batch=None if batching is None else batching.max_tokens_per_micro_batch,
+            recompute=getattr(batching, "recompute", "none"),  # trained roles' sections only
         )
 
     def unwrapped(self) -> torch.nn.Module:

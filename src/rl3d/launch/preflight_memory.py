@@ -1,0 +1,50 @@
+"""Preflight's memory check: a recipe whose per-rank memory plan (`rl3d.planning.memory`) does
+not fit the device is refused before any rank starts, in one line that names the rank, the
+phase, the role and its biggest item, and what would make it fit.
+
+The device size is the launching host's GPU on a CUDA run (`launch.device` cuda, or auto on a
+host with CUDA), or the size given with `--device-gib` (any device: how the check runs on CPU).
+A CPU run without `--device-gib` is not checked.
+"""
+
+from __future__ import annotations
+
+from rl3d.config import LoadedConfig
+from rl3d.config.errors import ConfigError
+
+GIB = 1 << 30
+
+
+class MemoryPlanError(ConfigError):
+    """The recipe's memory plan does not fit the device (exit 2, one line)."""
+
+
+def device_bytes_for(loaded: LoadedConfig, device_gib: float | None) -> int | None:
+    """The device size the plan must fit, or None when this run is not checked."""
+    if device_gib is not None:
+        if device_gib <= 0:
+            raise ValueError(f"--device-gib must be > 0, got {device_gib}")
+        return int(device_gib * GIB)
+    from rl3d.utils.device import cuda_available, device_total_bytes
+
+    requested = loaded.config.launch.device
+    if requested == "cpu" or not cuda_available():
+        return None  # launch.device cuda without CUDA here: the ranks' own check reports it
+    return device_total_bytes()
+
+
+def check_memory(loaded: LoadedConfig, device_gib: float | None = None) -> None:
+    """Raise `MemoryPlanError` when the plan of `loaded` does not fit the device."""
+    from rl3d.planning.memory import plan_memory
+    from rl3d.planning.memory_report import biggest_item, refusal, role_key
+
+    device_bytes = device_bytes_for(loaded, device_gib)
+    if device_bytes is None:
+        return
+    plan = plan_memory(loaded.config, device_bytes)
+    line = refusal(plan)
+    if line is None:
+        return
+    role, _, _ = biggest_item(plan.worst())
+    key = "rollout" if role == "engine" else role_key(role)
+    raise MemoryPlanError(line, key=key, source=loaded.source_of(key))
