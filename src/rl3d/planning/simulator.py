@@ -181,10 +181,17 @@ DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 
 def pool_stages(
-    w: Workload, placement: Placement, device: DeviceClass, pool: PoolPlacement, kv_budget: float
+    w: Workload,
+    placement: Placement,
+    device: DeviceClass,
+    pool: PoolPlacement,
+    kv_budget: float,
+    *,
+    transition: bool = True,
 ) -> dict[str, float]:
     """The seconds of the stages that run on `pool` (generation on the pool that generates, the
-    weight sync charged to the rollout pool)."""
+    weight sync charged to the rollout pool); `transition=False` leaves the colocated reshard
+    out (a search's cheap bound: planning a transition is the costly part)."""
     stages: dict[str, float] = {}
     rollout = placement.separate
     if pool is rollout:
@@ -217,7 +224,7 @@ def pool_stages(
         stages["update_critic"] = sum(update_seconds(r, lay, device, w) for r in critics)
     if "actor" in hosted:
         stages["update_actor"] = update_seconds("actor", lay, device, w)
-        if rollout is None:
+        if rollout is None and transition:
             dtype = DTYPE_NAMES.get(w.dtype_bytes, "bfloat16")
             stages["reshard"] = transition_seconds(w.actor, lay, placement.t_g, placement.p_g, device, dtype)
     return stages
