@@ -54,8 +54,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             if config is None:
                 raise ValueError("--auto-place needs a RECIPE")
             print(run_auto_place(args, args.recipe, args.overrides, config))
-            return 0
-        print(run_plan(args, config))
+        elif args.memory:
+            from rl3d.planning.memory_report import run_memory_plan
+
+            print(run_memory_plan(args, config))
+        else:
+            print(run_plan(args, config))
         return 0
     except ValueError as err:
         if isinstance(err, ConfigError):
@@ -112,8 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
     import rl3d.bench  # noqa: F401  registers the baseline strategies the plan table compares against
     from rl3d.hybrid_engine.report import add_plan_arguments
+    from rl3d.planning.memory_report import add_memory_arguments
 
     add_plan_arguments(plan)
+    add_memory_arguments(plan)
     from rl3d.planning.auto_place import add_auto_place_arguments
 
     add_auto_place_arguments(plan)

@@ -1,0 +1,177 @@
+"""A per-rank GPU memory plan of a recipe, from shapes alone (no device, no weights).
+
+    plan = plan_memory(cfg, device_bytes=80 << 30)
+    plan.fits            # every rank's peak <= device_bytes (None without a device size)
+    plan.worst()         # the rank with the largest peak
+    plan.to_json()       # {"device_bytes", "ranks": [{"rank", "node", "pool", "phases",
+                         #   "phase_peak_bytes", "peak_bytes", "peak_phase"}], "fits", "not_planned"}
+
+For every rank of every pool (`rl3d.config.pools.role_pools`), bytes by phase:
+- train: every role the rank hosts keeps its parameters, gradient buffer, master copy and
+  Adam states (`rl3d.planning.memory_train`); the roles run one at a time, so the phase's peak
+  is their static bytes plus the largest one's activations and buffers
+  (`rl3d.planning.memory_activations`);
+- reshard: the static bytes, the generation weights the 3D-HybridEngine builds, the engine's
+  own copy and the transfer buckets (`rl3d.planning.memory_generate`);
+- generate: what the roles keep resident (less `<role>.offload`) plus the engine's weights,
+  KV cache and workspace.
+An SGLang engine without `enable_memory_saver` keeps its weights and KV cache through training.
+Each phase's peak, the rank's largest, and whether it fits `device_bytes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rl3d.config.async_rollout import ROLLOUT_POOL, is_separate
+from rl3d.config.pools import Pool, role_pools
+from rl3d.config.schema import RL3DConfig
+from rl3d.models.spec import ModelSpec, spec_of
+from rl3d.parallel import GenerationLayout
+from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes
+from rl3d.planning.memory_roles import RoleModel, resident_in_generation, role_model, role_train_bytes
+from rl3d.planning.memory_train import RoleBytes
+
+PHASES = ("train", "reshard", "generate")
+ENGINE = "engine"  # the rollout engine's entry in a phase
+
+Entry = RoleBytes | EngineBytes
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    node: int
+    pool: str
+    phases: dict[str, dict[str, Entry]]
+    peaks: dict[str, int]  # phase -> peak bytes
+
+    @property
+    def peak_phase(self) -> str:
+        return max(self.peaks, key=lambda p: (self.peaks[p], -PHASES.index(p)))
+
+    @property
+    def peak_bytes(self) -> int:
+        return self.peaks[self.peak_phase]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "node": self.node,
+            "pool": self.pool,
+            "phases": {
+                phase: {name: entry.to_json() for name, entry in entries.items()}
+                for phase, entries in self.phases.items()
+            },
+            "phase_peak_bytes": dict(self.peaks),
+            "peak_bytes": self.peak_bytes,
+            "peak_phase": self.peak_phase,
+        }
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    device_bytes: int | None
+    ranks: list[RankPlan]
+    not_planned: tuple[str, ...] = field(default=())  # roles whose memory the plan does not know
+
+    @property
+    def fits(self) -> bool | None:
+        if self.device_bytes is None:
+            return None
+        return all(r.peak_bytes <= self.device_bytes for r in self.ranks)
+
+    def worst(self) -> RankPlan:
+        return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "device_bytes": self.device_bytes,
+            "ranks": [r.to_json() for r in self.ranks],
+            "fits": self.fits,
+            "not_planned": list(self.not_planned),
+        }
+
+
+def _train_peak(entries: dict[str, Entry]) -> int:
+    """Roles run one at a time: every static byte plus the largest dynamic part."""
+    static = sum(e.static if isinstance(e, RoleBytes) else e.total for e in entries.values())
+    dynamic = max((e.dynamic for e in entries.values() if isinstance(e, RoleBytes)), default=0)
+    return static + dynamic
+
+
+def _resharded_bytes(cfg: RL3DConfig, spec: ModelSpec, pool: Pool) -> list[int]:
+    """Per actor-pool rank: generation-weight bytes the hybrid engine adds to the training shard."""
+    import rl3d.bench  # noqa: F401  registers the baseline strategies a recipe may name
+    from rl3d.hybrid_engine.plan import plan_transition
+
+    strategy = cfg.hybrid_engine.strategy
+    plan = plan_transition(
+        spec, pool.layout, cfg.rollout.t_g, cfg.rollout.p_g, dtype=cfg.model.dtype, strategies=(strategy,)
+    )
+    ctx = plan._ctx
+    costs = {c.rank: c for c in plan.strategies[strategy].ranks}
+    out = []
+    for rank in range(pool.size):
+        cost = costs[rank]
+        held = ctx.nbytes(ctx.train_segs(rank))
+        out.append(max(0, cost.peak_param_bytes + cost.redundant_bytes - held))
+    return out
+
+
+def _gen_shape(cfg: RL3DConfig, pool: Pool, rank: int) -> GenShape:
+    if pool.name == ROLLOUT_POOL:
+        return GenShape(
+            tp=pool.layout.t, pp=1, pp_rank=0, dp_size=pool.layout.d, train_tp=cfg.actor.parallel.tp
+        )
+    gen = GenerationLayout.from_training(pool.layout, cfg.rollout.t_g, cfg.rollout.p_g)
+    coords = gen.coords(rank)
+    return GenShape(
+        tp=gen.t_g, pp=gen.p_g, pp_rank=coords.pp_g, dp_size=gen.d_g * pool.layout.d, train_tp=pool.layout.t
+    )
+
+
+def _rank_plan(
+    cfg: RL3DConfig, spec: ModelSpec, pool: Pool, rank: int, roles: list[RoleModel], resharded: list[int]
+) -> RankPlan:
+    world_rank = pool.offset + rank
+    node = world_rank // max(cfg.launch.nproc_per_node, 1)
+    train: dict[str, Entry] = {r.name: role_train_bytes(cfg, spec, r, pool.layout, rank) for r in roles}
+    phases: dict[str, dict[str, Entry]] = {"train": train}
+    if pool.name == ROLLOUT_POOL or ("actor" in pool.roles and not is_separate(cfg)):
+        colocated = pool.name != ROLLOUT_POOL
+        shape = _gen_shape(cfg, pool, rank)
+        at_reshard, at_generate = engine_bytes(
+            cfg, spec, shape, resharded=resharded[rank] if colocated else 0, colocated=colocated
+        )
+        statics = {name: resident_in_generation(b, ()) for name, b in train.items()}
+        phases["reshard"] = statics | {ENGINE: at_reshard}
+        offloaded = {r.name: resident_in_generation(train[r.name], r.offload) for r in roles}
+        phases["generate"] = offloaded | {ENGINE: at_generate}
+        if cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.enable_memory_saver:
+            train[ENGINE] = EngineBytes(weights=at_generate.weights, kv_cache=at_generate.kv_cache)
+    peaks = {
+        phase: _train_peak(entries) if phase == "train" else sum(e.total for e in entries.values())
+        for phase, entries in phases.items()
+    }
+    return RankPlan(world_rank, node, pool.name, phases, peaks)
+
+
+def plan_memory(cfg: RL3DConfig, device_bytes: int | None = None) -> MemoryPlan:
+    """Every rank's bytes by phase for recipe `cfg` (see the module docstring)."""
+    spec = spec_of(cfg.model)
+    pools = role_pools(cfg)
+    ranks: list[RankPlan] = []
+    unknown: list[str] = []
+    for pool in pools:
+        roles = []
+        for name in pool.roles:
+            model = role_model(cfg, name) if name != ROLLOUT_POOL else None
+            if model is not None:
+                roles.append(model)
+            elif name != ROLLOUT_POOL:
+                unknown.append(name)
+        resharded = _resharded_bytes(cfg, spec, pool) if "actor" in pool.roles else []
+        ranks += [_rank_plan(cfg, spec, pool, rank, roles, resharded) for rank in range(pool.size)]
+    return MemoryPlan(device_bytes, ranks, tuple(unknown))

@@ -1,0 +1,126 @@
+"""Bytes the rollout engine holds on one rank around generation: from shapes alone.
+
+- weights: the engine's own copy in the generation layout. rl3d's torch engine reads the
+  resharded training weights in place (0 here) unless `rollout.dtype` differs from
+  `model.dtype` (then a cast copy); SGLang always loads its own copy.
+- resharded: the generation weights the 3D-HybridEngine builds beyond the training shard the
+  rank already holds (`rl3d.hybrid_engine.plan`: peak + redundant - training bytes; 0 for
+  hybridflow's identity transition). The torch engine generates on it; SGLang has copied it
+  once its push is done, so the generate phase counts it for the torch engine only.
+- kv_cache: K and V for every sequence the engine decodes at once at full length
+  (`data.max_prompt_length + rollout.max_new_tokens` tokens): the torch engine decodes
+  `max_batch_rows` rows per chunk, SGLang the rank's whole share of the step.
+- workspace: one layer's forward over a prefill (the torch engine's chunk of prompts, or
+  SGLang's `CHUNKED_PREFILL_TOKENS`) plus fp32 logits of the decoded rows. SGLang's CUDA
+  graphs and the allocator's fragmentation are not modelled.
+- buffers: the resharding bucket (`hybrid_engine.bucket_mb`) and SGLang's push bucket
+  (`rollout.sglang.bucket_mb`), held only while weights move (the reshard phase).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from rl3d.config.schema import RL3DConfig
+from rl3d.models.params import megatron_params, stages_of
+from rl3d.models.spec import ModelSpec
+from rl3d.parallel.sharding import padded_vocab_size
+from rl3d.planning.memory_activations import MicroBatchShape, layer_bytes
+from rl3d.planning.memory_train import FP32, local_numel
+from rl3d.utils.dtypes import DTYPE_BYTES
+
+MB = 1 << 20
+TORCH_MAX_BATCH_ROWS = 256  # TorchRolloutEngine's default max_batch_rows
+CHUNKED_PREFILL_TOKENS = 8192  # SGLang's chunked_prefill_size on an 80 GB-class GPU
+
+
+@dataclass(frozen=True)
+class EngineBytes:
+    weights: int = 0
+    resharded: int = 0
+    kv_cache: int = 0
+    workspace: int = 0
+    buffers: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def items(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_json(self) -> dict[str, int]:
+        return {**self.items(), "total": self.total}
+
+
+@dataclass(frozen=True)
+class GenShape:
+    """One rank's place in the generation layout."""
+
+    tp: int
+    pp: int
+    pp_rank: int
+    dp_size: int  # generation data-parallel engines over the whole step
+    train_tp: int  # the vocabulary is padded for the training TP size
+
+
+def gen_weight_numel(spec: ModelSpec, shape: GenShape) -> int:
+    vocab = padded_vocab_size(spec.vocab_size, shape.train_tp)
+    params = megatron_params(spec, role="actor", padded_vocab=vocab)
+    return sum(
+        local_numel(p, shape.tp) for p in params if shape.pp_rank in stages_of(p, spec.num_layers, shape.pp)
+    )
+
+
+def _sequences(cfg: RL3DConfig, shape: GenShape) -> tuple[int, int]:
+    """(rows decoded at once, slots per row) on one generation rank."""
+    n = cfg.rollout.n
+    samples = math.ceil(cfg.data.prompts_per_step / shape.dp_size) * n
+    if cfg.rollout.engine == "torch":
+        samples = min(samples, max(1, TORCH_MAX_BATCH_ROWS // n) * n)
+    return samples, cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+
+
+def kv_cache_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_bytes: int) -> int:
+    rows, slots = _sequences(cfg, shape)
+    layers = spec.num_layers // shape.pp
+    kv_heads = max(spec.num_query_groups // shape.tp, 1)
+    return layers * rows * kv_heads * 2 * spec.head_dim * slots * dtype_bytes
+
+
+def workspace_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_bytes: int) -> int:
+    rows, _ = _sequences(cfg, shape)
+    width = cfg.data.max_prompt_length
+    if cfg.rollout.engine == "sglang":
+        tokens = min(CHUNKED_PREFILL_TOKENS, rows * width)
+        prefill = MicroBatchShape(seq_len=tokens, rows=1, response_len=0, flash=True)
+    else:
+        prefill = MicroBatchShape(
+            seq_len=width, rows=max(1, rows // cfg.rollout.n), response_len=0, flash=False
+        )
+    vocab = padded_vocab_size(spec.vocab_size, shape.train_tp) // shape.tp
+    return layer_bytes(spec, shape.tp, prefill, dtype_bytes) + rows * vocab * FP32
+
+
+def engine_bytes(
+    cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, *, resharded: int, colocated: bool
+) -> tuple[EngineBytes, EngineBytes]:
+    """(the reshard phase's engine bytes, the generate phase's) on one rank."""
+    rollout = cfg.rollout
+    dtype_bytes = DTYPE_BYTES[rollout.dtype or cfg.model.dtype]
+    gen_numel = gen_weight_numel(spec, shape)
+    sglang = rollout.engine == "sglang"
+    own_copy = sglang or not colocated or (rollout.dtype not in (None, cfg.model.dtype))
+    weights = gen_numel * dtype_bytes if own_copy else 0
+    buffers = int(cfg.hybrid_engine.bucket_mb * MB) if colocated and resharded else 0
+    if sglang:
+        buffers += int(rollout.sglang.bucket_mb * MB)
+    reshard = EngineBytes(weights=weights, resharded=resharded, buffers=buffers)
+    generate = EngineBytes(
+        weights=weights,
+        resharded=0 if sglang else resharded,
+        kv_cache=kv_cache_bytes(cfg, spec, shape, dtype_bytes),
+        workspace=workspace_bytes(cfg, spec, shape, dtype_bytes),
+    )
+    return reshard, generate

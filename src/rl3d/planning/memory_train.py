@@ -1,0 +1,112 @@
+"""Bytes a megatron-core role holds on one rank while it trains: from shapes alone.
+
+What megatron-core 0.16 allocates, as rl3d builds it (`rl3d.models.training`):
+- parameters in `model.dtype`; with the distributed optimizer DDP moves them into one flat
+  `param_data` buffer (`ParamAndGradBuffer`) whose end is padded to a multiple of
+  lcm(dp, 128) elements and each parameter's start to 64 elements; without it no padding;
+- one flat gradient buffer (`grad_data`) of the same padded length: fp32, since `wrap_ddp`
+  sets `grad_reduce_in_fp32` (param.main_grad is a view of it; `.grad` stays None);
+- an fp32 master copy only for bf16/fp16 parameters: `Float16OptimizerWithFloat16Params`
+  clones every parameter to fp32; the distributed optimizer clones only this DP rank's shard
+  (numel / dp of the padded buffer). fp32 parameters are their own master (no copy);
+- Adam's exp_avg and exp_avg_sq, fp32, on the master parameters (so sharded by DP with the
+  distributed optimizer), created at the first optimizer step;
+- a frozen role (reference, reward model) holds its parameters only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from rl3d.models.params import ParamInfo, megatron_params, stages_of
+from rl3d.models.spec import ModelSpec
+from rl3d.parallel.sharding import ShardKind, padded_vocab_size
+
+FP32 = 4
+ADAM_STATES = 2  # exp_avg, exp_avg_sq
+DIST_OPT_PARAM_ALIGN = 64  # elements: a parameter's start in the distributed optimizer's buffer
+DIST_OPT_BUCKET_ALIGN = 128  # elements (times dp): the buffer's end
+
+
+@dataclass(frozen=True)
+class RoleBytes:
+    """One role's bytes on one rank in one phase; `total` is their sum."""
+
+    params: int = 0
+    grads: int = 0
+    master: int = 0
+    optimizer: int = 0
+    activations: int = 0
+    buffers: int = 0
+
+    @property
+    def static(self) -> int:
+        return self.params + self.grads + self.master + self.optimizer
+
+    @property
+    def dynamic(self) -> int:
+        return self.activations + self.buffers
+
+    @property
+    def total(self) -> int:
+        return self.static + self.dynamic
+
+    def items(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_json(self) -> dict[str, int]:
+        return {**self.items(), "total": self.total}
+
+
+def local_numel(param: ParamInfo, tp: int) -> int:
+    """Elements of `param` on one TP rank of `tp`. A QKV with more TP ranks than KV heads keeps
+    one KV head per rank (generation engines replicate them; megatron refuses the layout)."""
+    if param.kind is ShardKind.REPLICATED:
+        return param.numel
+    if param.kind is ShardKind.QKV:
+        nq, ng, hd = param.heads
+        per_row = param.numel // param.shape[0]
+        return (nq // tp + 2 * max(ng // tp, 1)) * hd * per_row
+    return param.numel // tp
+
+
+def stage_numels(spec: ModelSpec, role: str, *, tp: int, pp: int, pp_rank: int) -> list[int]:
+    """Elements of each parameter a rank of PP stage `pp_rank` holds, in megatron's order; a
+    tied model's last stage (pp > 1) also holds the synced output copy of the embedding."""
+    vocab = padded_vocab_size(spec.vocab_size, tp)
+    params = megatron_params(spec, role=role, padded_vocab=vocab)
+    out = [local_numel(p, tp) for p in params if pp_rank in stages_of(p, spec.num_layers, pp)]
+    if spec.tied_embeddings and role != "critic" and pp > 1 and pp_rank == pp - 1:
+        out.append(vocab * spec.hidden_size // tp)
+    return out
+
+
+def ddp_buffer_numel(numels: list[int], *, dp: int, distributed_optimizer: bool) -> int:
+    """Length of megatron's flat param/grad buffer (one bucket: rl3d leaves overlap_grad_reduce
+    off, so DDP's bucket size is unbounded)."""
+    if not distributed_optimizer:
+        return sum(numels)
+    end = 0
+    for n in reversed(numels):  # megatron lays parameters out in reverse order
+        end = math.ceil(end / DIST_OPT_PARAM_ALIGN) * DIST_OPT_PARAM_ALIGN + n
+    divisor = math.lcm(dp, DIST_OPT_BUCKET_ALIGN)
+    return math.ceil(end / divisor) * divisor
+
+
+def static_bytes(
+    numels: list[int], *, dtype_bytes: int, trainable: bool, dp: int, distributed_optimizer: bool
+) -> RoleBytes:
+    """Parameters, gradient buffer, master copy and Adam states of one rank (see the module
+    docstring for what megatron allocates)."""
+    if not trainable:
+        return RoleBytes(params=sum(numels) * dtype_bytes)
+    buffer = ddp_buffer_numel(numels, dp=dp, distributed_optimizer=distributed_optimizer)
+    held = buffer if distributed_optimizer else sum(numels)
+    optimized = buffer // dp if distributed_optimizer else held  # what this rank's Adam updates
+    return RoleBytes(
+        params=held * dtype_bytes,
+        grads=buffer * FP32,
+        master=optimized * FP32 if dtype_bytes != FP32 else 0,
+        optimizer=ADAM_STATES * optimized * FP32,
+    )
