@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from rl3d.config import RL3DConfig, load_config
 from rl3d.planning.devices import DEVICES, DeviceClass, get_device
+from rl3d.planning.memory import plan_memory
 from rl3d.planning.placement_search import Candidate, search_placements
 from rl3d.planning.recipe import placement_of, workload_of
 from rl3d.planning.simulator import simulate
@@ -80,12 +81,11 @@ def _entry(c: Candidate, overrides: list[str]) -> dict:
 
 
 def auto_place(
-    cfg: RL3DConfig, validate: Callable[[list[str]], str | None], *, gpus: int, device: DeviceClass, top: int
+    cfg: RL3DConfig, load: Callable[[list[str]], RL3DConfig], *, gpus: int, device: DeviceClass, top: int
 ) -> dict:
-    """{"recipe", "best", "candidates", "rejected"}; `validate(overrides)` returns the loader's
-    error for a candidate, None when the recipe with them loads."""
-    if gpus > device.gpus_per_node and gpus % device.gpus_per_node:
-        raise ValueError(f"--gpus {gpus} must be a multiple of --gpus-per-node {device.gpus_per_node}")
+    """{"recipe", "best", "candidates", "rejected"}. `load(overrides)` loads the recipe with a
+    candidate's overrides (ValueError when the loader refuses them); a loaded candidate fits
+    when the step simulator's footprint and the memory plan (`plan_memory`) both say so."""
     w = workload_of(cfg)
     own = placement_of(cfg)
     mine = simulate(w, own, device)
@@ -94,20 +94,30 @@ def auto_place(
         if len(listed) >= top:
             break
         overrides = overrides_of(c.placement, device.gpus_per_node)
-        error = validate(overrides)
-        if error is None:
-            listed.append(_entry(c, overrides))
-        else:
-            rejected.append({"placement": c.placement.describe(), "error": error})
+        try:
+            loaded = load(overrides)
+        except ValueError as err:  # ConfigError: the key and the reason
+            rejected.append({"placement": c.placement.describe(), "error": str(err)})
+            continue
+        plan = plan_memory(loaded, device_bytes=device.memory_bytes)
+        entry = _entry(c, overrides) | {"memory_plan_peak_gb": plan.worst().peak_bytes / 1e9}
+        listed.append(entry | {"fits": bool(c.estimate.fits and plan.fits)})
     fitting = [e for e in listed if e["fits"]]
-    best = fitting[0] if fitting else None
+    best = min(fitting, key=lambda e: e["step_seconds"]) if fitting else None
     if best is not None:  # per device, so a recipe on another device count compares too
         gain = (best["throughput_tokens_per_s"] / gpus) / (mine.throughput / own.world)
         best = best | {"gain_over_recipe": gain}
+    recipe_plan = plan_memory(cfg, device_bytes=device.memory_bytes)
     return {
         "device": device.name,
         "gpus": gpus,
-        "recipe": {"placement": own.describe(), "gpus": own.world, **mine.to_json()},
+        "recipe": {
+            "placement": own.describe(),
+            "gpus": own.world,
+            **mine.to_json(),
+            "fits": bool(mine.fits and recipe_plan.fits),
+            "memory_plan_peak_gb": recipe_plan.worst().peak_bytes / 1e9,
+        },
         "best": best,
         "candidates": listed,
         "rejected": rejected,
@@ -146,14 +156,12 @@ def format_auto_place(out: dict) -> str:
 
 
 def run_auto_place(args: argparse.Namespace, recipe: str, base_overrides: list[str], cfg: RL3DConfig) -> str:
-    def validate(overrides: list[str]) -> str | None:
-        try:
-            load_config(recipe, [*base_overrides, *overrides])
-        except ValueError as err:  # ConfigError: the key and the reason
-            return str(err)
-        return None
+    def load(overrides: list[str]) -> RL3DConfig:
+        return load_config(recipe, [*base_overrides, *overrides]).config
 
     gpus = args.gpus if args.gpus is not None else placement_of(cfg).world
     device = get_device(args.device, args.gpus_per_node)
-    out = auto_place(cfg, validate, gpus=gpus, device=device, top=args.top)
+    if gpus > device.gpus_per_node and gpus % device.gpus_per_node:
+        raise ValueError(f"--gpus {gpus} must be a multiple of --gpus-per-node {device.gpus_per_node}")
+    out = auto_place(cfg, load, gpus=gpus, device=device, top=args.top)
     return json.dumps(out) if args.json else format_auto_place(out)

@@ -59,6 +59,10 @@ class DeviceClass:
                 raise ValueError(f"device {self.name}: {key} must be in (0, 1], got {getattr(self, key)}")
 
     @property
+    def memory_bytes(self) -> int:
+        return int(self.memory_gb * 1e9)
+
+    @property
     def flops(self) -> float:
         return self.peak_tflops * 1e12
 

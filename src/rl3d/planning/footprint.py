@@ -6,9 +6,9 @@ Per rank of a pool, for each role it hosts (parameters sharded over t*p):
 - a trained role: BF16 parameters (2 bytes), FP32 gradients (4) and Adam's FP32 master, m and
   v (12, over d with the distributed optimizer): the paper's training setup;
 - a forward-only role (reference, reward and cost models): its BF16 parameters;
-- activations of the largest trained role while it trains, with selective recomputation:
-  34 s b h bytes per layer over t (Korthikanti et al., "Reducing Activation Recomputation in
-  Large Transformer Models", 2022), min(p, m) micro-batches in flight on the first stage;
+- activations of the largest trained role while it trains, counted as the memory plan counts
+  them (`rl3d.planning.memory_activations`: no recompute; flash attention or megatron's local
+  attention as `Workload.flash_attention` says);
 - generation on the actor's pool: the generation shard beyond the training shard, then KV.
 Everything stays resident (nothing offloaded during generation), and `USABLE` of the device's
 memory is available (the rest: CUDA context, NCCL buffers, fragmentation; an assumption).
@@ -20,6 +20,7 @@ import math
 
 from rl3d.models.spec import ModelSpec
 from rl3d.planning.devices import DeviceClass
+from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
 from rl3d.planning.workload import TRAINED, Placement, PoolPlacement, Workload
 
 USABLE = 0.9
@@ -59,16 +60,32 @@ def _static_bytes(pool: PoolPlacement, w: Workload) -> float:
 
 
 def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
+    """The largest trained role's activations on its worst stage (the memory plan's count:
+    `rl3d.planning.memory_activations`): the first holds min(p, m) micro-batches, the last the
+    output layer."""
     lay = pool.layout
     micro = max(1, w.mini_batch_size // (lay.d * w.micro_batch_size))
-    per_layer = (
-        34
-        * w.seq_len
-        * w.micro_batch_size
-        * max((w.spec(r).hidden_size for r in pool.roles if r in TRAINED and r in w.roles), default=0)
-    )
-    layers = max((w.spec(r).num_layers for r in pool.roles if r in TRAINED and r in w.roles), default=0)
-    return per_layer * layers / lay.p / lay.t * min(lay.p, micro)
+    worst = 0
+    for role in (r for r in pool.roles if r in TRAINED and r in w.roles):
+        spec = w.spec(role)
+        for in_flight, last in ((min(lay.p, micro), lay.p == 1), (1, True)):
+            shape = MicroBatchShape(
+                w.seq_len, w.micro_batch_size, w.response_len, w.flash_attention, False, in_flight
+            )
+            worst = max(
+                worst,
+                activation_bytes(
+                    spec,
+                    tp=lay.t,
+                    layers=spec.num_layers // lay.p,
+                    last_stage=last,
+                    lm_head=role == "actor",
+                    shape=shape,
+                    dtype_bytes=w.dtype_bytes,
+                    trains=True,
+                ),  # fmt: skip
+            )
+    return worst
 
 
 def pool_footprint(

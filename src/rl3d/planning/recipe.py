@@ -33,6 +33,7 @@ def workload_of(cfg: RL3DConfig) -> Workload:
         micro_batch_size=cfg.actor.micro_batch_size,
         dtype_bytes=DTYPE_BYTES[cfg.model.dtype],
         distributed_optimizer=cfg.actor.optim.distributed_optimizer,
+        flash_attention=cfg.actor.packing and cfg.launch.device != "cpu",  # as the memory plan has it
     )
 
 

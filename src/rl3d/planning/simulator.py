@@ -252,5 +252,5 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
 
 
 def fits_device(memory: dict[str, int], kv_budget: dict[str, float], device: DeviceClass) -> bool:
-    usable = device.memory_gb * 1e9
+    usable = device.memory_bytes
     return all(v <= usable for v in memory.values()) and all(b >= 0 for b in kv_budget.values())

@@ -44,6 +44,7 @@ class Workload:
     micro_batch_size: int = 1  # samples per forward/backward on one data-parallel rank
     dtype_bytes: int = 2
     distributed_optimizer: bool = False
+    flash_attention: bool = False  # fused attention keeps no s x s scores (packing on CUDA in rl3d)
 
     def __post_init__(self) -> None:
         unknown = [r for r in self.roles if r not in ROLE_MODEL]
@@ -107,7 +108,7 @@ class Placement:
         parts = []
         for p in self.pools:
             lay = p.layout
-            what = "+".join(p.roles)
+            what = "+".join(sorted(p.roles, key=lambda r: (r != "actor", r)))  # one spelling per pool
             parts.append(f"{what}[{p.size}: p{lay.p} t{lay.t} d{lay.d}]")
         gen = "" if self.separate else f" gen t_g{self.t_g} p_g{self.p_g}"
         return " ".join(parts) + gen

@@ -71,7 +71,7 @@ def test_a_step_sums_its_stages_and_names_the_bottleneck():
 
 def test_memory_refuses_70b_ppo_on_one_node_and_admits_it_on_eight():
     spec = get_model_spec("llama2-70b")
-    w = Workload(actor=spec, roles=PPO, prompts=256, distributed_optimizer=True)
+    w = Workload(actor=spec, roles=PPO, prompts=256, distributed_optimizer=True, flash_attention=True)
     assert not simulate(w, colocated(ParallelLayout(1, 8, 1), t_g=8), A100).fits
     assert simulate(w, colocated(ParallelLayout(4, 8, 2), t_g=8), A100).fits
 
