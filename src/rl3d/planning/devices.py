@@ -48,6 +48,9 @@ class DeviceClass:
     prefill_mfu: float = 0.5
     decode_hbm_eff: float = 0.7
     step_overhead_s: float = 2e-3
+    # fixed cost per layer and micro-batch of a forward (kernel launches, framework): 0 on the
+    # GPU classes (large kernels hide it); what dominates a tiny model on a CPU (calibrated)
+    layer_overhead_s: float = 0.0
     nccl: NcclLatency = NCCL_2_18
 
     def __post_init__(self) -> None:

@@ -113,7 +113,8 @@ def pass_seconds(
     calls = micro * 2 * (2 if backward else 1) * spec.num_layers / layout.p
     tp = calls * ring_allreduce_seconds(bytes_per_micro, layout.t, layout.t, device)
     bubble = 1 + (layout.p - 1) / micro
-    return (compute + tp) * bubble
+    overhead = micro * passes * spec.num_layers / layout.p * device.layer_overhead_s
+    return (compute + tp + overhead) * bubble
 
 
 def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Workload) -> float:
@@ -147,7 +148,7 @@ def generate_seconds(
     memory = (weights + per_wave * context * kv_per_token) / (device.hbm_gbps * 1e9 * device.decode_hbm_eff)
     compute = forward_flops(spec, per_wave, context) / (t_g * p_g * device.flops * device.prefill_mfu)
     allreduce = 2 * layers * ring_allreduce_seconds(per_wave * act, t_g, t_g, device)
-    step = p_g * max(memory, compute) + allreduce + device.step_overhead_s
+    step = p_g * max(memory, compute) + allreduce + device.step_overhead_s + layers * device.layer_overhead_s
     return prefill, waves * w.response_len * step
 
 
