@@ -48,10 +48,29 @@ def pool_sizes(gpus: int, device: DeviceClass) -> list[int]:
     return list(range(device.gpus_per_node, gpus + 1, device.gpus_per_node))
 
 
+def compositions(total: int, parts: int, sizes: list[int]):
+    """Every tuple of `parts` sizes from `sizes` that sums to `total`."""
+    if parts == 1:
+        if total in sizes:
+            yield (total,)
+        return
+    for size in sizes:
+        if size < total:
+            for rest in compositions(total - size, parts - 1, sizes):
+                yield (size, *rest)
+
+
+def tp_fits(spec: ModelSpec, t: int, device: DeviceClass) -> bool:
+    """Tensor parallelism inside one node, splitting heads, KV heads and the MLP evenly."""
+    return t <= device.gpus_per_node and not (
+        spec.num_attention_heads % t or spec.num_query_groups % t or spec.ffn_hidden_size % t
+    )
+
+
 def layouts(spec: ModelSpec, size: int, device: DeviceClass) -> list[ParallelLayout]:
     out = []
     for t in divisors(size):
-        if t > device.gpus_per_node or spec.num_attention_heads % t or spec.num_query_groups % t:
+        if not tp_fits(spec, t, device):
             continue
         for p in divisors(size // t):
             if spec.num_layers % p == 0:
@@ -92,12 +111,7 @@ class Search:
         roles = structure[index]
         if roles == (ROLLOUT,):
             for t in divisors(size):
-                spec = self.w.actor
-                if (
-                    t <= self.device.gpus_per_node
-                    and not spec.num_attention_heads % t
-                    and not spec.num_query_groups % t
-                ):
+                if tp_fits(self.w.actor, t, self.device):
                     yield ParallelLayout(1, t, size // t), 1, 1
             return
         spec = self.w.spec(roles[0])
@@ -146,9 +160,7 @@ class Search:
     def splits(self, structure):
         k = len(structure)
         ranked = []
-        for sizes in itertools.product(self.sizes, repeat=k):
-            if sum(sizes) != self.gpus:
-                continue
+        for sizes in compositions(self.gpus, k, self.sizes):
             parts = [self.best_pool(structure, i, s) for i, s in enumerate(sizes)]
             if any(p is None for p in parts):
                 continue

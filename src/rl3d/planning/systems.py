@@ -25,7 +25,7 @@ The transition mechanisms' facts and sources: /work/shared/TRANSITION_FACTS.md a
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 
 from rl3d.bench.mechanisms import MECHANISMS, mechanism_cost
@@ -37,7 +37,14 @@ from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
 from rl3d.planning.footprint import USABLE, kv_bytes_per_seq
 from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
-from rl3d.planning.placement_search import divisors, layouts, pool_sizes, search_placements
+from rl3d.planning.placement_search import (
+    compositions,
+    divisors,
+    layouts,
+    pool_sizes,
+    search_placements,
+    tp_fits,
+)
 from rl3d.planning.simulator import generate_seconds, pass_seconds, simulate
 from rl3d.planning.workload import TRAINED, Placement, PoolPlacement, Workload
 
@@ -115,12 +122,7 @@ def _generation(
 
 
 def _tp_choices(w: Workload, n: int, device: DeviceClass) -> list[int]:
-    spec = w.actor
-    return [
-        t
-        for t in divisors(min(n, device.gpus_per_node))
-        if not spec.num_attention_heads % t and not spec.num_query_groups % t and n % t == 0
-    ]
+    return [t for t in divisors(min(n, device.gpus_per_node)) if n % t == 0 and tp_fits(w.actor, t, device)]
 
 
 def ds_chat(w: Workload, n: int, device: DeviceClass) -> dict | None:
@@ -145,28 +147,41 @@ def ds_chat(w: Workload, n: int, device: DeviceClass) -> dict | None:
 
 def openrlhf(w: Workload, n: int, device: DeviceClass) -> dict | None:
     models = list(w.roles)
-    best = None
+    usable = device.memory_bytes * USABLE
+
+    @functools.cache
+    def pool(role: str, size: int) -> tuple[float, float] | None:  # (forward, update) seconds
+        if _zero3_static(w, (role,), size) + _activations(w, (role,)) > usable:
+            return None
+        update = zero3_update(w, role, size, device) if role in TRAINED else 0.0
+        return zero3_pass(w, role, size, device, backward=False), update
+
+    @functools.cache
+    def vllm(size: int):
+        return _generation(w, size, 0.0, device, _tp_choices(w, size, device))
+
+    @functools.cache
+    def sync(actor: int, engines: int) -> float:  # the mechanism's rollout GPUs equal its trainer GPUs
+        return _baseline_transition("openrlhf", w, min(actor, engines), 1, device)
+
     within = [2**k for k in range(8) if 2**k < min(n, device.gpus_per_node)]  # a pool may share a node
-    for sizes in itertools.product(sorted({*within, *pool_sizes(n, device)}), repeat=len(models) + 1):
-        if sum(sizes) != n:
+    best = None
+    for sizes in compositions(n, len(models) + 1, sorted({*within, *pool_sizes(n, device)})):
+        parts = [pool(r, s) for r, s in zip(models, sizes)]
+        gen = vllm(sizes[-1])
+        if gen is None or any(p is None for p in parts):
             continue
-        pools, vllm = dict(zip(models, sizes)), sizes[-1]
-        if any(
-            _zero3_static(w, (r,), pools[r]) + _activations(w, (r,)) > device.memory_bytes * USABLE
-            for r in models
-        ):
-            continue
-        gen = _generation(w, vllm, 0.0, device, _tp_choices(w, vllm, device))
-        if gen is None:
-            continue
-        forwards = max(zero3_pass(w, r, pools[r], device, backward=False) for r in models)
-        updates = max(zero3_update(w, r, pools[r], device) for r in models if r in TRAINED)
-        sync_n = min(pools["actor"], vllm)  # the mechanism's rollout GPUs equal its trainer GPUs
+        forwards, updates = max(p[0] for p in parts), max(p[1] for p in parts)
+        step = gen[0] + forwards + updates
+        if best is not None and step >= best["step_seconds"]:
+            continue  # the weight sync only adds
         stages = {"generate": gen[0], "forwards": forwards, "updates": updates}
-        stages["weight_sync"] = _baseline_transition("openrlhf", w, sync_n, 1, device)
+        stages["weight_sync"] = sync(sizes[0], sizes[-1])
         step = sum(stages.values())
         if best is None or step < best["step_seconds"]:
-            layout = " ".join(f"{r}[{pools[r]}]" for r in models) + f" vllm[{vllm}: t_g {gen[1]}]"
+            layout = (
+                " ".join(f"{r}[{s}]" for r, s in zip(models, sizes)) + f" vllm[{sizes[-1]}: t_g {gen[1]}]"
+            )
             best = {"stages": stages, "step_seconds": step, "layout": layout}
     return best
 
