@@ -93,3 +93,18 @@ def test_a_separate_pool_overlaps_generation_only_when_staleness_allows():
 def test_unknown_device_names_the_known_ones():
     with pytest.raises(ValueError, match="a100, h100, h200"):
         get_device("v100")
+
+
+def test_the_baselines_of_the_paper_comparison():
+    from rl3d.planning.systems import SYSTEMS, paper_workload, zero3_pass
+
+    w = paper_workload("ppo", "llama2-7b")
+    out = {name: fn(w, 16, A100) for name, fn in SYSTEMS.items()}
+    assert all(r is not None for r in out.values())
+    # NeMo-Aligner's one layout for both phases is one of rl3d's colocated candidates
+    assert out["rl3d"]["step_seconds"] <= out["nemo_aligner"]["step_seconds"]
+    # ZeRO-3 on 16 devices over two nodes: a forward per micro-batch gathers the bf16 weights
+    # over the node link shared by 8 devices (25 GB/s / 8), unless the compute is longer
+    gather = 15 / 16 * LLAMA7.num_params() * 2 / (25e9 / 8) + A100.nccl.ring_seconds(16, 2)
+    micro = 1024 / (16 * 2)
+    assert zero3_pass(w, "actor", 16, A100, backward=False) == pytest.approx(micro * gather, rel=1e-12)
