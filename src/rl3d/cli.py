@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
     add_memory_arguments(plan)
-    from rl3d.planning.auto_place import add_auto_place_arguments
+    from rl3d.planning.auto_place_args import add_auto_place_arguments
 
     add_auto_place_arguments(plan)
     plan.set_defaults(func=_cmd_plan)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable
 
 from rl3d.config import RL3DConfig, load_config
-from rl3d.planning.devices import DEVICES, DeviceClass, get_device
+from rl3d.planning.devices import DeviceClass, get_device
 from rl3d.planning.memory import plan_memory
 from rl3d.planning.placement_search import Candidate, search_placements
 from rl3d.planning.recipe import placement_of, workload_of
@@ -31,16 +31,6 @@ SECTIONS = {
     "cost_model": "reward.cost_model",
 }
 MAX_VALIDATIONS = 60
-
-
-def add_auto_place_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--auto-place", action="store_true", help="search placements of the recipe's roles")
-    parser.add_argument("--gpus", type=int, help="devices to place on (--auto-place; default: the recipe's)")
-    parser.add_argument("--gpus-per-node", type=int, default=None, help="default: the device class's 8")
-    parser.add_argument(
-        "--device", default="a100", choices=sorted(DEVICES), help="device class (--auto-place)"
-    )
-    parser.add_argument("--top", type=int, default=8, help="candidates listed (--auto-place)")
 
 
 def _parallel(section: str, lay) -> list[str]:

@@ -108,3 +108,10 @@ def test_the_baselines_of_the_paper_comparison():
     gather = 15 / 16 * LLAMA7.num_params() * 2 / (25e9 / 8) + A100.nccl.ring_seconds(16, 2)
     micro = 1024 / (16 * 2)
     assert zero3_pass(w, "actor", 16, A100, backward=False) == pytest.approx(micro * gather, rel=1e-12)
+
+
+def test_the_flags_list_every_device_class():
+    from rl3d.planning.auto_place_args import DEVICE_NAMES
+    from rl3d.planning.devices import DEVICES
+
+    assert DEVICE_NAMES == tuple(DEVICES)
