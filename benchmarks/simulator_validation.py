@@ -125,8 +125,9 @@ def _config(placement: str, layout: str, steps: int) -> list[str]:
         f"critic.parallel.dp={dp}",
     ]
     extra = PLACEMENTS[placement]
-    cfg = load_config(RECIPE, [*par, *extra]).config
-    world = sum(p.size for p in placement_of(cfg).pools)
+    # the actor's ranks, plus the critic's own pool (its layout is the actor's here) and the
+    # reference's or the rollout pool's one rank
+    world = tp * dp + {"colocated": 0, "rollout_pool": 1, "own_critic_ref": tp * dp + 1}[placement]
     return [
         *par,
         *extra,
