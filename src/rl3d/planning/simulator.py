@@ -20,7 +20,9 @@ works, so the step is the longer of the two):
   (`rl3d.bench.mechanisms`, the same model as `rl3d bench --modeled`); with a rollout pool the
   weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
   nodes' links (or NVLink when the whole job shares one node).
-Nothing here overlaps compute with communication; the rule reward runs on the CPU and is free.
+Every forward pass of a layer and micro-batch (and every decode step's layers) also pays the
+device's `layer_overhead_s` (0 on the GPU classes, calibrated on a CPU). Nothing here overlaps
+compute with communication; the rule reward runs on the CPU and is free.
 """
 
 from __future__ import annotations
