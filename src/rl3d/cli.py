@@ -55,7 +55,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     try:
         # the recipe is read here: the planner below the config layer takes shapes and layouts
         config = load_config(args.recipe, args.overrides).config if args.recipe else None
-        if args.memory:
+        if args.auto_place:
+            from rl3d.planning.auto_place import run_auto_place
+
+            if config is None:
+                raise ValueError("--auto-place needs a RECIPE")
+            print(run_auto_place(args, args.recipe, args.overrides, config))
+        elif args.memory:
             from rl3d.planning.memory_report import run_memory_plan
 
             print(run_memory_plan(args, config))
@@ -123,6 +129,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(plan)
     add_memory_arguments(plan)
+    from rl3d.planning.auto_place_args import add_auto_place_arguments
+
+    add_auto_place_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
     bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition ...`, `rl3d bench rollout ...`")
     from rl3d.bench.report import add_bench_arguments

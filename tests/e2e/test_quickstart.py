@@ -42,6 +42,10 @@ def test_grpo_quickstart_logs_planner_bytes_and_matching_logprobs(t_g, tmp_path)
         # tokens, fp32: stated tolerance 1e-5
         assert row["rollout/logp_diff_max"] < 1e-5
         assert math.isfinite(row["actor/pg_loss"]) and row["perf/tokens_per_s"] > 0
+        # the paper's throughput is over the step's wall time, which holds every timed stage
+        throughput = row["perf/throughput_tokens_per_s"]
+        assert 0 < throughput <= row["perf/tokens_per_s"]
+        assert row["perf/throughput_tokens_per_s_per_device"] == pytest.approx(throughput / 2, rel=1e-12)
         assert {"time/generate", "time/update_actor", "time/reshard", "reshard/seconds"} <= set(row)
     resolved = yaml.safe_load((run_dir / "resolved_config.yaml").read_text())
     assert resolved["trainer"]["total_steps"] == 3

@@ -25,6 +25,8 @@ HEADLINE = (
     "reshard/seconds",
     "time/step",
     "perf/tokens_per_s",
+    "perf/throughput_tokens_per_s",
+    "perf/throughput_tokens_per_s_per_device",
 )
 
 

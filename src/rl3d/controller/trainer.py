@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from rl3d.algos import response_stats
 from rl3d.config import RL3DConfig
+from rl3d.config.pools import role_pools
 from rl3d.controller.placement import round_seed, round_uids
 from rl3d.single_controller.batch import DataBatch
 
@@ -48,6 +49,17 @@ class StageTimer:
         start = time.perf_counter()
         yield
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
+def throughput(tokens: float, wall_s: float, num_devices: int) -> dict[str, float]:
+    """HybridFlow's throughput (EuroSys'25, section 8.1): the prompt and response tokens of a
+    step's batch over the step's wall time, generation to resharding, for the whole job; and
+    per device, over the ranks of every pool (a separate rollout pool's included)."""
+    per_s = tokens / wall_s if wall_s > 0 else 0.0
+    return {
+        "perf/throughput_tokens_per_s": per_s,
+        "perf/throughput_tokens_per_s_per_device": per_s / num_devices,
+    }
 
 
 class NoValidation:
@@ -88,6 +100,7 @@ class RLTrainer:
         self.placement = placement  # rl3d.controller.placement: Colocated or SeparatePool
         self.validation = NoValidation()  # or rl3d.controller.validation.Validator (trainer.val_every)
         self.samples = None  # rl3d.logging.samples.SamplesLog on the writing process (logging.samples)
+        self.num_devices = sum(pool.size for pool in role_pools(cfg))  # every pool's ranks: the job's
 
     def _on_signal(self, signum, _frame) -> None:
         logger.warning("signal %d: checkpointing after this step, then exiting", signum)
@@ -122,7 +135,7 @@ class RLTrainer:
         return self.history
 
     def run_step(self, step: int) -> dict[str, float]:
-        cfg, t = self.cfg, StageTimer()
+        cfg, t, started = self.cfg, StageTimer(), time.perf_counter()
         metrics: dict[str, float] = {}
         with t("generate"):
             batch = self.generate(step, metrics)
@@ -160,6 +173,7 @@ class RLTrainer:
         metrics["perf/gen_tokens_per_s"] = float(batch["response_mask"].sum()) / max(
             t.seconds["generate"], 1e-9
         )
+        metrics |= throughput(tokens, time.perf_counter() - started, self.num_devices)
         self.hooks.call("on_step_end", step=step, batch=batch, metrics=metrics)
         return metrics
 

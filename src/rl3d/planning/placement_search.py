@@ -1,0 +1,192 @@
+"""Automatic placement: which roles share which resource pools, in which parallel sizes.
+
+The search (after HybridFlow's mapping algorithm, EuroSys'25 section 6) runs over
+- structures: every subset of the movable role groups (critic with its cost critic, the
+  reference, each learned scorer) that gets its own pool, the rest staying on the actor's, with
+  or without a separate rollout pool;
+- splits of the devices over the structure's pools (whole nodes once the job spans nodes);
+- per pool and size, its parallel layout (p divides the layers, t the heads and KV heads and
+  stays inside a node) and, on the actor's pool, the generation layout (t_g | t, p_g | p).
+The stages of one pool do not depend on the other pools' layouts (the weight sync aside, which
+takes the rest of the devices as the actor's), so each pool's best layout per size is found
+once, splits are ranked by the sum, and the best few per structure are simulated whole. A
+pool's layout that does not fit memory is taken only when none fits; such a candidate is
+reported with `fits: false` and never chosen.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from dataclasses import dataclass
+
+from rl3d.models.spec import ModelSpec
+from rl3d.parallel import ParallelLayout
+from rl3d.planning.devices import DeviceClass
+from rl3d.planning.footprint import pool_footprint
+from rl3d.planning.simulator import StepEstimate, pool_stages, simulate
+from rl3d.planning.workload import ROLLOUT, Placement, PoolPlacement, Workload
+
+MOVABLE = (("critic", "cost_critic"), ("reference",), ("reward_model",), ("cost_model",))
+SPLITS_PER_STRUCTURE = 6
+
+
+@dataclass(frozen=True)
+class Candidate:
+    placement: Placement
+    estimate: StepEstimate
+
+
+def divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def pool_sizes(gpus: int, device: DeviceClass) -> list[int]:
+    """Sizes a pool may take: any inside one node, whole nodes once the job spans nodes."""
+    if gpus <= device.gpus_per_node:
+        return list(range(1, gpus + 1))
+    return list(range(device.gpus_per_node, gpus + 1, device.gpus_per_node))
+
+
+def compositions(total: int, parts: int, sizes: list[int]):
+    """Every tuple of `parts` sizes from `sizes` that sums to `total`."""
+    if parts == 1:
+        if total in sizes:
+            yield (total,)
+        return
+    for size in sizes:
+        if size < total:
+            for rest in compositions(total - size, parts - 1, sizes):
+                yield (size, *rest)
+
+
+def tp_fits(spec: ModelSpec, t: int, device: DeviceClass) -> bool:
+    """Tensor parallelism inside one node, splitting heads, KV heads and the MLP evenly."""
+    return t <= device.gpus_per_node and not (
+        spec.num_attention_heads % t or spec.num_query_groups % t or spec.ffn_hidden_size % t
+    )
+
+
+def layouts(spec: ModelSpec, size: int, device: DeviceClass) -> list[ParallelLayout]:
+    out = []
+    for t in divisors(size):
+        if not tp_fits(spec, t, device):
+            continue
+        for p in divisors(size // t):
+            if spec.num_layers % p == 0:
+                out.append(ParallelLayout(p, t, size // (t * p)))
+    return out
+
+
+def structures(roles: tuple[str, ...], rollout_pool: bool) -> list[tuple[tuple[str, ...], ...]]:
+    """Each structure: the role groups of its pools, the actor's first, a rollout pool last."""
+    groups = [tuple(r for r in g if r in roles) for g in MOVABLE]
+    groups = [g for g in groups if g]
+    out = []
+    for k in range(len(groups) + 1):
+        for own in itertools.combinations(groups, k):
+            actor = ("actor", *(r for r in roles if r != "actor" and not any(r in g for g in own)))
+            base = (actor, *own)
+            out.append(base)
+            if rollout_pool:
+                out.append((*base, (ROLLOUT,)))
+    return out
+
+
+def _pools(structure, layouts_: list[ParallelLayout]) -> tuple[PoolPlacement, ...]:
+    return tuple(
+        PoolPlacement(ROLLOUT if roles == (ROLLOUT,) else roles[0], lay, roles)
+        for roles, lay in zip(structure, layouts_)
+    )
+
+
+class Search:
+    """The best layout of each pool at each size, then the best splits, per structure."""
+
+    def __init__(self, w: Workload, device: DeviceClass, gpus: int):
+        self.w, self.device, self.gpus = w, device, gpus
+        self.sizes = pool_sizes(gpus, device)
+
+    def _options(self, structure, index: int, size: int):
+        roles = structure[index]
+        if roles == (ROLLOUT,):
+            for t in divisors(size):
+                if tp_fits(self.w.actor, t, self.device):
+                    yield ParallelLayout(1, t, size // t), 1, 1
+            return
+        spec = self.w.spec(roles[0])
+        for lay in layouts(spec, size, self.device):
+            if not self._splits_batch(roles, lay.d):
+                continue
+            if roles[0] == "actor" and structure[-1] != (ROLLOUT,):
+                for t_g, p_g in itertools.product(divisors(lay.t), divisors(lay.p)):
+                    yield lay, t_g, p_g
+            else:
+                yield lay, 1, 1
+
+    def _splits_batch(self, roles: tuple[str, ...], dp: int) -> bool:
+        """A trained role's mini-batch splits over dp ranks in whole micro-batches; a forward
+        role's dp divides the step's samples."""
+        w = self.w
+        if any(r in ("actor", "critic") for r in roles):
+            return w.mini_batch_size % (dp * w.micro_batch_size) == 0
+        return w.samples % dp == 0
+
+    @functools.cache  # noqa: B019  (one search object per query)
+    def best_pool(self, structure, index: int, size: int):
+        """(seconds, fits, layout, t_g, p_g) of the pool's best option at `size`, or None."""
+        best = None
+        others = self.gpus - size
+        for lay, t_g, p_g in self._options(structure, index, size):
+            filler = [
+                ParallelLayout(1, 1, max(others, 1)) if i == 0 else ParallelLayout(1, 1, 1)
+                for i in range(len(structure))
+            ]
+            filler[index] = lay
+            placement = Placement(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
+            pool = placement.pools[index]
+            peak, budget = pool_footprint(self.w, placement, self.device, pool)
+            fits = peak <= self.device.memory_gb * 1e9 and (budget is None or budget >= 0)
+            bound = sum(
+                pool_stages(self.w, placement, self.device, pool, budget or 0.0, transition=False).values()
+            )
+            if best is not None and (not fits, bound) >= (not best[1], best[0]):
+                continue
+            seconds = sum(pool_stages(self.w, placement, self.device, pool, budget or 0.0).values())
+            if best is None or (not fits, seconds) < (not best[1], best[0]):
+                best = (seconds, fits, lay, t_g, p_g)
+        return best
+
+    def splits(self, structure):
+        k = len(structure)
+        ranked = []
+        for sizes in compositions(self.gpus, k, self.sizes):
+            parts = [self.best_pool(structure, i, s) for i, s in enumerate(sizes)]
+            if any(p is None for p in parts):
+                continue
+            ranked.append(((not all(p[1] for p in parts), sum(p[0] for p in parts)), parts))
+        ranked.sort(key=lambda r: r[0])
+        return [parts for _, parts in ranked[:SPLITS_PER_STRUCTURE]]
+
+    def candidates(self, rollout_pool: bool = True) -> list[Candidate]:
+        out = []
+        for structure in structures(self.w.roles, rollout_pool):
+            if len(structure) > self.gpus:
+                continue
+            for parts in self.splits(structure):
+                actor = parts[0]
+                placement = Placement(
+                    pools=_pools(structure, [p[2] for p in parts]), t_g=actor[3], p_g=actor[4]
+                )
+                out.append(Candidate(placement, simulate(self.w, placement, self.device)))
+        out.sort(key=lambda c: (not c.estimate.fits, c.estimate.step_seconds))
+        return out
+
+
+def search_placements(
+    w: Workload, device: DeviceClass, gpus: int, *, rollout_pool: bool = True
+) -> list[Candidate]:
+    """Every structure's best few placements on `gpus` devices, fastest fitting first."""
+    if gpus < 1:
+        raise ValueError(f"--gpus must be >= 1, got {gpus}")
+    return Search(w, device, gpus).candidates(rollout_pool)

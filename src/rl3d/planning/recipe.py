@@ -1,0 +1,49 @@
+"""A recipe as the step simulator's workload and placement.
+
+The critic, the reference and learned reward or cost models take the actor's shape (rl3d's
+critic is built from `model`; a learned scorer's own shape is read from its run only when it
+loads). A recipe's own roles (`roles:`) are not simulated.
+"""
+
+from __future__ import annotations
+
+from rl3d.config import RL3DConfig
+from rl3d.config.pools import role_pools
+from rl3d.config.roles import role_table
+from rl3d.controller.trainer import old_logp_source
+from rl3d.models.spec import spec_of
+from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, Placement, PoolPlacement, Workload
+from rl3d.utils.dtypes import DTYPE_BYTES
+
+
+def workload_of(cfg: RL3DConfig) -> Workload:
+    n = cfg.rollout.n
+    greedy = cfg.algorithm.family.needs_greedy_baseline  # one greedy response per prompt too
+    return Workload(
+        actor=spec_of(cfg.model),
+        roles=tuple(r.name for r in role_table(cfg) if r.name in ROLE_MODEL),
+        prompts=cfg.data.prompts_per_step,
+        samples_per_prompt=n,
+        prompt_len=cfg.data.max_prompt_length,
+        response_len=cfg.rollout.max_new_tokens,
+        generations=(n + 1) / n if greedy else 1.0,
+        recompute_old_logp=old_logp_source(cfg) == "recompute",
+        ppo_epochs=cfg.actor.ppo_epochs,
+        mini_batch_size=cfg.actor.mini_batch_size,
+        micro_batch_size=cfg.actor.micro_batch_size,
+        dtype_bytes=DTYPE_BYTES[cfg.model.dtype],
+        distributed_optimizer=cfg.actor.optim.distributed_optimizer,
+        flash_attention=cfg.actor.packing and cfg.launch.device != "cpu",  # as the memory plan has it
+    )
+
+
+def placement_of(cfg: RL3DConfig) -> Placement:
+    pools = tuple(
+        PoolPlacement(p.name if p.name == ROLLOUT else p.roles[0], p.layout, p.roles) for p in role_pools(cfg)
+    )
+    return Placement(
+        pools=pools,
+        t_g=cfg.rollout.t_g,
+        p_g=cfg.rollout.p_g,
+        max_staleness=cfg.rollout.async_.max_staleness,
+    )

@@ -1,0 +1,259 @@
+"""The step simulator: each stage of an RL step timed on a device class from FLOPs and bytes.
+
+Stages, named as rl3d's timers name them (`time/<stage>`), run one after another as rl3d's
+loop runs them (with `max_staleness > 0` a separate rollout pool generates while the trainer
+works, so the step is the longer of the two):
+- `prefill`, `decode`: generation on the actor's pool in its generation layout (t_g, p_g) or
+  on the rollout pool. Prefill is compute-bound: 2N + 2Lhs FLOPs per token (s the causal
+  average context) at `prefill_mfu`. Decode is memory-bound: every step reads the replica's
+  weights and its KV cache once at `decode_hbm_eff` of HBM (or is compute-bound if its batch
+  is large enough), passes its p_g stages one after another, does two tensor-parallel
+  all-reduces per layer and pays `step_overhead_s`. When the KV cache of all sequences does
+  not fit next to the resident state, decode runs in waves (`rl3d.planning.footprint`).
+- `old_logp`, `ref_logp`, `values`, `reward_model`, `cost_model`: forwards (1x FLOPs);
+  `update_actor`, `update_critic`: forward + backward (3x) per PPO epoch, plus per optimizer
+  step the data-parallel all-reduce of fp32 gradients and a fused Adam over the rank's
+  parameters (30 bytes per parameter through HBM; `rl3d.bench.modeled`). Megatron's two
+  tensor-parallel all-reduces per layer and direction are charged on the TP group's link, the
+  pipeline bubble as (p - 1) / m of the pipelined time (m micro-batches per rank, 1F1B).
+- `reshard`: the colocated transition, rl3d's hybridflow mechanism on this device's cluster
+  (`rl3d.bench.mechanisms`, the same model as `rl3d bench --modeled`); with a rollout pool the
+  weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
+  nodes' links (or NVLink when the whole job shares one node).
+Every forward pass of a layer and micro-batch (and every decode step's layers) also pays the
+device's `layer_overhead_s` (0 on the GPU classes, calibrated on a CPU). Nothing here overlaps
+compute with communication; the rule reward runs on the CPU and is free.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from rl3d.bench.mechanisms import MECHANISMS, mechanism_cost
+from rl3d.bench.modeled import ADAM_BYTES_PER_PARAM
+from rl3d.hybrid_engine.params import SegmentTable
+from rl3d.hybrid_engine.plan import PlanContext, plan_transition
+from rl3d.models.spec import ModelSpec
+from rl3d.parallel import ParallelLayout
+from rl3d.planning.devices import DeviceClass
+from rl3d.planning.footprint import decode_waves, pool_footprints
+from rl3d.planning.workload import Placement, PoolPlacement, Workload
+
+GRAD_BYTES = 4  # fp32 gradients (the paper's setup: BF16 parameters, FP32 gradients and optimizer)
+SYNC_BUCKET_BYTES = 64 * 2**20  # rollout.async.bucket_mb's default: one call per bucket
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    stages: dict[str, float]
+    step_seconds: float
+    fits: bool
+    memory_bytes: dict[str, int] = field(default_factory=dict)  # peak per rank, per pool
+    tokens: int = 0
+
+    @property
+    def bottleneck(self) -> str:
+        return max(self.stages, key=self.stages.__getitem__) if self.stages else ""
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.step_seconds if self.step_seconds > 0 else 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "step_seconds": self.step_seconds,
+            "stages": self.stages,
+            "bottleneck": self.bottleneck,
+            "fits": self.fits,
+            "memory_gb": {k: v / 1e9 for k, v in self.memory_bytes.items()},
+            "throughput_tokens_per_s": self.throughput,
+        }
+
+
+def nodes_of(size: int, device: DeviceClass) -> int:
+    return max(1, math.ceil(size / device.gpus_per_node))
+
+
+def ring_allreduce_seconds(nbytes: float, group: int, spread: int, device: DeviceClass) -> float:
+    """One ring all-reduce of `nbytes` over `group` devices whose ring spans `spread` devices
+    (consecutive ranks: a TP group of 8 sits in one node, a DP group strides over nodes)."""
+    if group <= 1:
+        return 0.0
+    nodes = nodes_of(spread, device)
+    gbps = device.link_gbps(group, nodes)
+    latency = 2 * device.nccl.ring_seconds(group, min(nodes, group))
+    return latency + 2 * (group - 1) / group * nbytes / (gbps * 1e9)
+
+
+def forward_flops(spec: ModelSpec, tokens: float, context: float) -> float:
+    """2N per token for the matmuls, plus causal attention's QK^T and AV over `context`."""
+    return tokens * (2 * spec.num_params() + 4 * spec.num_layers * spec.hidden_size * context)
+
+
+def pass_seconds(
+    spec: ModelSpec,
+    layout: ParallelLayout,
+    device: DeviceClass,
+    w: Workload,
+    *,
+    samples: float,
+    backward: bool,
+) -> float:
+    """A forward (or forward + backward) of `samples` full sequences on `layout`."""
+    passes = 3 if backward else 1
+    tokens = samples * w.seq_len
+    compute = (
+        passes
+        * forward_flops(spec, tokens, w.seq_len / 2)
+        / (layout.world_size * device.flops * device.train_mfu)
+    )
+    per_rank = samples / layout.d
+    micro = max(1.0, per_rank / w.micro_batch_size)
+    bytes_per_micro = w.micro_batch_size * w.seq_len * spec.hidden_size * w.dtype_bytes
+    calls = micro * 2 * (2 if backward else 1) * spec.num_layers / layout.p
+    tp = calls * ring_allreduce_seconds(bytes_per_micro, layout.t, layout.t, device)
+    bubble = 1 + (layout.p - 1) / micro
+    overhead = micro * passes * spec.num_layers / layout.p * device.layer_overhead_s
+    return (compute + tp + overhead) * bubble
+
+
+def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Workload) -> float:
+    spec = w.spec(role)
+    passes = w.ppo_epochs * pass_seconds(spec, layout, device, w, samples=w.samples, backward=True)
+    steps = w.ppo_epochs * max(1, w.samples // w.mini_batch_size)
+    shard = spec.num_params() / (layout.t * layout.p)
+    grads = ring_allreduce_seconds(shard * GRAD_BYTES, layout.d, layout.world_size, device)
+    adam = (
+        shard / (layout.d if w.distributed_optimizer else 1) * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
+    )
+    return passes + steps * (grads + adam)
+
+
+def generate_seconds(
+    spec: ModelSpec, world: int, t_g: int, p_g: int, device: DeviceClass, w: Workload, kv_budget: float
+) -> tuple[float, float]:
+    """(prefill, decode) seconds of a step's rollouts on `world` devices in (t_g, p_g)."""
+    replicas = world // (t_g * p_g)
+    seqs = math.ceil(w.samples * w.generations / replicas)
+    h, layers = spec.hidden_size, spec.num_layers
+    act = h * w.dtype_bytes
+    prefill = forward_flops(spec, seqs * w.prompt_len, w.prompt_len / 2) / (
+        t_g * device.flops * device.prefill_mfu
+    )
+    prefill += 2 * layers * ring_allreduce_seconds(seqs * w.prompt_len * act, t_g, t_g, device)
+    waves, per_wave = decode_waves(spec, seqs, t_g, p_g, w, kv_budget)
+    kv_per_token = 2 * max(spec.num_query_groups // t_g, 1) * spec.head_dim * w.dtype_bytes * layers / p_g
+    context = w.prompt_len + w.response_len / 2
+    weights = spec.num_params() * w.dtype_bytes / (t_g * p_g)
+    memory = (weights + per_wave * context * kv_per_token) / (device.hbm_gbps * 1e9 * device.decode_hbm_eff)
+    compute = forward_flops(spec, per_wave, context) / (t_g * p_g * device.flops * device.prefill_mfu)
+    allreduce = 2 * layers * ring_allreduce_seconds(per_wave * act, t_g, t_g, device)
+    step = p_g * max(memory, compute) + allreduce + device.step_overhead_s + layers * device.layer_overhead_s
+    return prefill, waves * w.response_len * step
+
+
+@functools.lru_cache(maxsize=256)
+def transition_seconds(
+    spec: ModelSpec, layout: ParallelLayout, t_g: int, p_g: int, device: DeviceClass, dtype: str
+) -> float:
+    plan = plan_transition(spec, layout, t_g, p_g, dtype=dtype, strategies=("hybridflow",))
+    ctx = PlanContext(spec, plan.gen, plan.dtype_bytes, plan.params, SegmentTable(plan.params, layout.t))
+    cluster = device.cluster()
+    return mechanism_cost(MECHANISMS["hybridflow"](ctx, plan, cluster), cluster)["seconds"]
+
+
+def weight_sync_seconds(
+    spec: ModelSpec, actor: PoolPlacement, rollout: PoolPlacement, device: DeviceClass, w: Workload
+) -> float:
+    """Every rollout rank receives its t_g-shard; a rollout node's link carries its ranks'."""
+    model = spec.num_params() * w.dtype_bytes
+    shard = model / rollout.layout.t
+    if actor.size + rollout.size <= device.gpus_per_node:
+        wire = shard / (device.nvlink_gbps * 1e9)
+    else:
+        per_node = min(rollout.size, device.gpus_per_node)
+        senders = nodes_of(actor.size, device)
+        wire = max(per_node * shard, rollout.layout.d * model / senders) / (device.node_net_gbps * 1e9)
+    calls = math.ceil(shard / SYNC_BUCKET_BYTES)
+    return wire + calls * device.nccl.ring_seconds(2, 2)
+
+
+DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
+
+
+def pool_stages(
+    w: Workload,
+    placement: Placement,
+    device: DeviceClass,
+    pool: PoolPlacement,
+    kv_budget: float,
+    *,
+    transition: bool = True,
+) -> dict[str, float]:
+    """The seconds of the stages that run on `pool` (generation on the pool that generates, the
+    weight sync charged to the rollout pool); `transition=False` leaves the colocated reshard
+    out (a search's cheap bound: planning a transition is the costly part)."""
+    stages: dict[str, float] = {}
+    rollout = placement.separate
+    if pool is rollout:
+        stages["prefill"], stages["decode"] = generate_seconds(
+            w.actor, pool.size, pool.layout.t, 1, device, w, kv_budget
+        )
+        stages["reshard"] = weight_sync_seconds(w.actor, placement.pool_of("actor"), pool, device, w)
+        return stages
+    lay, hosted = pool.layout, [r for r in pool.roles if r in w.roles]
+    if "actor" in hosted and rollout is None:
+        stages["prefill"], stages["decode"] = generate_seconds(
+            w.actor, pool.size, placement.t_g, placement.p_g, device, w, kv_budget
+        )
+
+    def forward(*roles: str) -> float:
+        return sum(pass_seconds(w.spec(r), lay, device, w, samples=w.samples, backward=False) for r in roles)
+
+    if "actor" in hosted and w.recompute_old_logp:
+        stages["old_logp"] = forward("actor")
+    for stage, roles in (
+        ("reward_model", ("reward_model",)),
+        ("cost_model", ("cost_model",)),
+        ("ref_logp", ("reference",)),
+    ):
+        if set(roles) & set(hosted):
+            stages[stage] = forward(*roles)
+    critics = [r for r in ("critic", "cost_critic") if r in hosted]
+    if critics:
+        stages["values"] = forward(*critics)
+        stages["update_critic"] = sum(update_seconds(r, lay, device, w) for r in critics)
+    if "actor" in hosted:
+        stages["update_actor"] = update_seconds("actor", lay, device, w)
+        if rollout is None and transition:
+            dtype = DTYPE_NAMES.get(w.dtype_bytes, "bfloat16")
+            stages["reshard"] = transition_seconds(w.actor, lay, placement.t_g, placement.p_g, device, dtype)
+    return stages
+
+
+STAGE_ORDER = (
+    "prefill", "decode", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
+    "update_critic", "update_actor", "reshard",
+)  # fmt: skip
+
+
+def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEstimate:
+    """Every stage's seconds, the step's, and whether each pool's peak fits the device."""
+    memory, kv_budget = pool_footprints(w, placement, device)
+    stages: dict[str, float] = dict.fromkeys(STAGE_ORDER, 0.0)
+    for pool in placement.pools:
+        for stage, seconds in pool_stages(w, placement, device, pool, kv_budget.get(pool.name, 0.0)).items():
+            stages[stage] += seconds
+    stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
+    generation = stages["prefill"] + stages["decode"]
+    total = sum(stages.values())
+    if placement.separate is not None and placement.max_staleness > 0:
+        total = max(generation, total - generation)
+    return StepEstimate(stages, total, fits_device(memory, kv_budget, device), memory, w.tokens)
+
+
+def fits_device(memory: dict[str, int], kv_budget: dict[str, float], device: DeviceClass) -> bool:
+    usable = device.memory_bytes
+    return all(v <= usable for v in memory.values()) and all(b >= 0 for b in kv_budget.values())
