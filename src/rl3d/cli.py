@@ -125,12 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
     import rl3d.bench  # noqa: F401  registers the baseline strategies the plan table compares against
     from rl3d.hybrid_engine.report import add_plan_arguments
-    from rl3d.planning.memory_report import add_memory_arguments
+    from rl3d.planning.plan_args import add_auto_place_arguments, add_memory_arguments
 
     add_plan_arguments(plan)
     add_memory_arguments(plan)
-    from rl3d.planning.auto_place_args import add_auto_place_arguments
-
     add_auto_place_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
     bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition ...`, `rl3d bench rollout ...`")

@@ -3,7 +3,6 @@ that preflight prints when a plan does not fit the device."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from typing import Any
 
@@ -11,16 +10,6 @@ from rl3d.config.schema import RL3DConfig
 from rl3d.planning.memory import ENGINE, MemoryPlan, RankPlan, plan_memory
 
 GIB = 1 << 30
-
-
-def add_memory_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--memory", action="store_true", help="print the per-rank GPU memory plan of RECIPE")
-    parser.add_argument(
-        "--device-gib",
-        type=float,
-        default=None,
-        help="device memory per GPU in GiB (--memory; default: none)",
-    )
 
 
 def device_bytes_of(gib: float | None) -> int | None:

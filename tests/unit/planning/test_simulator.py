@@ -111,7 +111,7 @@ def test_the_baselines_of_the_paper_comparison():
 
 
 def test_the_flags_list_every_device_class():
-    from rl3d.planning.auto_place_args import DEVICE_NAMES
     from rl3d.planning.devices import DEVICES
+    from rl3d.planning.plan_args import DEVICE_NAMES
 
     assert DEVICE_NAMES == tuple(DEVICES)
