@@ -105,6 +105,16 @@ class OptimConfig:
         _non_negative(self, "weight_decay", "clip_grad", "lr_warmup_steps")
 
 
+# What a role may move to host memory while the rollout engine generates (`<role>.offload`)
+OffloadKind = Literal["params", "grads", "optimizer"]
+
+
+def _unique(obj: Any, name: str) -> None:
+    values = getattr(obj, name)
+    if len(set(values)) != len(values):
+        raise FieldError(name, f"lists an entry twice: {values}")
+
+
 def _budget_needs_packing(cfg: Any) -> None:
     if cfg.max_tokens_per_micro_batch is not None and cfg.packing is False:
         raise FieldError("max_tokens_per_micro_batch", "needs packing: true")
@@ -125,10 +135,15 @@ class TrainedRoleConfig:
     # With packing: micro-batches formed by a token budget (real tokens) instead of
     # micro_batch_size sequences; None = by micro_batch_size.
     max_tokens_per_micro_batch: int | None = None
+    # Moved to host memory (pinned on CUDA) while the colocated engine generates, and back after,
+    # bit for bit: params (megatron's parameters), grads (its gradient buffer), optimizer (fp32
+    # master copies and Adam's states). [] keeps everything on the device.
+    offload: list[OffloadKind] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size", "max_tokens_per_micro_batch")
         _budget_needs_packing(self)
+        _unique(self, "offload")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -160,10 +175,14 @@ class ReferenceConfig:
     # As the actor's (micro-batches are the actor's); None = the actor's setting.
     packing: bool | None = None
     max_tokens_per_micro_batch: int | None = None
+    offload: list[OffloadKind] = field(default_factory=list)  # as the actor's; params only (frozen)
 
     def __post_init__(self) -> None:
         _positive(self, "max_tokens_per_micro_batch")
         _budget_needs_packing(self)
+        _unique(self, "offload")
+        if extra := [k for k in self.offload if k != "params"]:
+            raise FieldError("offload", f"{extra}: the reference is frozen and holds params only")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -188,13 +207,23 @@ class ExtraRoleConfig:
 class SGLangConfig:
     mem_fraction_static: float = 0.6
     enable_memory_saver: bool = True
-    weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC, or NCCL broadcast
+    # CUDA IPC; "distributed" (NCCL broadcast to an engine on other GPUs) is refused: rl3d does
+    # not yet connect SGLang's update group, and colocated it would put two ranks of one NCCL
+    # communicator on one GPU
+    weight_update: Literal["tensor", "distributed"] = "tensor"
     bucket_mb: float = 512.0  # weights pushed to SGLang per bucket
-    deterministic: bool = True  # SGLang honours a sampling seed only with deterministic inference
+    # SGLang's deterministic inference: slower decoding, but it honours the sampling seed
+    deterministic: bool = False
     base_gpu_id: int | None = None  # None: the rank's own GPU
 
     def __post_init__(self) -> None:
         _positive(self, "bucket_mb")
+        if self.weight_update == "distributed":
+            raise FieldError(
+                "weight_update",
+                "'distributed' is not supported yet (nothing connects SGLang's weight-update group); "
+                "use 'tensor' (CUDA IPC, the colocated engine)",
+            )
         if not 0 < self.mem_fraction_static < 1:
             raise FieldError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
 

@@ -119,7 +119,7 @@ class SGLangRolloutEngine:
         bucket_mb: float = 512.0,
         mem_fraction_static: float = 0.5,
         enable_memory_saver: bool = True,
-        deterministic: bool = True,
+        deterministic: bool = False,
         base_gpu_id: int | None = None,
         gpu_id_step: int | None = None,
         dtype: str = "bfloat16",

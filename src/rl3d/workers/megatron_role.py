@@ -79,6 +79,7 @@ class MegatronRole:
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         response_outputs: bool = False,
+        offload: tuple[str, ...] = (),
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -113,6 +114,17 @@ class MegatronRole:
             self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
             self.optimizer = build_optimizer(self.ddp, groups, optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_steps=total_steps)
+        from rl3d.models.offload import Offload
+
+        self.offload = Offload(self.ddp, self.optimizer, kinds=offload, device=groups.device)
+
+    def to_host(self) -> int:
+        """Move `offload`'s kinds to host memory (around generation); the bytes freed."""
+        return self.offload.to_host()
+
+    def resident(self) -> None:
+        """Bring offloaded tensors back; every use of the model's tensors calls it first."""
+        self.offload.to_device()
 
     def unwrapped(self) -> torch.nn.Module:
         return unwrap_model(self.ddp)
@@ -213,6 +225,7 @@ class MegatronRole:
         the batch's order."""
         from rl3d.models.training import forward_backward
 
+        self.resident()
         micro, order = self._microbatches(batch, micro_batch_size)
         self.unwrapped().eval()
         with torch.no_grad():
@@ -239,6 +252,7 @@ class MegatronRole:
         optimizer step (what `rl3d bench packing` times)."""
         from rl3d.models.training import forward_backward
 
+        self.resident()
         micro, _ = self._microbatches(batch, micro_batch_size)
         self.unwrapped().train()
         self.ddp.zero_grad_buffer()
@@ -269,6 +283,7 @@ class MegatronRole:
         micro-batch's tokens or sequences, whichever the aggregation averages over)."""
         from rl3d.models.training import train_step
 
+        self.resident()
         dp = self.groups.layout.d
         local_mini = mini_batch_size // dp
         metrics: list[dict] = []
@@ -321,6 +336,7 @@ class MegatronRole:
     def global_shards(self) -> dict[str, torch.Tensor]:
         """This rank's training parameters under their global (planner) names, as the very
         tensors the model trains (no copy)."""
+        self.resident()
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
         names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)
