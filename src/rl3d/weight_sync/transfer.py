@@ -7,6 +7,10 @@ the actor pool's ranks (bridge ranks 0 .. n-1, in pool order) and the rollout po
 It is a real tensor transfer (gloo on CPU, NCCL on GPU), point to point per bucket: a weight
 sync of a 7B model does not fit through a key-value store, and a broadcast would send every
 rollout rank the shards of the other generation-TP ranks too.
+
+Both kinds of group wait `rollout.async.timeout_s` for the other side (NCCL's own default is
+10 minutes). `weight_sync/seconds` stops once the transfer is complete: on NCCL `wait()` only
+orders the device stream, so the clock stops after the device is synchronized too.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from rl3d.ops.layouts import merge_tp_shards, shard_for_tp
+from rl3d.utils.device import synchronize
 from rl3d.weight_sync.plan import Route, SyncPlan
 
 
@@ -44,7 +49,9 @@ class WeightBridge:
         timeout = datetime.timedelta(seconds=timeout_s)
         prefixed = dist.PrefixStore("weight_sync/", store)
         if self.device.type == "cuda":
-            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size, dist.ProcessGroupNCCL.Options())
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
 
@@ -53,6 +60,12 @@ class WeightBridge:
 
     def rollout_rank(self, pool_rank: int) -> int:
         return self.num_train + pool_rank
+
+    def complete(self, works: list[Any]) -> None:
+        """Return once every transfer in `works` is done on this rank's device, not merely queued."""
+        for work in works:
+            work.wait()
+        synchronize(self.device)
 
 
 def send_weights(
@@ -66,8 +79,7 @@ def send_weights(
             flat = torch.cat([shards[p.name].detach().reshape(-1) for p in route.pieces[lo:hi]])
             works.append(bridge.pg.send([flat], bridge.rollout_rank(route.dst), tag))
             sent += flat.numel() * flat.element_size()
-    for work in works:
-        work.wait()
+    bridge.complete(works)
     return SyncStats(sent, time.perf_counter() - start, len(works))
 
 
@@ -84,8 +96,7 @@ def receive_weights(
             works.append(bridge.pg.recv([buf], bridge.train_rank(route.src), tag))
             received += buf.numel() * buf.element_size()
             views.append((route, pieces, buf))
-    for work in works:
-        work.wait()
+    bridge.complete(works)
     got: dict[str, dict[int, tuple[Any, torch.Tensor]]] = {}
     for _route, pieces, buf in views:
         offset = 0

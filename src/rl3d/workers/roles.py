@@ -55,8 +55,12 @@ def _count_unit(mode: str):
 
 
 def _batching(section) -> dict:
-    """MegatronRole's packing options from a role's config section."""
-    return {"packing": section.packing, "max_tokens_per_micro_batch": section.max_tokens_per_micro_batch}
+    """MegatronRole's packing and offload options from a role's config section."""
+    return {
+        "packing": section.packing,
+        "max_tokens_per_micro_batch": section.max_tokens_per_micro_batch,
+        "offload": tuple(section.offload),
+    }
 
 
 def _reference_batching(cfg: RL3DConfig) -> dict:
@@ -66,7 +70,7 @@ def _reference_batching(cfg: RL3DConfig) -> dict:
     budget = ref.max_tokens_per_micro_batch
     if budget is None and packing:
         budget = actor.max_tokens_per_micro_batch
-    return {"packing": packing, "max_tokens_per_micro_batch": budget}
+    return {"packing": packing, "max_tokens_per_micro_batch": budget, "offload": tuple(ref.offload)}
 
 
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
