@@ -57,9 +57,11 @@ def kind_tensors(ddp: Any, optimizer: Any, kind: str) -> Iterator[torch.Tensor]:
     if kind == "params":
         yield from (p.data for p in ddp.parameters())
     elif kind == "grads":
-        for buffer in [*getattr(ddp, "buffers", []), *getattr(ddp, "expert_parallel_buffers", [])]:
-            if buffer.grad_data is not None:
-                yield buffer.grad_data
+        # megatron DDP's lists of buffers (an unwrapped model's `buffers` is nn.Module's method)
+        for name in ("buffers", "expert_parallel_buffers"):
+            for buffer in getattr(ddp, name, None) if isinstance(getattr(ddp, name, None), list) else []:
+                if buffer.grad_data is not None:
+                    yield buffer.grad_data
     elif kind == "optimizer":
         for opt in _optimizers(optimizer):
             for group in opt.param_groups:
@@ -109,7 +111,7 @@ class Offload:
 
     def to_host(self) -> int:
         """Copy every storage to the host and free it on the device; the bytes freed."""
-        if self.on_host:
+        if self.on_host or not self.kinds:
             return 0
         pin = self.device.type == "cuda"
         self._held = self._collect()

@@ -94,16 +94,13 @@ class MegatronRole:
             spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
         )
         self.te = packing and use_transformer_engine(groups.device, packed=True)
+        self.ddp = self.model  # wrapped below when trained
         if hf_path:
             from rl3d.models.weights import load_weights
 
             load_weights(self.model, spec, groups, hf_path, role=role)
         elif init_from is not None:  # same initial network as the actor (critic: all but the head)
-            own = self.model.state_dict()
-            source = {k: v for k, v in init_from.unwrapped().state_dict().items() if k in own}
-            if role == "critic":
-                source = {k: v for k, v in source.items() if not k.startswith("output_layer")}
-            self.model.load_state_dict(source, strict=False)
+            self._copy_from(init_from)
         self.trainable = optim is not None
         # fp16's loss scaler skips its first steps by design; bf16/fp32 have no scaler
         self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
@@ -128,6 +125,34 @@ class MegatronRole:
 
     def unwrapped(self) -> torch.nn.Module:
         return unwrap_model(self.ddp)
+
+    def _copy_from(self, source: MegatronRole) -> None:
+        """Every parameter from `source`'s model by its global name (layer specs may name a
+        tensor differently: Transformer Engine's fuse the norms into the next linear); the
+        critic's value head is its own. A parameter of this model that no global name reaches
+        is an error, never a silently kept initial value."""
+        mine = self._shards_by_global()
+        try:
+            theirs = source.global_shards()
+        except KeyError as err:
+            raise RuntimeError(f"{self.role} from {source.role}: {err.args[0]}") from None
+        with torch.no_grad():
+            for name, dst in mine.items():
+                if self.role == "critic" and name == OUTPUT_LAYER:
+                    continue  # the value head
+                if name not in theirs or theirs[name].shape != dst.shape:
+                    got = tuple(theirs[name].shape) if name in theirs else "nothing"
+                    raise RuntimeError(
+                        f"{self.role} from {source.role}: {name} {tuple(dst.shape)} has {got} to copy"
+                    )
+                dst.copy_(theirs[name])
+        reached = {t.data_ptr() for t in mine.values()}
+        for local, param in self.model.named_parameters():
+            if param.data_ptr() not in reached:
+                raise RuntimeError(
+                    f"{self.role} from {source.role}: parameter {local} has no global name, so nothing "
+                    "was copied into it"
+                )
 
     # -- forward -------------------------------------------------------------------------------
     def _microbatches(
@@ -337,6 +362,9 @@ class MegatronRole:
         """This rank's training parameters under their global (planner) names, as the very
         tensors the model trains (no copy)."""
         self.resident()
+        return self._shards_by_global()
+
+    def _shards_by_global(self) -> dict[str, torch.Tensor]:
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
         names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)

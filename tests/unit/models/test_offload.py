@@ -94,3 +94,15 @@ def test_only_the_named_kinds_leave(groups_1x1, tiny_hf_dirs):
     assert role.offload.device_bytes() == {"optimizer": 0}
     shards = role.global_shards()  # a use of the model: everything resident again
     assert role.offload.device_bytes()["optimizer"] > 0 and all(t.numel() for t in shards.values())
+
+
+def test_a_frozen_role_offloads_its_params(groups_1x1, tiny_hf_dirs):
+    reference = MegatronRole(
+        get_model_spec("tiny-llama"), groups_1x1, role="reference", params_dtype=torch.float32,
+        hf_path=tiny_hf_dirs["tiny-llama"], optim=None, total_steps=1, seed=3, offload=("params",),
+    )  # fmt: skip
+    before = {n: t.clone() for n, t in reference.global_shards().items()}
+    assert reference.to_host() == sum(t.nbytes for t in before.values())
+    assert reference.offload.device_bytes() == {"params": 0}
+    after = reference.global_shards()
+    assert all(torch.equal(after[n], t) for n, t in before.items())
