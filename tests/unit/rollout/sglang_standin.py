@@ -35,6 +35,8 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
 import types
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
@@ -69,6 +71,8 @@ class StandIn:
         )
         self.engines: list[Engine] = []
         self.patched_reductions = 0
+        self.launch_seconds = 0.0  # how long Engine(...) takes (loading, CUDA graphs, ...)
+        self.generate_seconds = 0.0
 
     def modules(self) -> dict[str, types.ModuleType]:
         standin = self
@@ -153,7 +157,9 @@ class Engine:
                 continue
             os.environ[name] = value if value is not None else ("0" if name.startswith("NCCL_") else "run-1")
         multiprocessing.set_start_method("spawn", force=True)
-        signal.signal(signal.SIGQUIT, launch_phase_sigquit_handler)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGQUIT, launch_phase_sigquit_handler)
+        time.sleep(standin.launch_seconds)
         self.child_env = dict(os.environ)
         if self.child_env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
             raise TimeoutError("scheduler start-up hangs: its tcp:// rendezvous made a client-only store")
@@ -270,6 +276,7 @@ class Engine:
 
     def generate(self, input_ids=None, sampling_params=None, return_logprob=False, **_: Any) -> list[dict]:
         self.events.append(("generate", len(input_ids)))
+        time.sleep(self.standin.generate_seconds)
         if self.offload_tags:
             raise RuntimeError(f"generate on released memory {sorted(self.offload_tags)}")
         assert len(sampling_params) == len(input_ids)
