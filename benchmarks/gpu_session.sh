@@ -15,7 +15,11 @@
 #   4. the rollout benchmark on CUDA;
 #   5. the whole GRPO loop on CUDA: the CPU quickstart on one GPU (world of 1, NCCL, local layer
 #      spec: TE is not there, and rl3d refuses it with left padding anyway), 5 steps;
-#   6. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
+#   6. offload around generation on CUDA (benchmarks/offload_cuda.py): a bf16 role's params,
+#      grads and optimizer state leave the device (bytes freed per torch.cuda.memory_allocated,
+#      against what rl3d reports, within 1%) and come back bit for bit; two more steps equal a
+#      twin that never offloaded;
+#   7. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0  # compiled Triton kernels on the GPU
 OUT=${OUT:-/tmp/rl3d-gpu-out}
@@ -35,11 +39,12 @@ timeout 90 python3 -m rl3d.cli bench rollout --out "$OUT" 2>&1 | tee "$OUT/rollo
 timeout 180 python3 -m rl3d.cli train recipes/quickstart_cpu_grpo.yaml launch.device=cuda \
     launch.nproc_per_node=1 actor.parallel.tp=1 trainer.total_steps=5 checkpoint.save_every=0 \
     logging.tensorboard=false trainer.run_dir="$OUT/grpo_cuda" 2>&1 | tee "$OUT/grpo_cuda.log" || status=1
+timeout 120 python3 benchmarks/offload_cuda.py --out "$OUT/offload" 2>&1 | tee "$OUT/offload.log" || status=1
 
 {
   echo "# rl3d GPU session, $(date -u +%Y-%m-%d)"
   cat "$OUT/gpu.txt"
-  for step in test_gpu kernels rollout grpo_cuda; do
+  for step in test_gpu kernels rollout grpo_cuda offload; do
     echo "- $step: $(tail -n 1 "$OUT/$step.log" 2>/dev/null)"
   done
   echo "- grpo_cuda last step: $(tail -n 1 "$OUT/grpo_cuda/metrics.jsonl" 2>/dev/null | head -c 600)"
