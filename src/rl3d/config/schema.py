@@ -110,8 +110,7 @@ OffloadKind = Literal["params", "grads", "optimizer"]
 
 
 def _unique(obj: Any, name: str) -> None:
-    values = getattr(obj, name)
-    if len(set(values)) != len(values):
+    if len(set(values := getattr(obj, name))) != len(values):
         raise FieldError(name, f"lists an entry twice: {values}")
 
 
@@ -135,9 +134,8 @@ class TrainedRoleConfig:
     # With packing: micro-batches formed by a token budget (real tokens) instead of
     # micro_batch_size sequences; None = by micro_batch_size.
     max_tokens_per_micro_batch: int | None = None
-    # Moved to host memory (pinned on CUDA) while the colocated engine generates, and back after,
-    # bit for bit: params (megatron's parameters), grads (its gradient buffer), optimizer (fp32
-    # master copies and Adam's states). [] keeps everything on the device.
+    # In host memory (pinned on CUDA) while the colocated engine generates, back bit for bit
+    # (rl3d.models.offload): params, grads (DDP's buffer), optimizer (fp32 masters, Adam states)
     offload: list[OffloadKind] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -207,13 +205,9 @@ class ExtraRoleConfig:
 class SGLangConfig:
     mem_fraction_static: float = 0.6
     enable_memory_saver: bool = True
-    # CUDA IPC; "distributed" (NCCL broadcast to an engine on other GPUs) is refused: rl3d does
-    # not yet connect SGLang's update group, and colocated it would put two ranks of one NCCL
-    # communicator on one GPU
-    weight_update: Literal["tensor", "distributed"] = "tensor"
+    weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC; "distributed": refused
     bucket_mb: float = 512.0  # weights pushed to SGLang per bucket
-    # SGLang's deterministic inference: slower decoding, but it honours the sampling seed
-    deterministic: bool = False
+    deterministic: bool = False  # SGLang's deterministic inference: honours seeds, decodes slower
     base_gpu_id: int | None = None  # None: the rank's own GPU
 
     def __post_init__(self) -> None:
