@@ -12,7 +12,7 @@ import pytest
 
 from rl3d.testing.spawn import run_distributed
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 ROLLOUT_TESTS = Path(__file__).resolve().parents[2] / "unit" / "rollout"
 SLOW_S = 4.0  # SGLang's launch and one generate, longer than hybrid_engine.timeout_s below
 

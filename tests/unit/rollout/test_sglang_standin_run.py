@@ -56,6 +56,14 @@ def groups():
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def sigquit_restored():
+    """The launch leaves rl3d's SIGQUIT handler installed; the next tests get pytest's back."""
+    previous = signal.getsignal(signal.SIGQUIT)
+    yield
+    signal.signal(signal.SIGQUIT, previous)
+
+
 def _hf_state(path: Path) -> dict[str, torch.Tensor]:
     out = {}
     for file in sorted(path.glob("*.safetensors")):
@@ -63,7 +71,7 @@ def _hf_state(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
+def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, sigquit_restored):
     wheel = wheel_or_skip()
     from rl3d.models.spec import get_model_spec
     from rl3d.testing.tiny_hf import save_tiny_hf_model
