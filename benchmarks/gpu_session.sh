@@ -3,7 +3,12 @@
 # python3 3.12 with CUDA torch and triton, nothing fetchable). Prepare here, then run there:
 #
 #   make gpu-wheels                                   # megatron-core for Python 3.12 into .whl/
-#   device run: command "bash benchmarks/gpu_session.sh", carry [".whl"], timeout_s 540
+#   device run: command "bash benchmarks/gpu_session.sh", carry [".whl"], timeout_s 600
+#
+# The steps' limits add up to more than one device call may run (600 s): STEPS picks some, so
+# a session runs it in two calls, e.g.
+#   STEPS="test_gpu kernels rollout" bash benchmarks/gpu_session.sh          # limits 480 s
+#   STEPS="grpo_cuda memory_plan memory_plan_7b offload" bash benchmarks/gpu_session.sh  # 540 s
 #
 # Steps, each under its own time limit so one hang cannot eat the lease; logs and CSVs land
 # in $OUT (what the device tool brings back):
@@ -18,7 +23,11 @@
 #   6. the memory plan beside torch.cuda.max_memory_allocated per phase (benchmarks/
 #      memory_plan_gpu.py): the one-GPU quickstart, then llama2-7b in fp32 (random weights, no
 #      reference; bf16 needs TE's norms, absent there), planned at 103 GiB;
-#   7. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
+#   7. offload around generation on CUDA (benchmarks/offload_cuda.py): a bf16 role's params,
+#      grads and optimizer state leave the device (bytes freed per torch.cuda.memory_allocated,
+#      against what rl3d reports, within 1%) and come back bit for bit; two more steps equal a
+#      twin that never offloaded;
+#   8. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0  # compiled Triton kernels on the GPU
 OUT=${OUT:-/tmp/rl3d-gpu-out}
@@ -32,21 +41,30 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT
 python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 
 status=0
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs 2>&1 | tee "$OUT/test_gpu.log" || status=1
-timeout 150 python3 benchmarks/kernels.py --out "$OUT" 2>&1 | tee "$OUT/kernels.log" || status=1
-timeout 90 python3 -m rl3d.cli bench rollout --out "$OUT" 2>&1 | tee "$OUT/rollout.log" || status=1
-timeout 180 python3 -m rl3d.cli train recipes/quickstart_cpu_grpo.yaml launch.device=cuda \
+STEPS=${STEPS:-test_gpu kernels rollout grpo_cuda memory_plan memory_plan_7b offload}
+# step NAME LIMIT COMMAND...: run COMMAND (its output in $OUT/NAME.log) when STEPS names it
+step() {
+  local name=$1 limit=$2
+  shift 2
+  case " $STEPS " in *" $name "*) ;; *) return 0 ;; esac
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" || status=1
+}
+step test_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs
+step kernels 150 python3 benchmarks/kernels.py --out "$OUT"
+step rollout 90 python3 -m rl3d.cli bench rollout --out "$OUT"
+step grpo_cuda 180 python3 -m rl3d.cli train recipes/quickstart_cpu_grpo.yaml launch.device=cuda \
     launch.nproc_per_node=1 actor.parallel.tp=1 trainer.total_steps=5 checkpoint.save_every=0 \
-    logging.tensorboard=false trainer.run_dir="$OUT/grpo_cuda" 2>&1 | tee "$OUT/grpo_cuda.log" || status=1
-timeout 90 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan" 2>&1 | tee "$OUT/memory_plan.log" || status=1
-timeout 150 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan_7b" model.name=llama2-7b \
-    algorithm.kl.coef=0 2>&1 | tee "$OUT/memory_plan_7b.log" || status=1
+    logging.tensorboard=false trainer.run_dir="$OUT/grpo_cuda"
+step memory_plan 90 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan"
+step memory_plan_7b 150 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan_7b" model.name=llama2-7b \
+    algorithm.kl.coef=0
+step offload 120 python3 benchmarks/offload_cuda.py --out "$OUT/offload"
 
 {
   echo "# rl3d GPU session, $(date -u +%Y-%m-%d)"
   cat "$OUT/gpu.txt"
-  for step in test_gpu kernels rollout grpo_cuda memory_plan memory_plan_7b; do
-    echo "- $step: $(tail -n 1 "$OUT/$step.log" 2>/dev/null)"
+  for name in $STEPS; do
+    echo "- $name: $(tail -n 1 "$OUT/$name.log" 2>/dev/null)"
   done
   echo "- grpo_cuda last step: $(tail -n 1 "$OUT/grpo_cuda/metrics.jsonl" 2>/dev/null | head -c 600)"
   grep -h "ratio" "$OUT/memory_plan.log" "$OUT/memory_plan_7b.log" 2>/dev/null | sed 's/^/- memory plan /'

@@ -44,6 +44,7 @@ def test_sglang_adapter_push_generate_release(tmp_path):
         with pytest.raises(RuntimeError, match="released"):  # the engine starts released
             engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
         engine.load_weights(weights)
+        engine.resume_memory()  # the KV cache, after every rank emptied its allocator cache
         fc2 = "decoder.layers.1.mlp.linear_fc2.weight"
         name, expect = megatron_to_hf(spec, fc2, [full[fc2]])[0]
         got = torch.tensor(engine.engine.get_weights_by_name(name, truncate_size=4)).float()
@@ -57,7 +58,13 @@ def test_sglang_adapter_push_generate_release(tmp_path):
         engine.release_memory()
         with pytest.raises(RuntimeError, match="released"):
             engine.generate(PROMPTS, greedy)
-        engine.load_weights(weights)  # resumes every released tag
+        engine.load_weights(weights)
+        engine.resume_memory()
+        assert torch.equal(engine.generate(PROMPTS, greedy).response_ids, theirs.response_ids)
+        engine.pause()  # the KV cache only: the weights stay
+        with pytest.raises(RuntimeError, match="kv_cache"):
+            engine.generate(PROMPTS, greedy)
+        engine.resume_memory()
         assert torch.equal(engine.generate(PROMPTS, greedy).response_ids, theirs.response_ids)
         sampled = engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, n=2, seed=1))
         assert sampled.prompt_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]

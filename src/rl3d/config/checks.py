@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from rl3d.config.async_rollout import ROLLOUT_POOL, check_async_rollout
 from rl3d.config.errors import ConfigError
+from rl3d.config.gpu import check_gpu_path
 from rl3d.config.reward_model import check_reward_models
 from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
 from rl3d.config.schema import RL3DConfig
@@ -142,6 +143,7 @@ def _check_roles(cfg: RL3DConfig, fail) -> None:
         raise fail("reference.enabled", "algorithm.kl.coef > 0 needs the reference model")
     if cfg.rollout.engine == "sglang" and cfg.launch.device == "cpu":
         raise fail("rollout.engine", "sglang needs CUDA; use rollout.engine=torch on CPU")
+    check_gpu_path(cfg, fail)
 
 
 def _check_reward_names(cfg: RL3DConfig, fail) -> None:

@@ -22,6 +22,7 @@ from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPool
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.errors import FieldError
 from rl3d.config.reward_model import RewardModelConfig
+from rl3d.config.sglang import SGLangConfig
 from rl3d.config.validation import ValidationFields
 from rl3d.config.warm_start import WarmStartConfig
 
@@ -105,6 +106,15 @@ class OptimConfig:
         _non_negative(self, "weight_decay", "clip_grad", "lr_warmup_steps")
 
 
+# What a role may move to host memory while the rollout engine generates (`<role>.offload`)
+OffloadKind = Literal["params", "grads", "optimizer"]
+
+
+def _unique(obj: Any, name: str) -> None:
+    if len(set(values := getattr(obj, name))) != len(values):
+        raise FieldError(name, f"lists an entry twice: {values}")
+
+
 def _budget_needs_packing(cfg: Any) -> None:
     if cfg.max_tokens_per_micro_batch is not None and cfg.packing is False:
         raise FieldError("max_tokens_per_micro_batch", "needs packing: true")
@@ -126,10 +136,14 @@ class TrainedRoleConfig:
     # With packing: micro-batches formed by a token budget (real tokens) instead of
     # micro_batch_size sequences; None = by micro_batch_size.
     max_tokens_per_micro_batch: int | None = None
+    # In host memory (pinned on CUDA) while the colocated engine generates, back bit for bit
+    # (rl3d.models.offload): params, grads (DDP's buffer), optimizer (fp32 masters, Adam states)
+    offload: list[OffloadKind] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size", "max_tokens_per_micro_batch")
         _budget_needs_packing(self)
+        _unique(self, "offload")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,10 +175,14 @@ class ReferenceConfig:
     # As the actor's (micro-batches are the actor's); None = the actor's setting.
     packing: bool | None = None
     max_tokens_per_micro_batch: int | None = None
+    offload: list[OffloadKind] = field(default_factory=list)  # as the actor's; params only (frozen)
 
     def __post_init__(self) -> None:
         _positive(self, "max_tokens_per_micro_batch")
         _budget_needs_packing(self)
+        _unique(self, "offload")
+        if extra := [k for k in self.offload if k != "params"]:
+            raise FieldError("offload", f"{extra}: the reference is frozen and holds params only")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -183,21 +201,6 @@ class ExtraRoleConfig:
         module, _, name = self.worker.partition(":")
         if not (module and name):
             raise FieldError("worker", f"{self.worker!r} is not an import path 'package.module:Class'")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SGLangConfig:
-    mem_fraction_static: float = 0.6
-    enable_memory_saver: bool = True
-    weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC, or NCCL broadcast
-    bucket_mb: float = 512.0  # weights pushed to SGLang per bucket
-    deterministic: bool = True  # SGLang honours a sampling seed only with deterministic inference
-    base_gpu_id: int | None = None  # None: the rank's own GPU
-
-    def __post_init__(self) -> None:
-        _positive(self, "bucket_mb")
-        if not 0 < self.mem_fraction_static < 1:
-            raise FieldError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
 
 
 @dataclass(frozen=True, kw_only=True)

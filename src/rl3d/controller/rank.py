@@ -94,6 +94,13 @@ def build_rank_workers(
     for role in table[1:]:
         if role.name in pool.roles:
             rank.workers[role.name] = build_worker(role, ctx)
+    if pool.name == ACTOR:  # the engine last: it sizes its memory against what training holds
+        others = [
+            w.role
+            for n, w in rank.workers.items()
+            if n != ACTOR and hasattr(getattr(w, "role", None), "to_host")
+        ]
+        rank.workers[ACTOR].start_engine(others)
     return rank
 
 
@@ -126,6 +133,7 @@ def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
     from rl3d.checkpoint import save_rng_state
     from rl3d.models.dist_checkpoint import save_checkpoint
 
+    _training_state_resident(rank)
     for name, role in rank.roles.items():
         save_checkpoint(
             tmp / name,
@@ -142,6 +150,7 @@ def load_rank_files(rank: RankWorkers, path: Path) -> None:
     from rl3d.checkpoint import load_rng_state
     from rl3d.models.dist_checkpoint import load_checkpoint
 
+    _training_state_resident(rank)
     for name, role in rank.roles.items():
         load_checkpoint(
             path / name,
@@ -154,6 +163,16 @@ def load_rank_files(rank: RankWorkers, path: Path) -> None:
     if not rng.exists() and rank.pool.offset == 0:  # written before pools had names
         rng = path / f"rng_rank{rank.groups.rank}.pt"
     load_rng_state(rng)  # weights_only: tensors and plain values, a damaged file named
+
+
+def _training_state_resident(rank: RankWorkers) -> None:
+    """Offloaded roles back on the device for a checkpoint, with the engine's KV cache freed
+    first (the next generation offloads them again)."""
+    actor = rank.workers.get(ACTOR)
+    if hasattr(actor, "pause_generation"):
+        actor.pause_generation()
+    for role in rank.roles.values():
+        role.resident()
 
 
 def _rng_file(rank: RankWorkers) -> str:

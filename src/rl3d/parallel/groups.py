@@ -47,6 +47,9 @@ class HybridGroups:
     pipeline: Group  # the p ranks of this rank's (dp, tp) across stages
     world: Group  # the training world (t*p*d ranks)
     rollout_broadcast: Group | None  # openrlhf: trainer rank 0 + the rollout ranks
+    # gen_tp's gloo twin: control messages that wait on SGLang (its launch, each generate) stay
+    # off NCCL, whose waits time out and spin on the GPUs SGLang runs on
+    gen_tp_control: Group | None = None
 
 
 def _pp_micro_groups(gen: GenerationLayout) -> list[list[int]]:
@@ -59,9 +62,13 @@ def _pp_micro_groups(gen: GenerationLayout) -> list[list[int]]:
     return groups
 
 
-def build_hybrid_groups(gen: GenerationLayout, *, timeout_s: float, rollout_ranks: int = 0) -> HybridGroups:
+def build_hybrid_groups(
+    gen: GenerationLayout, *, timeout_s: float, rollout_ranks: int = 0, control_timeout_s: float | None = None
+) -> HybridGroups:
     """Create every group (collective over the world). `rollout_ranks` > 0 adds openrlhf's
-    separate rollout GPUs, which are world ranks train_world .. train_world + rollout_ranks - 1."""
+    separate rollout GPUs, which are world ranks train_world .. train_world + rollout_ranks - 1.
+    `control_timeout_s` adds `gen_tp_control`, a gloo twin of each generation-TP group that
+    waits that long."""
     rank = dist.get_rank()
     train_world = gen.world_size
     expected = train_world + rollout_ranks
@@ -73,12 +80,9 @@ def build_hybrid_groups(gen: GenerationLayout, *, timeout_s: float, rollout_rank
     timeout = datetime.timedelta(seconds=timeout_s)
     mine: dict[str, Group] = {}
 
-    def make(name: str, rank_lists: list[list[int]]) -> None:
+    def make(name: str, rank_lists: list[list[int]], **options) -> None:
         for ranks in rank_lists:
-            handle = dist.new_group(
-                ranks=ranks,
-                timeout=timeout,
-            )
+            handle = dist.new_group(ranks=ranks, **({"timeout": timeout} | options))
             if rank in ranks:
                 mine[name] = Group(name, tuple(ranks), handle)
 
@@ -92,6 +96,9 @@ def build_hybrid_groups(gen: GenerationLayout, *, timeout_s: float, rollout_rank
     make("world", [list(range(train_world))])
     if rollout_ranks:
         make("rollout_broadcast", [[0, *range(train_world, expected)]])
+    if control_timeout_s is not None:
+        control = datetime.timedelta(seconds=control_timeout_s)
+        make("gen_tp_control", gen.gen_tp_groups(), backend="gloo", timeout=control)
     return HybridGroups(
         gen=gen,
         rank=rank,
@@ -105,4 +112,5 @@ def build_hybrid_groups(gen: GenerationLayout, *, timeout_s: float, rollout_rank
         pipeline=mine.get("pipeline"),
         world=mine.get("world"),
         rollout_broadcast=mine.get("rollout_broadcast"),
+        gen_tp_control=mine.get("gen_tp_control"),
     )

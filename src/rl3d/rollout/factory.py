@@ -41,6 +41,7 @@ def engine_kwargs(
     *,
     spec: ModelSpec,
     group: Any = None,
+    control_group: Any = None,
     pad_token_id: int = 0,
     model_path: str | None = None,
     device: torch.device | str | None = None,
@@ -64,6 +65,7 @@ def engine_kwargs(
     device = torch.device(device) if device is not None else None
     kwargs.update(
         model_path=str(model_path),
+        control_group=control_group,
         update_mode=sg.weight_update,
         mem_fraction_static=sg.mem_fraction_static,
         enable_memory_saver=sg.enable_memory_saver,
@@ -80,5 +82,5 @@ def engine_kwargs(
 
 def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:
     """Build the engine `rollout.engine` with the section's settings; `options` are
-    `engine_kwargs`'s (spec, group, pad_token_id, model_path, device, dtype, seed)."""
+    `engine_kwargs`'s (spec, group, control_group, pad_token_id, model_path, device, dtype, seed)."""
     return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))

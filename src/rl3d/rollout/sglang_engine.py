@@ -10,9 +10,12 @@ It generates with p_g = 1 only (`rl3d.rollout.factory` refuses more before launc
 Launch: SGLang's processes start without the torchrun variables (`sglang_launch_env`) and with
 `SGLANG_RETURN_ORIGINAL_LOGPROB=1`, so its log-probs are the plain softmax's, as the torch
 engine's `raw_logprobs`. SGLang writes process-wide settings into rank 0's environment
-(NCCL_CUMEM_ENABLE, CUDA_DEVICE_MAX_CONNECTIONS, ...) and the multiprocessing start method;
-rank 0 gets its own back after the launch, so it runs what its peers run, and
-`launch_env` records what SGLang set.
+(NCCL_CUMEM_ENABLE, CUDA_DEVICE_MAX_CONNECTIONS, ...), the multiprocessing start method and
+signal handlers; rank 0 gets its own back after the launch, so it runs what its peers run, and
+`launch_env` records what SGLang set. SGLang's children signal a failure with SIGQUIT: in the
+trainer that raises `SGLangSchedulerError` (rl3d's error path: logged, the run stopped cleanly),
+where SGLang's own handler would kill the process tree. The engine loads no checkpoint
+(`load_format="dummy"`): every tensor is pushed before the first generation.
 
 Weights (`load_weights`), bucket by bucket, inside SGLang's begin/end_weight_update session:
 - "tensor" (colocated, default): each rank all-gathers the generation-TP shards of the bucket's
@@ -24,10 +27,16 @@ Weights (`load_weights`), bucket by bucket, inside SGLang's begin/end_weight_upd
   over an NCCL group it shares with the engine (`update_weights_from_distributed`).
 
 Memory (with `enable_memory_saver`): `release_memory()` releases every tag SGLang has
-(kv_cache, weights, cuda_graph); the engine starts released, so it holds nothing while the other
-roles are built. `load_weights` empties the allocator's cache, resumes "weights", pushes, then
-resumes the other released tags and flushes the cache; `generate` refuses while any tag is
-released.
+(kv_cache, weights, cuda_graph); the engine is launched once every colocated role exists and
+starts released. `load_weights` empties the allocator's cache, resumes "weights" and pushes; the
+caller then frees what it no longer needs (its resharded copy, offloaded training state) and
+`resume_memory` has every rank of the group empty its allocator cache, meet at a barrier, and
+resumes the KV cache and CUDA graphs; `pause` releases those two again and keeps the weights.
+`generate` refuses while any tag is released.
+
+Control messages (barriers, the gather of IPC handles, the broadcast of results) wait on SGLang
+for as long as it launches or generates; they go over `control_group`, a gloo twin of the
+generation-TP group with the world's timeout, so no NCCL kernel spins meanwhile.
 
 SGLang needs CUDA; this module imports it only inside methods. Its pure parts live in
 `rl3d.rollout.sglang_weights` and are tested on CPU, against the pinned wheel's source and a
@@ -39,6 +48,7 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
+import signal
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -67,8 +77,43 @@ from rl3d.rollout.stops import model_eos_token_ids
 from rl3d.utils.device import current_gpu, empty_cache
 
 logger = logging.getLogger(__name__)
+# Handlers SGLang's launch may install in the trainer's process; rl3d puts its own back
+TRAINER_SIGNALS = ("SIGQUIT", "SIGTERM", "SIGINT", "SIGCHLD", "SIGUSR1")
 UPDATE_MODES = ("tensor", "distributed")
-WEIGHTS = "weights"
+WEIGHTS, KV_CACHE = "weights", "kv_cache"
+
+
+class SGLangSchedulerError(RuntimeError):
+    """An SGLang scheduler process failed (it signals the launching process with SIGQUIT)."""
+
+
+def _scheduler_failed(signum: int, _frame: Any) -> None:
+    raise SGLangSchedulerError(
+        f"an SGLang scheduler process failed (it sent signal {signum} to this trainer rank); "
+        "its own error is in the log above"
+    )
+
+
+@contextmanager
+def trainer_signal_handlers() -> Iterator[dict[str, str]]:
+    """Inside, SGLang may install what it likes; afterwards this process's handlers are what they
+    were, except SIGQUIT, which SGLang's children send when one fails: it raises
+    `SGLangSchedulerError` in the trainer, so the run ends through rl3d's own error path. Yields
+    the names of the signals SGLang had changed (filled in on exit)."""
+    changed: dict[str, str] = {}
+    if threading.current_thread() is not threading.main_thread():
+        yield changed  # handlers are the main thread's to set (SGLang sets none either)
+        return
+    signals = [getattr(signal, name) for name in TRAINER_SIGNALS if hasattr(signal, name)]
+    before = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield changed
+    finally:
+        for s, handler in before.items():
+            if signal.getsignal(s) is not handler:
+                changed[signal.Signals(s).name] = repr(signal.getsignal(s))
+                signal.signal(s, handler)
+        signal.signal(signal.SIGQUIT, _scheduler_failed)
 
 
 def _import_sglang() -> Any:
@@ -106,6 +151,7 @@ def _empty_allocator_cache() -> None:
 
 class SGLangRolloutEngine:
     name = "sglang"
+    holds_weights = True  # its own copy: the caller may free what it pushed from
 
     def __init__(
         self,
@@ -113,13 +159,14 @@ class SGLangRolloutEngine:
         *,
         model_path: str,
         group: Any = None,
+        control_group: Any = None,
         weights: Any = None,
         pad_token_id: int = 0,
         update_mode: str = "tensor",
         bucket_mb: float = 512.0,
         mem_fraction_static: float = 0.5,
         enable_memory_saver: bool = True,
-        deterministic: bool = True,
+        deterministic: bool = False,
         base_gpu_id: int | None = None,
         gpu_id_step: int | None = None,
         dtype: str = "bfloat16",
@@ -134,6 +181,9 @@ class SGLangRolloutEngine:
         self.memory_saver = enable_memory_saver
         self.eos_token_ids = model_eos_token_ids(model_path)
         self.tp = TPComm(group)
+        # barriers, gathers and broadcasts of Python objects wait on SGLang: a gloo group (the
+        # generation-TP group's twin) where one is given
+        self.control = self.tp.handle if control_group is None else control_group.handle
         self._released: list[str] = []
         self._update_group: Any = None
         self._update_group_name = ""
@@ -169,7 +219,7 @@ class SGLangRolloutEngine:
         parent = dict(os.environ)
         start_method = multiprocessing.get_start_method(allow_none=True)
         launch = sglang_launch_env(parent)
-        with scoped_environ(launch):
+        with trainer_signal_handlers() as signals, scoped_environ(launch):
             engine = sglang.Engine(**kwargs)
             child = dict(os.environ)
         if multiprocessing.get_start_method(allow_none=True) != start_method:
@@ -178,26 +228,30 @@ class SGLangRolloutEngine:
             "scrubbed": sorted(k for k in parent if is_torchrun_var(k)),
             "set_by_rl3d": env_changes(parent, launch),
             "set_by_sglang": env_changes(launch, child),
+            "signal_handlers_restored": sorted(signals),
         }
-        logger.info("SGLang's processes started with %s; rank 0's environment restored", self.launch_env)
+        logger.info(
+            "SGLang's processes started with %s; rank 0's environment and signal handlers restored",
+            self.launch_env,
+        )
         return engine
 
     # -- helpers -------------------------------------------------------------------------------
     def _barrier(self) -> None:
         if self.tp.size > 1:
-            dist.barrier(group=self.tp.handle)
+            dist.barrier(group=self.control)
 
     def _from_rank0(self, obj: Any) -> Any:
         if self.tp.size == 1:
             return obj
         box = [obj]
-        dist.broadcast_object_list(box, src=dist.get_global_rank(self.tp.handle, 0), group=self.tp.handle)
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.control, 0), group=self.control)
         return box[0]
 
     # -- RolloutEngine -------------------------------------------------------------------------
     def load_weights(self, weights: Any) -> None:
-        """Push `GenerationWeights` into SGLang, bucket by bucket, resuming what was released
-        (weights before the push, the rest after), then flush its cache."""
+        """Push `GenerationWeights` into SGLang, bucket by bucket (its weights memory resumed
+        first if released). The KV cache stays as it was: `resume_memory` brings it back."""
         if WEIGHTS in self._released:
             _empty_allocator_cache()
             self._resume([WEIGHTS])
@@ -219,9 +273,8 @@ class SGLangRolloutEngine:
                 f"SGLang got no new values for {len(missing)} tensors ({', '.join(missing[:3])}, ...): "
                 "its engine holds the whole model, so every tensor must be pushed (rollout.p_g = 1)"
             )
-        self._resume(list(self._released))
-        if self.engine is not None:
-            self.engine.flush_cache()
+        if self.engine is not None and KV_CACHE not in self._released:
+            self.engine.flush_cache()  # the prefix cache holds the old weights' keys and values
         self._barrier()
         logger.info("pushed weights to SGLang in %d buckets", count)
 
@@ -245,9 +298,8 @@ class SGLangRolloutEngine:
         )
         gathered = [None] * self.tp.size if self.tp.rank == 0 else None
         if self.tp.size > 1:
-            dist.gather_object(
-                payload, gathered, dst=dist.get_global_rank(self.tp.handle, 0), group=self.tp.handle
-            )
+            root = dist.get_global_rank(self.control, 0)
+            dist.gather_object(payload, gathered, dst=root, group=self.control)
         else:
             gathered = [payload]
         if self.engine is not None:
@@ -307,22 +359,37 @@ class SGLangRolloutEngine:
             raise outcome["err"]
         _check_ok(outcome.get("ret"), "update_weights_from_distributed")
 
-    def release_memory(self) -> None:
-        """Release every memory tag SGLang has (kv_cache, weights, cuda_graph); a no-op without
-        the memory saver."""
-        if not self.memory_saver or self._released:
+    def release_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Release `tags` (default: every tag SGLang has: kv_cache, weights, cuda_graph) that are
+        not released yet; a no-op without the memory saver."""
+        if not self.memory_saver:
             return
         from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
 
-        tags = list(GPU_MEMORY_ALL_TYPES)
-        if self.engine is not None:
+        tags = [t for t in (tags or GPU_MEMORY_ALL_TYPES) if t not in self._released]
+        if tags and self.engine is not None:
             self.engine.release_memory_occupation(tags=tags)
-        self._released = tags
+        self._released += tags
         self._barrier()
 
+    def pause(self) -> None:
+        """Release everything but the weights (the KV cache and CUDA graphs)."""
+        from sglang.srt.constants import GPU_MEMORY_ALL_TYPES
+
+        self.release_memory([t for t in GPU_MEMORY_ALL_TYPES if t != WEIGHTS])
+
     def resume_memory(self) -> None:
-        """Resume what is released (weights memory holds no valid weights until load_weights)."""
-        self._resume(list(self._released))
+        """Resume what is released but the weights, which `load_weights` resumes and fills.
+        SGLang resumes on every GPU of the group at once, so every rank first hands its
+        allocator's free blocks back to the driver, and waits for the others."""
+        if WEIGHTS in self._released:
+            raise RuntimeError("SGLang's weights are released: load_weights() first")
+        _empty_allocator_cache()
+        self._barrier()
+        resumed = list(self._released)
+        self._resume(resumed)
+        if self.engine is not None and KV_CACHE in resumed:
+            self.engine.flush_cache()
         self._barrier()
 
     def generate(self, prompts_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
@@ -330,7 +397,8 @@ class SGLangRolloutEngine:
         (SGLANG_RETURN_ORIGINAL_LOGPROB): it returns one kind only."""
         if self._released:
             raise RuntimeError(
-                f"SGLang's memory ({', '.join(self._released)}) is released: load_weights() first"
+                f"SGLang's memory ({', '.join(self._released)}) is released: "
+                "load_weights() and resume_memory() first"
             )
         prompts = check_prompts(prompts_token_ids, self.spec.vocab_size)
         rows = None

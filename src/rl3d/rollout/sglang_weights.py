@@ -147,9 +147,12 @@ def sglang_server_args(
 ) -> dict[str, Any]:
     """`sglang.Engine(**kwargs)` for one generation-TP group. Token ids in and out (no tokenizer);
     sampling defaults are SGLang's own, not the checkpoint's generation_config.json (rl3d passes
-    every sampling key it means); `sampling_seed` is honoured only with deterministic inference."""
+    every sampling key it means); `sampling_seed` is honoured only with deterministic inference.
+    The weights start as random values (`load_format="dummy"`, no read of the checkpoint):
+    `load_weights` pushes every tensor before the engine may generate."""
     args: dict[str, Any] = dict(
         model_path=model_path,
+        load_format="dummy",
         tp_size=tp_size,
         base_gpu_id=base_gpu_id,
         gpu_id_step=gpu_id_step,

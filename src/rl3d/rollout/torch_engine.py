@@ -135,6 +135,11 @@ class TorchRolloutEngine:
         if self.cache is not None:
             self.cache.resume()
 
+    def pause(self) -> None:
+        """Drop the KV cache only; the weights stay loaded."""
+        if self.cache is not None:
+            self.cache.release()
+
     @torch.inference_mode()
     def generate(self, prompts_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
         if self.weights is None:

@@ -11,6 +11,10 @@ key-value store, and a broadcast would send every rollout rank the shards of the
 generation-TP ranks too. The plan runs through the hybrid engine's point-to-point executor
 (`rl3d.hybrid_engine.p2p`) and its counted communicator, and reports `TransitionStats` as an
 in-place transition does.
+
+Both kinds of group wait `rollout.async.timeout_s` for the other side (NCCL's own default is
+10 minutes). `weight_sync/seconds` stops once the transfer is complete: on NCCL `wait()` only
+orders the device stream, so the clock stops after the device is synchronized too.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from rl3d.hybrid_engine.comm import CountedComm
 from rl3d.hybrid_engine.executor import TransitionStats
 from rl3d.hybrid_engine.p2p import generation_shards, run_phases
 from rl3d.hybrid_engine.pool import POOL, PoolTransition
+from rl3d.utils.device import synchronize
 
 
 class WeightBridge:
@@ -40,7 +45,9 @@ class WeightBridge:
         timeout = datetime.timedelta(seconds=timeout_s)
         prefixed = dist.PrefixStore("weight_sync/", store)
         if self.device.type == "cuda":
-            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size, dist.ProcessGroupNCCL.Options())
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self.pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
 
@@ -67,6 +74,7 @@ def send_weights(
         dtype=dtype,
         device=bridge.device,
     )
+    synchronize(bridge.device)  # NCCL's wait() only orders the stream: the clock stops when done
     return _stats(comm, time.perf_counter() - start)
 
 
@@ -85,6 +93,7 @@ def receive_weights(
         dtype=dtype,
         device=bridge.device,
     )
+    synchronize(bridge.device)
     stats = _stats(comm, time.perf_counter() - start)
     weights = generation_shards(
         got, plan.params, train_tp=plan.train.t, gen_tp=plan.gen_tp, gen_tp_rank=pool_rank % plan.gen_tp

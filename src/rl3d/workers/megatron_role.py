@@ -82,6 +82,7 @@ class MegatronRole:
         max_tokens_per_micro_batch: int | None = None,
         response_outputs: bool = False,
         recompute: str = "none",
+        offload: tuple[str, ...] = (),
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -102,16 +103,13 @@ class MegatronRole:
             spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
         )
         self.te = packing and use_transformer_engine(groups.device, packed=True)
+        self.ddp = self.model  # wrapped below when trained
         if hf_path:
             from rl3d.models.weights import load_weights
 
             load_weights(self.model, spec, groups, hf_path, role=role)
         elif init_from is not None:  # same initial network as the actor (critic: all but the head)
-            own = self.model.state_dict()
-            source = {k: v for k, v in init_from.unwrapped().state_dict().items() if k in own}
-            if role == "critic":
-                source = {k: v for k, v in source.items() if not k.startswith("output_layer")}
-            self.model.load_state_dict(source, strict=False)
+            self._copy_from(init_from)
         self.trainable = optim is not None
         # fp16's loss scaler skips its first steps by design; bf16/fp32 have no scaler
         self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
@@ -122,6 +120,17 @@ class MegatronRole:
             self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
             self.optimizer = build_optimizer(self.ddp, groups, optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_steps=total_steps)
+        from rl3d.models.offload import Offload
+
+        self.offload = Offload(self.ddp, self.optimizer, kinds=offload, device=groups.device)
+
+    def to_host(self) -> int:
+        """Move `offload`'s kinds to host memory (around generation); the bytes freed."""
+        return self.offload.to_host()
+
+    def resident(self) -> None:
+        """Bring offloaded tensors back; every use of the model's tensors calls it first."""
+        self.offload.to_device()
 
     @classmethod
     def from_config(
@@ -141,7 +150,8 @@ class MegatronRole:
         """A role built from its recipe sections, the one way every worker and job builds one.
 
         `model` gives the parameter dtype; `batching` is the role's section holding `packing`
-        and `max_tokens_per_micro_batch`, and `recompute` where the role trains (an actor,
+        and `max_tokens_per_micro_batch`, `offload` where it has one and `recompute` where the
+        role trains (an actor,
         critic, reference or reward-model section; None: padded micro-batches); `optim` (with
         `total_steps` for its schedule) makes the role trainable, None keeps it forward-only.
         `hf_path` and `init_from` say where the weights start (see `__init__`)."""
@@ -158,10 +168,39 @@ class MegatronRole:
             packing=bool(batching is not None and batching.packing),
             max_tokens_per_micro_batch=None if batching is None else batching.max_tokens_per_micro_batch,
             recompute=getattr(batching, "recompute", "none"),  # trained roles' sections only
+            offload=tuple(getattr(batching, "offload", ())),  # not on reward-model sections
         )
 
     def unwrapped(self) -> torch.nn.Module:
         return unwrap_model(self.ddp)
+
+    def _copy_from(self, source: MegatronRole) -> None:
+        """Every parameter from `source`'s model by its global name (layer specs may name a
+        tensor differently: Transformer Engine's fuse the norms into the next linear); the
+        critic's value head is its own. A parameter of this model that no global name reaches
+        is an error, never a silently kept initial value."""
+        mine = self._shards_by_global()
+        try:
+            theirs = source.global_shards()
+        except KeyError as err:
+            raise RuntimeError(f"{self.role} from {source.role}: {err.args[0]}") from None
+        with torch.no_grad():
+            for name, dst in mine.items():
+                if self.role == "critic" and name == OUTPUT_LAYER:
+                    continue  # the value head
+                if name not in theirs or theirs[name].shape != dst.shape:
+                    got = tuple(theirs[name].shape) if name in theirs else "nothing"
+                    raise RuntimeError(
+                        f"{self.role} from {source.role}: {name} {tuple(dst.shape)} has {got} to copy"
+                    )
+                dst.copy_(theirs[name])
+        reached = {t.data_ptr() for t in mine.values()}
+        for local, param in self.model.named_parameters():
+            if param.data_ptr() not in reached:
+                raise RuntimeError(
+                    f"{self.role} from {source.role}: parameter {local} has no global name, so nothing "
+                    "was copied into it"
+                )
 
     # -- forward -------------------------------------------------------------------------------
     def _microbatches(
@@ -259,6 +298,7 @@ class MegatronRole:
         the batch's order."""
         from rl3d.models.training import forward_backward
 
+        self.resident()
         micro, order = self._microbatches(batch, micro_batch_size)
         self.unwrapped().eval()
         with torch.no_grad():
@@ -285,6 +325,7 @@ class MegatronRole:
         optimizer step (what `rl3d bench packing` times)."""
         from rl3d.models.training import forward_backward
 
+        self.resident()
         micro, _ = self._microbatches(batch, micro_batch_size)
         self.unwrapped().train()
         self.ddp.zero_grad_buffer()
@@ -315,6 +356,7 @@ class MegatronRole:
         micro-batch's tokens or sequences, whichever the aggregation averages over)."""
         from rl3d.models.training import train_step
 
+        self.resident()
         dp = self.groups.layout.d
         local_mini = mini_batch_size // dp
         metrics: list[dict] = []
@@ -367,6 +409,10 @@ class MegatronRole:
     def global_shards(self) -> dict[str, torch.Tensor]:
         """This rank's training parameters under their global (planner) names, as the very
         tensors the model trains (no copy)."""
+        self.resident()
+        return self._shards_by_global()
+
+    def _shards_by_global(self) -> dict[str, torch.Tensor]:
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
         names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)

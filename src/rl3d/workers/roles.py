@@ -128,7 +128,6 @@ class ActorRolloutWorker(_LogProbMixin):
         from rl3d.hybrid_engine.executor import Resharder
         from rl3d.parallel import GenerationLayout
         from rl3d.parallel.groups import build_hybrid_groups
-        from rl3d.rollout import build_rollout_engine
 
         cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
         self.cfg, self.spec, self.groups = cfg, spec, groups
@@ -146,7 +145,10 @@ class ActorRolloutWorker(_LogProbMixin):
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
         he = cfg.hybrid_engine
-        self.hybrid_groups = build_hybrid_groups(self.gen, timeout_s=he.timeout_s)
+        # SGLang's control messages wait through its launch and each generate: a gloo twin of
+        # the generation-TP group with the world's timeout
+        control = cfg.launch.timeout_s if cfg.rollout.engine == "sglang" and self.gen.t_g > 1 else None
+        self.hybrid_groups = build_hybrid_groups(self.gen, timeout_s=he.timeout_s, control_timeout_s=control)
         self.resharder = Resharder(
             spec,
             self.hybrid_groups,
@@ -157,35 +159,66 @@ class ActorRolloutWorker(_LogProbMixin):
             device=groups.device,
             kernel_backend=he.kernel_backend,
         )
-        tp_group = self.hybrid_groups.gen_tp if self.gen.t_g > 1 else None
+        self.pad_token_id, self.tokenizer = pad_token_id, ctx.tokenizer
+        self.engine, self.generation = None, None  # launched by start_engine
+        self.offloading: list[MegatronRole] = [self.role]
+        self.generating = False  # the engine's KV cache is resumed and the roles are offloaded
+        self.weights = None
+        self.policy_loss = algos.policy_loss_of(cfg.algorithm)
+
+    def start_engine(self, colocated: list[MegatronRole]) -> None:
+        """Launch the rollout engine once every role on this rank exists (`colocated`: the other
+        roles' models), so that SGLang sizes its memory against what training really holds; those
+        roles' `offload` kinds leave the device while it generates."""
+        from rl3d.rollout import build_rollout_engine
+
+        cfg = self.cfg
+        self.offloading = [self.role, *colocated]
         self.engine = build_rollout_engine(
             cfg.rollout,
-            spec=spec,
-            group=tp_group,
-            pad_token_id=pad_token_id,
+            spec=self.spec,
+            group=self.hybrid_groups.gen_tp if self.gen.t_g > 1 else None,
+            control_group=self.hybrid_groups.gen_tp_control,
+            pad_token_id=self.pad_token_id,
             model_path=cfg.model.hf_path,
-            device=groups.device,
+            device=self.groups.device,
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
         )
-        self.pad_token_id = pad_token_id
-        self.weights = None
-        self.policy_loss = algos.policy_loss_of(cfg.algorithm)
         # single- or multi-turn (rollout.multi_turn), as a separate rollout pool generates
-        self.generation = Generation(cfg, self.engine, ctx.tokenizer, pad_token_id=pad_token_id)
+        self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)
 
     def dispatch_info(self) -> DispatchInfo:
         return _megatron_info(self.groups, self.gen, mini_batch_size=self.cfg.actor.mini_batch_size)
 
     @register(Dispatch.ONE_TO_ALL)
     def reshard(self) -> dict[str, float]:
-        """Training layout -> generation layout; the engine then runs on the new shards."""
+        """Training layout -> generation layout, loaded into the engine. An engine that holds its
+        own copy of the weights (SGLang) gets it now, and the resharded buffer is freed at once."""
+        if self.engine is None:
+            self.start_engine([])
+        self.release_generation()  # the previous policy's KV cache and buffer, if still held
         self.weights = self.resharder.to_generation(self.role.global_shards())
         self.engine.load_weights(self.weights)
         metrics = self.resharder.last_stats.metrics()
         # an engine in another dtype than training (`rollout.dtype`) holds a cast copy
         metrics["reshard/peak_bytes"] += getattr(self.engine, "weight_copy_bytes", 0)
+        if getattr(self.engine, "holds_weights", False):
+            self.weights.release()
+            self.weights = None
         return metrics
+
+    def _enter_generation(self) -> None:
+        """Before the first generation on these weights: the roles' `offload` kinds go to host
+        memory, then the engine resumes its KV cache (after every rank of its group has emptied
+        its allocator cache)."""
+        if self.generating:
+            return
+        freed = sum(role.to_host() for role in self.offloading)
+        if freed:
+            logger.info("offloaded %.1f MiB of training state for generation", freed / 2**20)
+        self.engine.resume_memory()
+        self.generating = True
 
     @register(Dispatch.GENERATION_COMPUTE)
     def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
@@ -193,16 +226,28 @@ class ActorRolloutWorker(_LogProbMixin):
         collects the rows from generation-TP rank 0).
 
         `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
+        self._enter_generation()
         dp_g = self.gen.coords(self.groups.rank).dp_g
         out = self.generation.generate(prompts, step=step, gen_dp_rank=dp_g, greedy=greedy)
         return None if out is None else out.batch
 
     @register(Dispatch.ONE_TO_ALL)
     def release_generation(self) -> None:
-        """After rollout: drop the generation buffer and the KV cache. Nothing is copied back: the
-        training weights are the source of truth."""
-        self.weights.release()
-        self.engine.release_memory()
+        """After rollout: drop the generation buffer and the engine's memory. Nothing is copied
+        back: the training weights are the source of truth; offloaded tensors come back when a
+        role next uses them."""
+        if self.weights is not None:
+            self.weights.release()
+        if self.engine is not None:
+            self.engine.release_memory()
+        self.generating = False
+
+    def pause_generation(self) -> None:
+        """Free the KV cache but keep the engine's weights (a checkpoint needs the roles'
+        tensors back on the device); the next generation offloads them and resumes the cache."""
+        if self.generating:
+            self.engine.pause()
+            self.generating = False
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_log_prob(self, batch: DataBatch) -> DataBatch | None:

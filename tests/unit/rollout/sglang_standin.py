@@ -2,8 +2,10 @@
 `sglang_wheel`), installed into `sys.modules` for one test:
 
 - `Engine(**kwargs)` takes only ServerArgs fields; it writes into the launching process's
-  environment what `_set_envs_and_config` writes, sets the start method to spawn, and records the
-  environment its scheduler "processes" inherit. A scheduler that inherits
+  environment what `_set_envs_and_config` writes, sets the start method to spawn, installs its
+  SIGQUIT handler (which would kill the process tree), and records the environment its scheduler
+  "processes" inherit. With `load_format="dummy"` it reads the checkpoint's tensor names and
+  shapes only and starts from random values. A scheduler that inherits
   TORCHELASTIC_USE_AGENT_STORE=True hangs in torch's tcp:// rendezvous, and one that inherits
   MASTER_ADDR/MASTER_PORT uses the trainer's (`setdefault` in sglang's bootstrap): both raise.
 - Memory tags: release adds to `offload_tags` (released weights lose their values: memory saver
@@ -31,17 +33,22 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
+import threading
+import time
 import types
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file
 
 # `_set_envs_and_config` writes these only under conditions a colocated rl3d engine never meets
 CONDITIONAL_WRITES = {"NCCL_GRAPH_MIXING_SUPPORT"}  # dcp_size > 1
+SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
 
 
 def raw_logprob(token: int) -> float:
@@ -64,6 +71,8 @@ class StandIn:
         )
         self.engines: list[Engine] = []
         self.patched_reductions = 0
+        self.launch_seconds = 0.0  # how long Engine(...) takes (loading, CUDA graphs, ...)
+        self.generate_seconds = 0.0
 
     def modules(self) -> dict[str, types.ModuleType]:
         standin = self
@@ -128,6 +137,10 @@ def safe_loads(data: bytes, allowed: set[tuple[str, str]]) -> Any:
     return SafeUnpickler(io.BytesIO(data)).load()
 
 
+def launch_phase_sigquit_handler(signum: int, frame: Any) -> None:
+    raise AssertionError("SGLang's own SIGQUIT handler ran in the trainer (it kills the process tree)")
+
+
 class Engine:
     def __init__(self, standin: StandIn, **kwargs: Any):
         unknown = sorted(set(kwargs) - standin.server_fields)
@@ -144,6 +157,9 @@ class Engine:
                 continue
             os.environ[name] = value if value is not None else ("0" if name.startswith("NCCL_") else "run-1")
         multiprocessing.set_start_method("spawn", force=True)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGQUIT, launch_phase_sigquit_handler)
+        time.sleep(standin.launch_seconds)
         self.child_env = dict(os.environ)
         if self.child_env.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
             raise TimeoutError("scheduler start-up hangs: its tcp:// rendezvous made a client-only store")
@@ -161,8 +177,16 @@ class Engine:
                 eos = json.loads((path / name).read_text()).get("eos_token_id")
                 self.eos |= set() if eos is None else {eos} if isinstance(eos, int) else set(eos)
         self.weights = {}
+        self.read_checkpoint = kwargs.get("load_format", "auto") != "dummy"
         for file in sorted(path.glob("*.safetensors")):
-            self.weights.update(load_file(str(file)))
+            if self.read_checkpoint:
+                self.weights.update(load_file(str(file)))
+                continue
+            with safe_open(str(file), "pt") as f:  # the header: names, shapes and dtypes
+                for name in f.keys():
+                    piece = f.get_slice(name)
+                    dtype = SAFETENSORS_DTYPES[piece.get_dtype()]
+                    self.weights[name] = torch.rand(piece.get_shape(), dtype=dtype)
         self.offload_tags: set[str] = set()
         self.session = False
         standin.engines.append(self)
@@ -252,6 +276,7 @@ class Engine:
 
     def generate(self, input_ids=None, sampling_params=None, return_logprob=False, **_: Any) -> list[dict]:
         self.events.append(("generate", len(input_ids)))
+        time.sleep(self.standin.generate_seconds)
         if self.offload_tags:
             raise RuntimeError(f"generate on released memory {sorted(self.offload_tags)}")
         assert len(sampling_params) == len(input_ids)

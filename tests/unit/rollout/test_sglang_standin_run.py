@@ -4,8 +4,10 @@ on CPU, against a stand-in SGLang whose behaviour follows the pinned wheel's sou
 cannot be downloaded."""
 
 import datetime
+import math
 import multiprocessing
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -17,6 +19,7 @@ from sglang_wheel import wheel_or_skip
 
 from rl3d.config import load_config
 from rl3d.rollout import SamplingParams
+from rl3d.rollout.sglang_engine import SGLangSchedulerError
 from rl3d.rollout.sglang_weights import SGLANG_CHILD_ENV, TORCHRUN_VARS
 from rl3d.single_controller.batch import DataBatch
 from rl3d.testing.spawn import free_port
@@ -53,6 +56,14 @@ def groups():
         dist.destroy_process_group()
 
 
+@pytest.fixture
+def sigquit_restored():
+    """The launch leaves rl3d's SIGQUIT handler installed; the next tests get pytest's back."""
+    previous = signal.getsignal(signal.SIGQUIT)
+    yield
+    signal.signal(signal.SIGQUIT, previous)
+
+
 def _hf_state(path: Path) -> dict[str, torch.Tensor]:
     out = {}
     for file in sorted(path.glob("*.safetensors")):
@@ -60,7 +71,7 @@ def _hf_state(path: Path) -> dict[str, torch.Tensor]:
     return out
 
 
-def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
+def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, sigquit_restored):
     wheel = wheel_or_skip()
     from rl3d.models.spec import get_model_spec
     from rl3d.testing.tiny_hf import save_tiny_hf_model
@@ -72,7 +83,7 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
     overrides = [
         "rollout.engine=sglang", "launch.device=cuda", f"model.hf_path={hf}", "model.dtype=float32",
         "actor.parallel.tp=1", "launch.nproc_per_node=1", "rollout.n=2", "rollout.max_new_tokens=4",
-        "rollout.temperature=0.7",
+        "rollout.temperature=0.7", "rollout.sglang.deterministic=true",
     ]  # fmt: skip
     cfg = load_config(ROOT / "recipes/quickstart_cpu_grpo.yaml", overrides).config
     for name, value in TORCHRUN_ENV.items():
@@ -82,6 +93,8 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
     parent_env, start_method = dict(os.environ), multiprocessing.get_start_method(allow_none=True)
 
     worker = ActorRolloutWorker(RoleContext(cfg, get_model_spec("tiny-llama"), groups, tokenizer=None))
+    assert not standin.engines  # launched once every colocated role exists
+    worker.start_engine([])
 
     (engine,) = standin.engines
     # launch: the scheduler's environment, and rank 0's own given back
@@ -96,6 +109,11 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
     assert set(record["scrubbed"]) == {k for k in TORCHRUN_ENV if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     assert engine.args["skip_tokenizer_init"] and engine.args["enable_deterministic_inference"]
     assert engine.args["mem_fraction_static"] == cfg.rollout.sglang.mem_fraction_static
+    assert engine.args["load_format"] == "dummy" and not engine.read_checkpoint
+    # SGLang's SIGQUIT handler is gone: a failed scheduler raises rl3d's error in the trainer
+    assert record["signal_handlers_restored"] == ["SIGQUIT"]
+    with pytest.raises(SGLangSchedulerError, match="scheduler process failed"):
+        signal.raise_signal(signal.SIGQUIT)
     # nothing held while the other roles are built
     assert engine.offload_tags == set(standin.memory_types)
 
@@ -110,7 +128,8 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
             expected = {k: v + 0.25 for k, v in expected.items()}
         engine.events.clear()
         worker.reshard()
-        assert engine.offload_tags == set()
+        assert worker.weights is None  # the resharded copy is freed once SGLang holds the weights
+        assert engine.offload_tags == {"kv_cache", "cuda_graph"}  # resumed by the first generation
         assert set(engine.weights) == set(expected)
         for name, value in engine.weights.items():
             assert torch.allclose(value, expected[name], atol=1e-6), name
@@ -143,8 +162,15 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch):
         engine.resume_memory_occupation(["kv_cache"])
     engine.offload_tags.add("kv_cache")
 
-    # stop ids: SGLang stops at them and at the model's EOS, so EOS must be among them
+    # a checkpoint pauses generation: the KV cache goes, the weights stay
     worker.reshard()
+    worker.generate_sequences(prompts, step=2)
+    worker.pause_generation()
+    assert engine.offload_tags == {"kv_cache", "cuda_graph"} and not math.isnan(engine.checksum())
+    worker.generate_sequences(prompts, step=2)  # resumes the cache, no new push
+    assert [e[0] for e in engine.events[-4:]] == ["release", "resume", "flush", "generate"]
+
+    # stop ids: SGLang stops at them and at the model's EOS, so EOS must be among them
     with pytest.raises(ValueError, match="EOS ids \\[2\\]"):
         worker.engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, stop_token_ids=(7,)))
     again = [worker.engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, stop_token_ids=(2,), seed=5))

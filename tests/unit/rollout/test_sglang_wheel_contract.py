@@ -84,6 +84,29 @@ def test_every_server_arg_exists(wheel):
     assert {"disable_cuda_graph", "log_level"} <= fields  # what tests/gpu passes as engine_kwargs
 
 
+def test_the_engine_starts_from_dummy_weights_the_wheel_accepts(wheel):
+    args = sglang_server_args(
+        model_path="/hf", tp_size=1, base_gpu_id=0, gpu_id_step=1, mem_fraction_static=0.5,
+        enable_memory_saver=True, deterministic=False, dtype="bfloat16",
+    )  # fmt: skip
+    assert args["load_format"] == "dummy" and args["enable_deterministic_inference"] is False
+    choices = next(
+        n.value for n in wheel.tree("sglang/srt/arg_groups/choices.py").body
+        if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "LOAD_FORMAT_CHOICES"
+    )  # fmt: skip
+    assert "dummy" in ast.literal_eval(choices)
+    assert 'DUMMY = "dummy"' in wheel.text("sglang/srt/configs/load_config.py")
+
+
+def test_sglang_installs_a_sigquit_handler_in_the_launching_process(wheel):
+    """What rl3d's launch undoes: `_set_envs_and_config` (run in the trainer's process) sets
+    SIGQUIT's handler to one that kills the whole process tree."""
+    fn = wheel.function_node("sglang/srt/entrypoints/engine.py", "_set_envs_and_config")
+    calls = [ast.unparse(n) for n in ast.walk(fn) if isinstance(n, ast.Call)]
+    assert "signal.signal(signal.SIGQUIT, launch_phase_sigquit_handler)" in calls
+    assert "kill_process_tree(os.getpid())" in calls
+
+
 def test_every_sampling_key_exists_and_ignore_eos_covers_stop_ids(wheel):
     fields = wheel.sampling_param_fields()
     cases = [(SamplingParams(seed=3, stop_token_ids=(2, 5), top_k=4), {2}), (SamplingParams(), {2})]
@@ -175,12 +198,12 @@ def test_engine_factory_call_sites_bind():
     spec = get_model_spec("tiny-llama")
     for name in ENGINES:
         kwargs = engine_kwargs(
-            RolloutConfig(engine=name, sglang=SGLangConfig(weight_update="distributed")),
-            spec=spec, group=None, pad_token_id=3, model_path="/hf", device="cuda:1",
+            RolloutConfig(engine=name, sglang=SGLangConfig(bucket_mb=64)),
+            spec=spec, group=None, control_group=None, pad_token_id=3, model_path="/hf", device="cuda:1",
         )  # fmt: skip
         bound = inspect.signature(engine_class(name)).bind(**kwargs)
         assert bound.arguments["pad_token_id"] == 3
-    assert kwargs["base_gpu_id"] == 1 and kwargs["update_mode"] == "distributed"
+    assert kwargs["base_gpu_id"] == 1 and kwargs["bucket_mb"] == 64 and "control_group" in kwargs
 
 
 def test_engine_factory_refuses_before_launch():

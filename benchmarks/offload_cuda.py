@@ -1,0 +1,127 @@
+"""Offload around generation on the device: a megatron role's parameters, gradient buffer and
+optimizer state (bf16 training: fp32 master copies, Adam's two states) leave the device and
+come back bit for bit.
+
+On CUDA the bytes freed are measured with `torch.cuda.memory_allocated` and set against what the
+role reports (`Offload.to_host`); meanwhile another allocation the size of everything freed fills
+the device (as SGLang's KV cache would), and after it the role's tensors equal a host snapshot
+byte for byte, and two more training steps equal those of a twin that never offloaded.
+
+    python benchmarks/offload_cuda.py --out runs/offload            # CUDA: llama2-7b-shape-1/4
+    python benchmarks/offload_cuda.py --out runs/offload --device cpu --model tiny-llama
+
+Writes offload.json into --out and prints it; exits 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rl3d.config import OptimConfig
+from rl3d.models.bootstrap import init_megatron
+from rl3d.models.hf_mapping import hf_config_from_spec
+from rl3d.models.offload import OFFLOAD_KINDS, kind_tensors
+from rl3d.models.spec import get_model_spec
+from rl3d.models.weights import save_weights
+from rl3d.parallel.layout import ParallelLayout
+from rl3d.single_controller.batch import DataBatch
+from rl3d.utils.device import init_process_group, synchronize
+from rl3d.workers.megatron_role import MegatronRole
+
+B, P, R = 4, 64, 64
+
+
+def allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def train(role: MegatronRole, step: int) -> None:
+    ids = torch.randint(3, role.spec.vocab_size, (B, P + R), generator=torch.Generator().manual_seed(step))
+    batch = DataBatch(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, P:],
+         "response_mask": torch.ones(B, R, dtype=torch.long)}
+    )  # fmt: skip
+
+    def loss_of(output, micro):
+        logits = role.response_slice(output, micro).float()
+        return torch.log_softmax(logits, -1).gather(-1, micro["responses"][..., None]).mean().neg(), {}
+
+    role.train_minibatches(batch, mini_batch_size=B, micro_batch_size=2, epochs=1, loss_of=loss_of,
+                           count_unit=lambda m: float(m["response_mask"].sum()))  # fmt: skip
+
+
+def snapshot(role: MegatronRole) -> list[torch.Tensor]:
+    return [
+        t.detach().cpu().clone() for k in OFFLOAD_KINDS for t in kind_tensors(role.ddp, role.optimizer, k)
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--model", default="llama2-7b-shape-1/4")
+    args = parser.parse_args()
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    init_process_group(args.device, timeout_s=300, rank=0, world_size=1)
+    groups = init_megatron(ParallelLayout(1, 1, 1), seed=1)
+    device = groups.device
+    spec = get_model_spec(args.model)
+
+    def role(offload=(), hf_path=None):
+        optim = OptimConfig(lr=1e-4)
+        return MegatronRole(spec, groups, role="actor", params_dtype=torch.bfloat16, optim=optim,
+                            total_steps=10, seed=1, offload=offload, hf_path=hf_path)  # fmt: skip
+
+    with tempfile.TemporaryDirectory() as start:  # one starting point for both (master copies too)
+        save_weights(role().model, spec, groups, start, hf_config=hf_config_from_spec(spec).to_dict())
+        moved, twin = role(OFFLOAD_KINDS, start), role((), start)
+    results: dict = {"model": spec.name, "device": str(device)}
+    train(moved, 0)
+    train(twin, 0)
+    before = snapshot(moved)
+    held = moved.offload.device_bytes()
+    synchronize(device)
+    start = allocated(device)
+    freed = moved.to_host()
+    synchronize(device)
+    after_offload = allocated(device)
+    filler = torch.empty(freed, dtype=torch.uint8, device=device).fill_(0xA5)  # the engine's turn
+    del filler
+    moved.resident()
+    synchronize(device)
+    restored = allocated(device)
+    same = all(torch.equal(a, b.cpu()) for a, b in zip(before, snapshot(moved), strict=True))
+    for step in (1, 2):
+        train(moved, step)
+        train(twin, step)
+    trained_same = all(torch.equal(a, b) for a, b in zip(snapshot(twin), snapshot(moved), strict=True))
+    results |= {
+        "held_bytes": held,
+        "reported_freed_bytes": freed,
+        "measured_freed_bytes": start - after_offload,
+        "measured_restored_bytes": restored - after_offload,
+        "round_trip_bit_exact": same,
+        "two_steps_after_equal_twin": trained_same,
+    }
+    ok = same and trained_same
+    if device.type == "cuda":
+        ok = ok and abs(results["measured_freed_bytes"] - freed) <= 0.01 * freed
+    results["ok"] = ok
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "offload.json").write_text(json.dumps(results, indent=2))
+    print(json.dumps(results, indent=2))
+    dist.destroy_process_group()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

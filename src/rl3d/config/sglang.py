@@ -1,0 +1,31 @@
+"""The `rollout.sglang` section: the SGLang engine's memory, weight push and inference options
+(rl3d.rollout.sglang_engine reads them; docs/gpu.md#the-sglang-path)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from rl3d.config.errors import FieldError
+
+
+@dataclass(frozen=True, kw_only=True)
+class SGLangConfig:
+    mem_fraction_static: float = 0.6
+    enable_memory_saver: bool = True
+    weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC; "distributed": refused
+    bucket_mb: float = 512.0  # weights pushed to SGLang per bucket
+    deterministic: bool = False  # SGLang's deterministic inference: honours seeds, decodes slower
+    base_gpu_id: int | None = None  # None: the rank's own GPU
+
+    def __post_init__(self) -> None:
+        if not self.bucket_mb > 0:
+            raise FieldError("bucket_mb", f"must be > 0, got {self.bucket_mb}")
+        if self.weight_update == "distributed":
+            raise FieldError(
+                "weight_update",
+                "'distributed' is not supported yet (nothing connects SGLang's weight-update group); "
+                "use 'tensor' (CUDA IPC, the colocated engine)",
+            )
+        if not 0 < self.mem_fraction_static < 1:
+            raise FieldError("mem_fraction_static", f"must be in (0, 1), got {self.mem_fraction_static}")
