@@ -18,6 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ops", "single_controller", "data"),  # resharding kernels; the role protocol; datasets
     ("models", "algos", "rewards"),  # megatron-core models; algorithm functions; reward functions
     ("hybrid_engine", "rollout", "weight_sync"),  # moving weights in place and to a rollout pool; generation
+    ("agents",),  # an OpenAI-compatible endpoint over a rollout engine; users' agents drive the rollout
     ("config",),  # typed recipe sections: every layer below works without reading a recipe
     ("workers",),  # one class per role
     ("checkpoint", "testing"),  # run checkpoints; kits for tests and benchmarks (tiny models, spawn)

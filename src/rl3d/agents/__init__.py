@@ -8,11 +8,15 @@ text comes back as OpenAI `tool_calls` (`rl3d.agents.tool_calls`).
 """
 
 from rl3d.agents.chat import ChatFormat
+from rl3d.agents.rollout import AgentOutcome, AgentRollout, agent_reward
 from rl3d.agents.server import AgentServer
 from rl3d.agents.sessions import Completion, SessionLog, TrainingSequence, training_sequences
 from rl3d.agents.tool_calls import parse_tool_calls
 
 __all__ = [
+    "AgentOutcome",
+    "AgentRollout",
+    "agent_reward",
     "AgentServer",
     "ChatFormat",
     "Completion",
