@@ -30,9 +30,11 @@ def calculator_agent(client: Any, sample: dict[str, Any]) -> tuple[float, dict[s
     messages: list[dict[str, Any]] = [{"role": "user", "content": sample["prompt"]}]
     turns: list[tuple[str, str | None]] = []
     for _ in range(MAX_TURNS):
-        reply = client.chat.completions.create(
-            model="policy", messages=messages, tools=[CALCULATOR.schema()]
-        ).choices[0].message
+        reply = (
+            client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR.schema()])
+            .choices[0]
+            .message
+        )
         messages.append(reply.model_dump(exclude_none=True))
         if not reply.tool_calls:
             turns.append((reply.content or "", None))
