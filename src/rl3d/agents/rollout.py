@@ -9,8 +9,8 @@ the rollout goes on. A session is closed when its agent ends or runs out of time
 request gets an error and adds nothing; the thread of a hung agent is left behind (a daemon:
 threads cannot be killed) and the rollout returns at the deadline.
 
-Each session's completions become training sequences (`rl3d.agents.sessions`); every sequence
-is one row that carries the session's reward.
+Each session's completions become training sequences (`rl3d.agents.sessions`); the trainer
+takes one per session (`rl3d.workers.generation`), with the session's reward.
 """
 
 from __future__ import annotations
@@ -114,9 +114,10 @@ def run_agents(
     return outcomes
 
 
-def agent_record(out: AgentOutcome, seq: TrainingSequence | None, num_turns: int) -> dict[str, Any]:
-    """The row's trajectory record: the agent's reward and what it did, and the counts the
-    multi-turn metrics read (`rl3d.tools.trajectory`)."""
+def agent_record(out: AgentOutcome, seq: TrainingSequence | None) -> dict[str, Any]:
+    """The trajectory record of the session's row (`seq`, its trained chain of turns): the
+    agent's reward and what it did, and the counts the multi-turn metrics read
+    (`rl3d.tools.trajectory`)."""
     calls = sum(len((c.reply or {}).get("tool_calls") or []) for c in out.completions)
     policy = sum(seq.mask) if seq else 0
     observed = len(seq.ids) - seq.prompt_length - policy if seq else 0
@@ -129,7 +130,8 @@ def agent_record(out: AgentOutcome, seq: TrainingSequence | None, num_turns: int
             "timed_out": out.timed_out,
             "seconds": out.seconds,
             "calls": len(out.completions),
-            "turns": num_turns,
+            "turns": seq.num_completions if seq else 0,
+            "unused_completions": len(out.completions) - (seq.num_completions if seq else 0),
         },
         "turns": [],
         "num_turns": seq.num_completions if seq else 0,

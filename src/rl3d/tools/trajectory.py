@@ -30,7 +30,7 @@ def agent_metrics(trajectories: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per agent session (a session may make several rows): `agent/errors` and `agent/timeouts`
     count the sessions that failed or ran out of time; `agent/calls_mean` the completions a
     session asked for, `agent/turns_mean` its longest chain of turns, `agent/seconds_mean` its
-    wall clock."""
+    wall clock; `agent/unused_completions` the completions outside the trained chain of turns."""
     sessions = list({t["agent"]["session"]: t["agent"] for t in trajectories if "agent" in t}.values())
     n = max(len(sessions), 1)
     return {
@@ -39,4 +39,5 @@ def agent_metrics(trajectories: Sequence[dict[str, Any]]) -> dict[str, float]:
         "agent/calls_mean": sum(s["calls"] for s in sessions) / n,
         "agent/turns_mean": sum(s["turns"] for s in sessions) / n,
         "agent/seconds_mean": sum(s["seconds"] for s in sessions) / n,
+        "agent/unused_completions": float(sum(s.get("unused_completions", 0) for s in sessions)),
     }

@@ -105,10 +105,12 @@ class Generation:
         return batch.set(TRAJECTORY, [t.record() for t in trajectories])
 
     def _agent_rollout(self, prompts: DataBatch, params) -> DataBatch:
-        """The user's agent per sample (`params.n` per prompt, each its own session); each of a
-        session's training sequences is a row with the session's reward. A sequence's first
-        prompt fills the prompt columns (its head when longer) and the rest of it is response
-        tokens outside the loss, so every token is one the engine saw or generated."""
+        """The user's agent per sample (`params.n` per prompt, each its own session), one row
+        per session with the session's reward: its longest chain of turns that extend one
+        another (the trainer's batches hold prompts x n rows; completions outside that chain
+        are counted, `agent/unused_completions`, not trained). The chain's first prompt fills
+        the prompt columns (its head when longer) and the rest of it is response tokens outside
+        the loss, so every token is one the engine saw or generated."""
         from rl3d.agents.rollout import agent_record
 
         fields = [k for k in prompts.meta if k != "uid"]
@@ -122,19 +124,18 @@ class Generation:
         rows, heads, masks, records = [], [], [], []
         for i, out in enumerate(outcomes):
             p = i // params.n
-            sequences = out.sequences()
-            turns = max((s.num_completions for s in sequences), default=0)
-            for seq in sequences or [None]:
-                if seq is None:  # no completion: the prompt alone, nothing in the loss
-                    heads.append(prompts["prompt_ids"][p])
-                    rows.append((p, [], [], "length"))
-                    masks.append([])
-                else:
-                    k = min(seq.prompt_length, width)
-                    heads.append(seq.ids[:k])
-                    rows.append((p, seq.ids[k:], seq.logprobs[k:], seq.finish_reason))
-                    masks.append(seq.mask[k:])
-                records.append(agent_record(out, seq, turns))
+            # the last of the longest chains: max keeps the first it meets
+            seq = max(reversed(out.sequences()), key=lambda s: s.num_completions, default=None)
+            if seq is None:  # no completion: the prompt alone, nothing in the loss
+                heads.append(prompts["prompt_ids"][p])
+                rows.append((p, [], [], "length"))
+                masks.append([])
+            else:
+                k = min(seq.prompt_length, width)
+                heads.append(seq.ids[:k])
+                rows.append((p, seq.ids[k:], seq.logprobs[k:], seq.finish_reason))
+                masks.append(seq.mask[k:])
+            records.append(agent_record(out, seq))
         batch = rows_to_batch(prompts, rows, self.pad_token_id, prompt_ids=heads)
         for i, mask in enumerate(masks):
             batch["response_mask"][i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
