@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from rl3d.agents.rollout import AgentOutcome, agent_reward, run_agents
+from rl3d.agents.rollout import AgentOutcome, agent_record, agent_reward, run_agents
 from rl3d.config import ConfigError, load_config
 from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
 from rl3d.testing.bigram import bigram_engine
@@ -122,23 +122,10 @@ def test_failures_and_timeouts_score_zero_and_do_not_stall():
     assert [o.timed_out for o in outcomes] == [False, True, False, False, False, True]
     assert "agent bug" in outcomes[0].error and "not a finite number" in outcomes[2].error
     assert outcomes[3].info == {"ok": True} and sorted(closed) == [f"s{i}" for i in range(6)]
-    records = [{"agent": {"session": o.session, "error": o.error, "timed_out": o.timed_out, "seconds": o.seconds,
-                          "calls": 0, "turns": 0}} for o in outcomes]  # fmt: skip
-    stats = trajectory_metrics([r | _counts() for r in records])
+    records = [agent_record(o, None) for o in outcomes]
+    stats = trajectory_metrics(records)
     assert stats["agent/errors"] == 2 and stats["agent/timeouts"] == 2
     assert isinstance(outcomes[0], AgentOutcome)
-
-
-def _counts():
-    keys = (
-        "num_turns",
-        "num_calls",
-        "num_errors",
-        "num_timeouts",
-        "num_observation_tokens",
-        "num_policy_tokens",
-    )
-    return dict.fromkeys(keys, 0)
 
 
 @pytest.mark.parametrize(
