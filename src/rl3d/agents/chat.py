@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rl3d.agents.tool_calls import call_arguments, render_tool_calls
+from rl3d.agents.tool_calls import QWEN_TAGS, call_arguments, render_tool_calls
 
 
 def _text(content: Any) -> str:
@@ -44,6 +44,15 @@ class ChatFormat:
         template = getattr(tokenizer, "chat_template", None)
         self.templated = bool(template) and hasattr(tokenizer, "apply_chat_template")
         self.template_renders_calls = self.templated and "tool_calls" in str(template)
+        self._close_ids: tuple[int, ...] | None = None
+
+    def call_close_ids(self) -> tuple[int, ...]:
+        """Every token whose text holds a call's close tag: a reply that offers tools stops
+        there (one scan of the vocabulary, kept)."""
+        if self._close_ids is None:
+            tag = QWEN_TAGS[1]
+            self._close_ids = tuple(i for i in range(len(self.tokenizer)) if tag in self.decode([i]))
+        return self._close_ids
 
     def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return [int(i) for i in self.tokenizer.encode(text, add_special_tokens=add_special_tokens)]

@@ -22,7 +22,7 @@ from rl3d.agents.batcher import GenerateBatcher, Sample
 from rl3d.agents.chat import ChatFormat
 from rl3d.agents.protocol import RequestError, Sampling, read_messages, read_sampling, read_tools
 from rl3d.agents.sessions import Completion, SessionLog
-from rl3d.agents.tool_calls import QWEN_TAGS, ParsedReply, parse_tool_calls
+from rl3d.agents.tool_calls import ParsedReply, parse_tool_calls
 from rl3d.rollout.base import FINISH_STOP, SamplingParams, check_prompts
 
 
@@ -44,7 +44,6 @@ class AgentEndpoint:
         self.batcher, self.chat, self.defaults, self.vocab_size = batcher, chat, defaults, vocab_size
         self.model_name, self.request_timeout_s = model_name, request_timeout_s
         self.sessions = SessionLog()
-        self._close_ids: tuple[int, ...] | None = None
 
     def models(self) -> dict[str, Any]:
         return {
@@ -53,14 +52,6 @@ class AgentEndpoint:
         }
 
     # -- generation --------------------------------------------------------------------------------
-    def _call_close_ids(self) -> tuple[int, ...]:
-        if self._close_ids is None:  # one scan of the vocabulary per endpoint
-            tag = QWEN_TAGS[1]
-            self._close_ids = tuple(
-                i for i in range(len(self.chat.tokenizer)) if tag in self.chat.decode([i])
-            )
-        return self._close_ids
-
     def _generate(
         self, session: str, prompt_ids: list[int], sampling: Sampling, tool_stops: bool
     ) -> tuple[list[Sample], frozenset[int]]:
@@ -78,7 +69,7 @@ class AgentEndpoint:
             ids = self.chat.encode(text)
             if len(ids) == 1 and self.chat.decode(ids) == text:
                 ends.append(ids[0])
-        stops = ends + list(self._call_close_ids() if tool_stops else ())
+        stops = ends + list(self.chat.call_close_ids() if tool_stops else ())
         params = dataclasses.replace(sampling.params, stop_token_ids=tuple(dict.fromkeys(stops)))
         try:
             samples = self.batcher.submit(prompt_ids, params).result(timeout=self.request_timeout_s)

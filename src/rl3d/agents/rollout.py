@@ -114,10 +114,31 @@ def run_agents(
     return outcomes
 
 
-def agent_record(out: AgentOutcome, seq: TrainingSequence | None) -> dict[str, Any]:
+def _turns(seq: TrainingSequence, decode: Callable[[list[int]], str]) -> list[dict[str, Any]]:
+    """The chain's turns as the built-in loop records them: each run of generated tokens is a
+    turn's `text`, the tokens after it up to the next turn (tool results, template text) its
+    `observation` (None after the last)."""
+    turns: list[dict[str, Any]] = []
+    start = seq.prompt_length
+    for k in range(seq.prompt_length, len(seq.ids) + 1):
+        end = k == len(seq.ids)
+        if end or (k > start and seq.mask[k] != seq.mask[k - 1]):
+            part = decode(seq.ids[start:k])
+            if seq.mask[start]:
+                turns.append({"text": part, "observation": None})
+            elif turns:
+                turns[-1]["observation"] = part
+            start = k
+    return turns
+
+
+def agent_record(
+    out: AgentOutcome, seq: TrainingSequence | None, decode: Callable[[list[int]], str] | None = None
+) -> dict[str, Any]:
     """The trajectory record of the session's row (`seq`, its trained chain of turns): the
-    agent's reward and what it did, and the counts the multi-turn metrics read
-    (`rl3d.tools.trajectory`)."""
+    agent's reward and what it did, its turns (with `decode`: a reward function or hook that
+    reads the built-in loop's turns reads these alike), and the counts the multi-turn metrics
+    read (`rl3d.tools.trajectory`)."""
     calls = sum(len((c.reply or {}).get("tool_calls") or []) for c in out.completions)
     policy = sum(seq.mask) if seq else 0
     observed = len(seq.ids) - seq.prompt_length - policy if seq else 0
@@ -133,7 +154,7 @@ def agent_record(out: AgentOutcome, seq: TrainingSequence | None) -> dict[str, A
             "turns": seq.num_completions if seq else 0,
             "unused_completions": len(out.completions) - (seq.num_completions if seq else 0),
         },
-        "turns": [],
+        "turns": _turns(seq, decode) if seq and decode else [],
         "num_turns": seq.num_completions if seq else 0,
         "num_calls": calls,
         "num_errors": 0,
@@ -183,23 +204,24 @@ class AgentRollout:
             max_body_bytes=cfg.max_body_bytes,
         )
         with server:
+            # one client and connection pool; each session's copy only sets its header
+            base = openai.OpenAI(
+                base_url=server.base_url, api_key="rl3d", max_retries=0, timeout=cfg.timeout_s
+            )
 
             def make_client(session: str) -> Any:
-                return openai.OpenAI(
-                    base_url=server.base_url,
-                    api_key="rl3d",
-                    default_headers={"X-Session-Id": session},
-                    max_retries=0,
-                    timeout=cfg.timeout_s,
-                )
+                return base.with_options(default_headers={"X-Session-Id": session})
 
             sessions = [f"sample-{i}" for i in range(len(samples))]
-            return run_agents(
-                self.fn,
-                samples,
-                sessions,
-                make_client,
-                server.sessions.close,
-                concurrency=cfg.concurrency,
-                timeout_s=cfg.timeout_s,
-            )
+            try:
+                return run_agents(
+                    self.fn,
+                    samples,
+                    sessions,
+                    make_client,
+                    server.sessions.close,
+                    concurrency=cfg.concurrency,
+                    timeout_s=cfg.timeout_s,
+                )
+            finally:
+                base.close()

@@ -96,6 +96,7 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 256  # many agents connect at once (the stdlib's default backlog is 5)
     endpoint: AgentEndpoint
     max_body_bytes: int
 

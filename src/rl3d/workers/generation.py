@@ -135,7 +135,7 @@ class Generation:
                 heads.append(seq.ids[:k])
                 rows.append((p, seq.ids[k:], seq.logprobs[k:], seq.finish_reason))
                 masks.append(seq.mask[k:])
-            records.append(agent_record(out, seq))
+            records.append(agent_record(out, seq, self.agents.chat.decode))
         batch = rows_to_batch(prompts, rows, self.pad_token_id, prompt_ids=heads)
         for i, mask in enumerate(masks):
             batch["response_mask"][i, : len(mask)] = torch.tensor(mask, dtype=torch.long)

@@ -89,6 +89,10 @@ def test_sessions_become_rows_with_the_generated_ids(fused_tokenizer):
         ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
         word = "hi" if i < 4 else "go"
         assert ids[:6] == [ID["<|im_start|>"], ID["user"], ID[word], end, ID["<|im_start|>"], ID["assistant"]]
+    assert records[0]["turns"] == [
+        {"text": "ab<|im_end|>", "observation": "<|im_start|>usergo<|im_end|><|im_start|>assistant"},
+        {"text": "ab<|im_end|>", "observation": None},
+    ]
     metrics = trajectory_metrics(records)
     assert (
         metrics["agent/calls_mean"] == 2 and metrics["agent/errors"] == 0 and metrics["agent/timeouts"] == 0
