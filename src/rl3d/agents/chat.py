@@ -127,6 +127,8 @@ class ChatFormat:
             tail = said[len(generated) :]
         elif stopped and (end := self.decode(response_ids[-1:])) and end in said:
             tail = said[said.rfind(end) + len(end) :]  # written otherwise: what follows the end token
+        elif stopped and said.startswith(body := self.decode(response_ids[:-1])):
+            tail = said[len(body) :]  # an end token the template does not write: its own ending follows
         else:
             return None
         return self.encode(tail + full[len(closed) :])

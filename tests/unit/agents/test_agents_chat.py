@@ -79,3 +79,16 @@ def test_plain_format_is_the_tool_loops_tokens():
     call = [CALL_ID, c["2"], c["*"], c["3"], CALL_END_ID]
     assert ids == [c["2"], c["*"], c["3"], c["="], *call, OBS_ID, c["6"], OBS_END_ID]
     assert chat.continuation([user], reply, later, [TOOL], call, stopped=True) == [OBS_ID, c["6"], OBS_END_ID]
+
+
+def test_an_end_token_the_template_does_not_write(smollm2_tokenizer):
+    chat = ChatFormat(smollm2_tokenizer)
+    first = [{"role": "user", "content": "Say hi."}]
+    other_end = smollm2_tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    generated = smollm2_tokenizer.encode("Hi", add_special_tokens=False) + [other_end]
+    reply = {"role": "assistant", "content": "Hi"}
+    later = [*first, reply, {"role": "user", "content": "Again."}]
+    more = chat.continuation(first, reply, later, None, generated, stopped=True)
+    # the model's own end token stays; the template's ending for the turn follows it
+    assert chat.decode(more).startswith("<|im_end|>\n<|im_start|>user\nAgain.")
+    assert chat.continuation(first, reply, later, None, generated, stopped=False) is None
