@@ -115,7 +115,7 @@ class Generation:
 
         fields = [k for k in prompts.meta if k != "uid"]
         samples = [
-            {**{k: prompts[k][p] for k in fields}, "prompt": prompts["prompt_text"][p], "sample_index": j}
+            {**{k: prompts[k][p] for k in fields}, "prompt": _agent_prompt(prompts, p), "sample_index": j}
             for p in range(len(prompts))
             for j in range(params.n)
         ]
@@ -140,6 +140,12 @@ class Generation:
         for i, mask in enumerate(masks):
             batch["response_mask"][i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
         return batch.set(TRAJECTORY, records)
+
+
+def _agent_prompt(prompts: DataBatch, p: int):
+    """What an agent gets as `sample["prompt"]`: a chat row's messages, else the prompt's text."""
+    messages = prompts["messages"][p] if "messages" in prompts else None
+    return [dict(m) for m in messages] if messages else prompts["prompt_text"][p]
 
 
 def prompt_width(prompts: DataBatch) -> int:

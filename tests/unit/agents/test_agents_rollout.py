@@ -44,7 +44,8 @@ def fused_tokenizer(tmp_path_factory):
 
 def two_turn_agent(client, sample):
     """Says the sample's word, then "go"; the reward is how many replies were "ab"."""
-    messages = [{"role": "user", "content": sample["prompt"]}]
+    prompt = sample["prompt"]  # a chat row's messages, else text
+    messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     score = 0.0
     for follow_up in ("go", None):
         reply = client.chat.completions.create(model="m", messages=messages).choices[0].message
@@ -70,9 +71,10 @@ def test_sessions_become_rows_with_the_generated_ids(fused_tokenizer):
         {"uid": torch.tensor([10, 11])},
         {
             "prompt_ids": [[ID["hi"]], [ID["go"]]],
-            "prompt_text": ["hi", "go"],
+            "prompt_text": ["hi", "<|im_start|>user go<|im_end|> <|im_start|>assistant "],  # framed
             "answer": [None, None],
             "index": [0, 1],
+            "messages": [None, [{"role": "user", "content": "go"}]],  # a text row, a chat row
         },
         {PROMPT_WIDTH: 4},
     )
