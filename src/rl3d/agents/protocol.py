@@ -133,10 +133,8 @@ class Sampling:
 def read_sampling(body: dict, defaults: SamplingParams, *, chat: bool) -> Sampling:
     """`temperature`, `top_p`, `max_tokens` (clamped to the rollout's `max_new_tokens`), `n`,
     `stop`, `seed`, `logprobs`; defaults are the rollout's."""
-    if body.get("stream"):
-        raise RequestError(
-            "stream is not supported by the rollout endpoint; send stream: false", param="stream"
-        )
+    if not isinstance(body.get("stream", False), bool):
+        raise RequestError("stream must be a boolean", param="stream")
     if body.get("echo"):
         raise RequestError("echo is not supported by the rollout endpoint", param="echo")
     temperature = _number(body, "temperature", 0.0, 2.0, defaults.temperature)
@@ -169,3 +167,26 @@ def read_sampling(body: dict, defaults: SamplingParams, *, chat: bool) -> Sampli
         defaults, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens, n=n, seed=seed
     )
     return Sampling(params, tuple(stop), logprobs)
+
+
+def stream_events(response: dict[str, Any], *, usage: bool) -> list[dict[str, Any]]:
+    """A finished response as the server-sent events of a streamed one: every choice's whole
+    reply in one chunk, then its finish reason (and the usage, when asked)."""
+    chat = response["object"] == "chat.completion"
+    head = {k: response[k] for k in ("id", "created", "model")}
+    head["object"] = "chat.completion.chunk" if chat else "text_completion"
+    events = []
+    for choice in response["choices"]:
+        if not chat:
+            events.append(head | {"choices": [choice]})
+            continue
+        message, index = choice["message"], choice["index"]
+        delta: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+        if message.get("tool_calls"):
+            delta["tool_calls"] = [{"index": j, **c} for j, c in enumerate(message["tool_calls"])]
+        part = {"index": index, "delta": delta, "logprobs": choice["logprobs"], "finish_reason": None}
+        end = {"index": index, "delta": {}, "finish_reason": choice["finish_reason"]}
+        events += [head | {"choices": [part]}, head | {"choices": [end]}]
+    if usage:
+        events.append(head | {"choices": [], "usage": response["usage"]})
+    return events

@@ -7,8 +7,10 @@
 
 Routes: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models``. The
 session of a request is its ``X-Session-Id`` header, else the body's ``session_id`` field, else
-its ``user`` field. A body over `max_body_bytes`, not JSON, or with a bad field gets OpenAI's
-error JSON (413 / 400); an unknown route 404. Each connection runs in its own thread; the
+its ``user`` field. ``stream: true`` gets the finished reply as server-sent events (one chunk
+per choice, then its finish reason), for clients that always stream. A body over
+`max_body_bytes`, not JSON, or with a bad field gets OpenAI's error JSON (413 / 400); an
+unknown route 404. Each connection runs in its own thread; the
 generation itself is batched across them (`rl3d.agents.batcher`). Leaving the block stops the
 server and the batcher (after the engine call in progress), so the engine is free for training.
 """
@@ -24,7 +26,7 @@ from typing import Any
 from rl3d.agents.batcher import GenerateBatcher
 from rl3d.agents.chat import ChatFormat
 from rl3d.agents.endpoint import AgentEndpoint
-from rl3d.agents.protocol import RequestError
+from rl3d.agents.protocol import RequestError, stream_events
 from rl3d.agents.sessions import SessionLog
 from rl3d.rollout.base import RolloutEngine, SamplingParams
 
@@ -48,6 +50,18 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
+    def _stream(self, events: list[dict[str, Any]]) -> None:
+        """Server-sent events, the body ending with the connection (generation is over: the
+        events are sent at once)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.close_connection = True
+        for event in events:
+            self.wfile.write(f"data: {json.dumps(event)}\n\n".encode())
+        self.wfile.write(b"data: [DONE]\n\n")
+
     def _route(self) -> str:
         return self.path.split("?", 1)[0].rstrip("/")
 
@@ -68,7 +82,12 @@ class _Handler(BaseHTTPRequestHandler):
                 raise RequestError(f"no route POST {self._route()}", status=404)
             body = self._body()
             session = self.headers.get("X-Session-Id") or body.get("session_id") or body.get("user") or ""
-            self._send(200, handler(body, str(session)))
+            response = handler(body, str(session))
+            if body.get("stream"):
+                options = body.get("stream_options") or {}
+                self._stream(stream_events(response, usage=bool(options.get("include_usage"))))
+            else:
+                self._send(200, response)
         except RequestError as err:
             self._send(err.status, err.body())
         except Exception as err:  # never a dropped connection: the agent gets an error to handle

@@ -177,7 +177,7 @@ def test_bad_requests_get_openai_errors():
         api = client(server, "e")
         for kwargs, param in [
             ({"temperature": 5}, "temperature"),
-            ({"stream": True}, "stream"),
+            ({"stream": "yes"}, "stream"),
             ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
             ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
         ]:
@@ -189,3 +189,23 @@ def test_bad_requests_get_openai_errors():
         with pytest.raises(openai.BadRequestError, match="is over"):
             api.chat.completions.create(model="m", messages=[{"role": "user", "content": "1="}])
         assert "e" not in server.sessions.completions
+
+
+def test_streaming_clients_get_the_reply_as_events():
+    _, server = serve()
+    with server:
+        api = client(server, "st")
+        stream = api.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "3*4="}], tools=TOOLS, stream=True,
+            stream_options={"include_usage": True},
+        )  # fmt: skip
+        chunks = list(stream)
+        text = api.completions.create(model="m", prompt="1-", max_tokens=3, stream=True)
+        assert "".join(ch.choices[0].text for ch in text) == "999"
+    calls = [c for ch in chunks for choice in ch.choices for c in choice.delta.tool_calls or []]
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [
+        ("calculator", {"expression": "1+2"})
+    ]
+    assert [choice.finish_reason for ch in chunks for choice in ch.choices][-1] == "tool_calls"
+    assert chunks[-1].usage.completion_tokens == 5
+    assert len(server.sessions.completions["st"]) == 2  # recorded as any other request
