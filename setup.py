@@ -52,6 +52,9 @@ TRACK = ["wandb>=0.20", "mlflow-skinny>=2.10"]  # wandb: reinit="create_new"
 # `rl3d models fetch` dequantizes a GGUF checkpoint with transformers, which needs these
 # (rl3d.models.hub.CONVERTER_PACKAGES). In [dev] too, so CI's real-model tests run.
 REAL = ["gguf>=0.10", "accelerate>=1.0"]
+# `rollout.agent` hands agents an `openai.OpenAI` client pointed at the rollout's endpoint
+# (rl3d.agents). In [dev] too, so the tests drive the endpoint with the real client.
+AGENTS = ["openai>=1.40"]
 
 setup(
     name="rl3d",
@@ -82,7 +85,8 @@ setup(
         "gpu": [GPU_TORCH, SGLANG, TRANSFORMER_ENGINE, "ninja"],  # ninja: the kernels' JIT build
         "track": TRACK,
         "real": REAL,
-        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK, *REAL],
+        "agents": AGENTS,
+        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK, *REAL, *AGENTS],
     },
     entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},
     ext_modules=EXT_MODULES,

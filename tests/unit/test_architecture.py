@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("models", "algos", "rewards"),  # megatron-core models; algorithm functions; reward functions
     ("hybrid_engine", "rollout"),  # planning and moving weights between layouts; generation
     ("weight_sync",),  # the transport of a transition to another pool's ranks
+    ("agents",),  # an OpenAI-compatible endpoint over a rollout engine; users' agents drive the rollout
     ("config",),  # typed recipe sections: every layer below works without reading a recipe
     ("workers",),  # one class per role
     ("checkpoint", "testing"),  # run checkpoints; kits for tests and benchmarks (tiny models, spawn)

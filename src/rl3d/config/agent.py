@@ -18,7 +18,7 @@ observation's. Off by default; a recipe without the block runs the single-turn p
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from rl3d.config.errors import FieldError
 
@@ -66,3 +66,49 @@ class MultiTurnConfig:
             return ToolBox(built)
         except ValueError as err:
             raise FieldError("tools", str(err)) from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentHookConfig:
+    """`rollout.agent`: a user's agent program drives the rollout (see `rl3d.agents`).
+
+        rollout:
+          agent:
+            fn: my_pkg.agent:run      # run(client, sample) -> reward or (reward, info)
+            concurrency: 8            # agents running at once (threads)
+            timeout_s: 120.0          # wall clock per sample; later = scored 0, session closed
+            tool_format: auto         # tool-call text: qwen (<tool_call>...), llama3 (JSON), auto
+
+    `client` is an `openai.OpenAI` pointed at the rollout's endpoint; `sample` the data row.
+    The reward is the agent's (`reward.fn: rl3d.agents:agent_reward` reads it). Off (fn None)
+    by default.
+    """
+
+    fn: str | None = None
+    concurrency: int = 8
+    timeout_s: float = 300.0
+    tool_format: Literal["auto", "qwen", "llama3"] = "auto"
+    batch_wait_ms: float = 5.0  # how long the endpoint gathers requests into one generate call
+    max_batch_rows: int = 64  # samples generated together at most
+    max_body_bytes: int = 4 << 20  # a larger request body is refused (HTTP 413)
+
+    def __post_init__(self) -> None:
+        for key in ("concurrency", "timeout_s", "max_batch_rows", "max_body_bytes"):
+            if getattr(self, key) <= 0:
+                raise FieldError(key, f"must be > 0, got {getattr(self, key)}")
+        if self.batch_wait_ms < 0:
+            raise FieldError("batch_wait_ms", f"must be >= 0, got {self.batch_wait_ms}")
+        if self.fn is not None:
+            self.resolve()  # a bad path fails here, naming the key
+
+    @property
+    def enabled(self) -> bool:
+        return self.fn is not None
+
+    def resolve(self) -> Any:
+        from rl3d.utils.imports import import_object
+
+        try:
+            return import_object(self.fn, what="agent function")
+        except ValueError as err:
+            raise FieldError("fn", str(err)) from None

@@ -15,6 +15,7 @@ def prompt_batch(items) -> DataBatch:
             "source": [i.source for i in items],
             "data_source": [i.data_source for i in items],  # data.source_key's column, or None
             "index": [i.index for i in items],
+            "messages": [i.messages for i in items],  # a chat row's messages, else None
         },
         info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
     )

@@ -69,6 +69,7 @@ class PromptItem:
     answer: Any
     source: str  # "file:row" (row from 0) or "synthetic:<task>:<i>"
     data_source: str | None = None  # the row's `data.source_key` column, when the file has one
+    messages: list[dict[str, str]] | None = None  # a chat row's messages, as the template framed them
 
 
 @dataclass
@@ -207,7 +208,11 @@ class _ParquetLoader:
             return
         except LookupError as err:  # reward.fn_by_source has no reward for this row's source
             raise DataError(f"{source}: {err}") from None
-        self.items.append(PromptItem(len(self.items), prompt_ids, text, answer, source, data_source))
+        prompt = value_at(record, self.cfg.prompt_key)
+        messages = self._with_system(messages_of(prompt)) if isinstance(prompt, list) else None
+        self.items.append(
+            PromptItem(len(self.items), prompt_ids, text, answer, source, data_source, messages)
+        )
 
     def _prompt_text(self, record: dict[str, Any]) -> tuple[str, bool]:
         """The prompt as text, and whether it is already framed by the chat template."""
@@ -238,9 +243,13 @@ class _ParquetLoader:
             return self._chat([{"role": "user", "content": text}]), True
         return text, False
 
-    def _chat(self, messages: list[dict[str, str]]) -> str:
+    def _with_system(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
         if self.cfg.system_prompt is not None and messages[0]["role"] != "system":
-            messages = [{"role": "system", "content": self.cfg.system_prompt}, *messages]
+            return [{"role": "system", "content": self.cfg.system_prompt}, *messages]
+        return messages
+
+    def _chat(self, messages: list[dict[str, str]]) -> str:
+        messages = self._with_system(messages)
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as err:  # the template's own checks (e.g. roles must alternate)

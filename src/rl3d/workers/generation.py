@@ -3,7 +3,8 @@
 The colocated actor (`ActorRolloutWorker.generate_sequences`) and a separate rollout pool's
 rank (`RolloutWorker.generate`) both generate through `Generation`: the recipe's sampling for
 the step and rank (`rollout_sampling`), single-turn on the engine or multi-turn through the
-agent loop (`rollout.multi_turn`), and the rows as the batch the trainer takes. Training
+agent loop (`rollout.multi_turn`) or a user's agent against an OpenAI-compatible endpoint
+(`rollout.agent`), and the rows as the batch the trainer takes. Training
 rounds, an algorithm's extra rounds (DAPO's refill, ReMax's greedy baseline) and validation
 all come here, so a run generates the same rows on either placement.
 """
@@ -58,7 +59,11 @@ class Generation:
 
     def __init__(self, cfg: RL3DConfig, engine: Any, tokenizer: Any, *, pad_token_id: int):
         self.cfg, self.engine, self.pad_token_id = cfg, engine, pad_token_id
-        self.agent = None
+        self.agent = self.agents = None
+        if cfg.rollout.agent.enabled:
+            from rl3d.agents import AgentRollout
+
+            self.agents = AgentRollout(cfg.rollout.agent, engine, tokenizer)
         if cfg.rollout.multi_turn.enabled:
             from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
 
@@ -67,7 +72,7 @@ class Generation:
 
     @property
     def multi_turn(self) -> bool:
-        return self.agent is not None
+        return self.agent is not None or self.agents is not None
 
     def generate(
         self, prompts: DataBatch, *, step: int, gen_dp_rank: int, greedy: bool = False
@@ -79,6 +84,8 @@ class Generation:
         params = rollout_sampling(self.cfg, step=step, gen_dp_rank=gen_dp_rank, greedy=greedy)
         if self.agent is not None:
             return Generated(self._multi_turn(prompts, params), None)
+        if self.agents is not None:
+            return Generated(self._agent_rollout(prompts, params), None)
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
         # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
         logps = out.token_logprobs(raw=out.raw_logprobs is not None)
@@ -97,13 +104,63 @@ class Generation:
             batch["response_mask"][i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.long)
         return batch.set(TRAJECTORY, [t.record() for t in trajectories])
 
+    def _agent_rollout(self, prompts: DataBatch, params) -> DataBatch:
+        """The user's agent per sample (`params.n` per prompt, each its own session), one row
+        per session with the session's reward: its longest chain of turns that extend one
+        another (the trainer's batches hold prompts x n rows; completions outside that chain
+        are counted, `agent/unused_completions`, not trained). The chain's first prompt fills
+        the prompt columns (its head when longer) and the rest of it is response tokens outside
+        the loss, so every token is one the engine saw or generated."""
+        from rl3d.agents.rollout import agent_record
 
-def rows_to_batch(prompts: DataBatch, rows: list, pad_token_id: int) -> DataBatch:
+        fields = [k for k in prompts.meta if k != "uid"]
+        samples = [
+            {**{k: prompts[k][p] for k in fields}, "prompt": _agent_prompt(prompts, p), "sample_index": j}
+            for p in range(len(prompts))
+            for j in range(params.n)
+        ]
+        outcomes = self.agents.run(samples, params)
+        width = prompt_width(prompts)
+        rows, heads, masks, records = [], [], [], []
+        for i, out in enumerate(outcomes):
+            p = i // params.n
+            # the last of the longest chains: max keeps the first it meets
+            seq = max(reversed(out.sequences()), key=lambda s: s.num_completions, default=None)
+            if seq is None:  # no completion: the prompt alone, nothing in the loss
+                heads.append(prompts["prompt_ids"][p])
+                rows.append((p, [], [], "length"))
+                masks.append([])
+            else:
+                k = min(seq.prompt_length, width)
+                heads.append(seq.ids[:k])
+                rows.append((p, seq.ids[k:], seq.logprobs[k:], seq.finish_reason))
+                masks.append(seq.mask[k:])
+            records.append(agent_record(out, seq, self.agents.chat.decode))
+        batch = rows_to_batch(prompts, rows, self.pad_token_id, prompt_ids=heads)
+        for i, mask in enumerate(masks):
+            batch["response_mask"][i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
+        return batch.set(TRAJECTORY, records)
+
+
+def _agent_prompt(prompts: DataBatch, p: int):
+    """What an agent gets as `sample["prompt"]`: a chat row's messages, else the prompt's text."""
+    messages = prompts["messages"][p] if "messages" in prompts else None
+    return [dict(m) for m in messages] if messages else prompts["prompt_text"][p]
+
+
+def prompt_width(prompts: DataBatch) -> int:
+    """The prompt columns of a step's rows: one width on every generation-DP rank (its share's
+    rows then concatenate); responses are right-padded, so their widths may differ per rank."""
+    return prompts.info.get(PROMPT_WIDTH) or max(len(ids) for ids in prompts["prompt_ids"])
+
+
+def rows_to_batch(
+    prompts: DataBatch, rows: list, pad_token_id: int, *, prompt_ids: list[list[int]] | None = None
+) -> DataBatch:
     """(prompt row, response ids, log-probs, finish reason) rows as the trainer's batch: prompts
-    left-padded, responses right-padded."""
-    # one prompt width on every generation-DP rank (its share's rows then concatenate);
-    # responses are right-padded, so their widths may differ per rank
-    P = prompts.info.get(PROMPT_WIDTH) or max(len(prompts["prompt_ids"][p]) for p, *_ in rows)
+    left-padded, responses right-padded. `prompt_ids`: each row's prompt tokens (at most
+    `prompt_width` of them) when they are not its prompt row's."""
+    P = prompt_width(prompts)
     R = max(max(len(r) for _, r, _, _ in rows), 1)
     B = len(rows)
     prompt = torch.full((B, P), pad_token_id, dtype=torch.long)
@@ -112,7 +169,7 @@ def rows_to_batch(prompts: DataBatch, rows: list, pad_token_id: int) -> DataBatc
     resp_mask = torch.zeros(B, R, dtype=torch.long)
     rollout_logp = torch.zeros(B, R)
     for i, (p, r, lp, _) in enumerate(rows):
-        ids = prompts["prompt_ids"][p]
+        ids = prompts["prompt_ids"][p] if prompt_ids is None else prompt_ids[i]
         prompt[i, P - len(ids) :] = torch.tensor(ids)
         prompt_mask[i, P - len(ids) :] = 1
         resp[i, : len(r)] = torch.tensor(r, dtype=torch.long)

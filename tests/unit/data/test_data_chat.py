@@ -58,6 +58,11 @@ def test_system_prompt_is_put_first_unless_the_row_has_one(tmp_path, chat_tok):
         _framed("what is two ?", "plus two"),
         _framed("what is three ?", "three"),
     ]
+    # the messages the template framed, for agents (`rollout.agent` hands them over as the prompt)
+    assert [item.messages for item in ds] == [
+        [{"role": "system", "content": "plus two"}, {"role": "user", "content": "what is two ?"}],
+        rows[1]["prompt"],
+    ]
 
 
 def test_text_prompts_and_chat_template_modes(tmp_path, chat_tok, verl_file):
