@@ -8,6 +8,8 @@ padding never changes a result. A cross-rank reduction takes its process group a
 Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
     adv_estimator:  gae, grpo, rloo, reinforce_plus_plus, remax, safe_rlhf
     policy_loss:    ppo, dual_clip, clip_higher       (presets of `ppo_policy_loss`)
+                    gspo, gmpo, sapo, cispo, gpg      (`rl3d.algos.ratio_losses`)
+                    clip_cov, kl_cov                  (`rl3d.algos.cov_losses`)
     loss_agg_mode:  token-mean, seq-mean-token-sum, seq-mean-token-mean
     kl_estimator:   k1, k2, k3
     kl_controller:  fixed, adaptive
@@ -27,7 +29,7 @@ from rl3d.algos.advantages import (
     remax_advantages,
     rloo_advantages,
 )
-from rl3d.algos.algorithm import HOOKS, Algorithm, AlgorithmHook, policy_loss_of
+from rl3d.algos.algorithm import HOOKS, Algorithm, AlgorithmHook, loss_problem, loss_settings, policy_loss_of
 from rl3d.algos.core import (
     aggregate_loss,
     discounted_returns,
@@ -39,6 +41,7 @@ from rl3d.algos.core import (
     sequence_sums,
     zero_padding,
 )
+from rl3d.algos.cov_losses import clip_cov_policy_loss, kl_cov_policy_loss
 from rl3d.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -49,6 +52,13 @@ from rl3d.algos.kl import (
     make_kl_controller,
 )
 from rl3d.algos.policy_loss import ppo_policy_loss
+from rl3d.algos.ratio_losses import (
+    cispo_policy_loss,
+    gmpo_policy_loss,
+    gpg_policy_loss,
+    gspo_policy_loss,
+    sapo_policy_loss,
+)
 from rl3d.algos.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_CONTROLLERS,
@@ -81,6 +91,15 @@ __all__ = [
     "AlgorithmHook",
     "compute_advantage",
     "policy_loss_of",
+    "loss_problem",
+    "loss_settings",
+    "clip_cov_policy_loss",
+    "kl_cov_policy_loss",
+    "cispo_policy_loss",
+    "gmpo_policy_loss",
+    "gpg_policy_loss",
+    "gspo_policy_loss",
+    "sapo_policy_loss",
     "response_stats",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",

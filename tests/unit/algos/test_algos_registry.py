@@ -16,7 +16,18 @@ def test_registries_list_every_name():
         "rloo",
         "safe_rlhf",
     )
-    assert algos.POLICY_LOSSES.names() == ("clip_higher", "dual_clip", "ppo")
+    assert algos.POLICY_LOSSES.names() == (
+        "cispo",
+        "clip_cov",
+        "clip_higher",
+        "dual_clip",
+        "gmpo",
+        "gpg",
+        "gspo",
+        "kl_cov",
+        "ppo",
+        "sapo",
+    )
     assert algos.LOSS_AGG_MODES.names() == ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean")
     assert algos.KL_ESTIMATORS.names() == ("k1", "k2", "k3")
     assert algos.KL_CONTROLLERS.names() == ("adaptive", "fixed")
