@@ -6,7 +6,8 @@ padding never changes a result. A cross-rank reduction takes its process group a
 0-dim tensors.
 
 Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
-    adv_estimator:  gae, grpo, rloo, reinforce_plus_plus, remax, safe_rlhf
+    adv_estimator:  gae, grpo, rloo, reinforce_plus_plus, remax, safe_rlhf,
+                    on_policy_distillation (`rl3d.algos.distill`)
     policy_loss:    ppo, dual_clip, clip_higher       (presets of `ppo_policy_loss`)
                     gspo, gmpo, sapo, cispo, gpg      (`rl3d.algos.ratio_losses`)
                     clip_cov, kl_cov                  (`rl3d.algos.cov_losses`)
@@ -19,6 +20,7 @@ Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
 (`rl3d.algos.algorithm`).
 """
 
+from rl3d.algos import distill
 from rl3d.algos.advantages import (
     Advantages,
     compute_advantages,
@@ -86,6 +88,7 @@ from rl3d.algos.value_loss import clipped_value_loss, explained_variance
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "distill",
     "HOOKS",
     "Algorithm",
     "AlgorithmHook",
