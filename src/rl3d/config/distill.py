@@ -24,6 +24,10 @@ class DistillConfig:
         if self.coef < 0:
             raise FieldError("coef", f"must be >= 0, got {self.coef}")
 
+    def teacher_for(self, data_source: str | None) -> str | None:
+        """The teacher of a row with this `data_source`."""
+        return (self.teachers_by_source or {}).get(data_source, self.teacher) if data_source else self.teacher
+
     def paths(self) -> list[str]:
         """Every distinct teacher directory, `teacher` first."""
         named = [self.teacher, *(self.teachers_by_source or {}).values()]

@@ -28,9 +28,7 @@ class TeacherWorker:
     def __init__(self, ctx: RoleContext):
         cfg, groups = ctx.cfg, ctx.groups
         self.cfg, self.groups = cfg, groups
-        distill = cfg.algorithm.distill
-        self.by_source = dict(distill.teachers_by_source or {})
-        self.default = distill.teacher
+        self.distill = distill = cfg.algorithm.distill
         self.teachers: dict[str, tuple[ModelSpec, MegatronRole]] = {}
         for path in distill.paths():
             spec = spec_in_dir(resolve_model_path(path))
@@ -70,13 +68,10 @@ class TeacherWorker:
         outs = role.run_forward(batch, self.cfg.actor.micro_batch_size, extract)
         return None if outs is None else torch.cat([o["teacher_logp"] for o in outs])
 
-    def teacher_of(self, data_source: str | None) -> str:
-        return self.by_source.get(data_source, self.default) if data_source is not None else self.default
-
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_teacher_log_prob(self, batch: DataBatch) -> DataBatch | None:
         sources = batch["data_source"] if "data_source" in batch else [None] * len(batch)
-        chosen = [self.teacher_of(s) for s in sources]
+        chosen = [self.distill.teacher_for(s) for s in sources]
         out = None
         for path, (spec, role) in self.teachers.items():
             logp = self._logprobs(spec, role, batch)

@@ -65,3 +65,4 @@ def test_config_requires_a_teacher_and_refuses_one_elsewhere():
         distill=DistillConfig(teacher="/a", teachers_by_source={"math": "/b", "code": "/a"}),
     )
     assert cfg.family.needs_teacher and cfg.distill.paths() == ["/a", "/b"]
+    assert [cfg.distill.teacher_for(s) for s in ("math", "code", "other", None)] == ["/b", "/a", "/a", "/a"]
