@@ -127,11 +127,9 @@ class Lagrangian(AlgorithmHook):
         self.multiplier.load_state_dict(state["lagrange"])
 
 
-def _base(loss: Callable[..., Any]) -> tuple[Callable[..., Any], dict[str, Any]]:
-    """A registered loss's function and its preset keywords."""
-    if isinstance(loss, functools.partial):
-        return loss.func, dict(loss.keywords)
-    return loss, {}
+def _base(loss: Callable[..., Any]) -> Callable[..., Any]:
+    """A registered loss's function (a preset is a partial of one)."""
+    return loss.func if isinstance(loss, functools.partial) else loss
 
 
 def loss_settings(cfg: Any) -> dict[str, Any]:
@@ -148,7 +146,7 @@ def loss_settings(cfg: Any) -> dict[str, Any]:
 def loss_problem(name: str, loss_agg_mode: str, settings: dict[str, Any]) -> tuple[str, str] | None:
     """`(keyword, why)` when the loss `name` cannot take the recipe's settings: a hyperparameter
     it does not have (set, not None), or an aggregation its objective does not allow."""
-    fn, _ = _base(POLICY_LOSSES.get(name))
+    fn = _base(POLICY_LOSSES.get(name))
     params = inspect.signature(fn).parameters
     takes = sorted(k for k in settings if k in params)
     for key, value in settings.items():
