@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         curves.append((seed, [r["distill/reverse_kl"] for r in distilled], d_rewards))
         print(rows[-1], flush=True)
-    write(args, rows, curves)
+        write(args, rows, curves)  # after every seed: a cut-short sweep keeps what it measured
     return 0
 
 
@@ -112,7 +112,7 @@ def write(args: argparse.Namespace, rows: list[dict], curves: list) -> None:
             writer.writerows(
                 [seed, i + 1, f"{k:.5f}", f"{r:.4f}"] for i, (k, r) in enumerate(zip(kls, rewards))
             )
-    seeds = " ".join(str(s) for s in args.seeds)
+    seeds = " ".join(str(r["seed"]) for r in rows)
     fmt = lambda n: "never" if n is None else str(n)  # noqa: E731
     lines = [
         "# on-policy distillation vs GRPO on the demo task",
