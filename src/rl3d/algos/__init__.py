@@ -6,8 +6,11 @@ padding never changes a result. A cross-rank reduction takes its process group a
 0-dim tensors.
 
 Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
-    adv_estimator:  gae, grpo, rloo, reinforce_plus_plus, remax, safe_rlhf
+    adv_estimator:  gae, grpo, rloo, reinforce_plus_plus, remax, safe_rlhf,
+                    on_policy_distillation (`rl3d.algos.distill`)
     policy_loss:    ppo, dual_clip, clip_higher       (presets of `ppo_policy_loss`)
+                    gspo, gmpo, sapo, cispo, gpg      (`rl3d.algos.ratio_losses`)
+                    clip_cov, kl_cov                  (`rl3d.algos.cov_losses`)
     loss_agg_mode:  token-mean, seq-mean-token-sum, seq-mean-token-mean
     kl_estimator:   k1, k2, k3
     kl_controller:  fixed, adaptive
@@ -17,6 +20,7 @@ Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
 (`rl3d.algos.algorithm`).
 """
 
+from rl3d.algos import distill
 from rl3d.algos.advantages import (
     Advantages,
     compute_advantages,
@@ -27,7 +31,7 @@ from rl3d.algos.advantages import (
     remax_advantages,
     rloo_advantages,
 )
-from rl3d.algos.algorithm import HOOKS, Algorithm, AlgorithmHook, policy_loss_of
+from rl3d.algos.algorithm import HOOKS, Algorithm, AlgorithmHook, loss_problem, loss_settings, policy_loss_of
 from rl3d.algos.core import (
     aggregate_loss,
     discounted_returns,
@@ -39,6 +43,7 @@ from rl3d.algos.core import (
     sequence_sums,
     zero_padding,
 )
+from rl3d.algos.cov_losses import clip_cov_policy_loss, kl_cov_policy_loss
 from rl3d.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -49,6 +54,13 @@ from rl3d.algos.kl import (
     make_kl_controller,
 )
 from rl3d.algos.policy_loss import ppo_policy_loss
+from rl3d.algos.ratio_losses import (
+    cispo_policy_loss,
+    gmpo_policy_loss,
+    gpg_policy_loss,
+    gspo_policy_loss,
+    sapo_policy_loss,
+)
 from rl3d.algos.registry import (
     ADVANTAGE_ESTIMATORS,
     KL_CONTROLLERS,
@@ -76,11 +88,21 @@ from rl3d.algos.value_loss import clipped_value_loss, explained_variance
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
+    "distill",
     "HOOKS",
     "Algorithm",
     "AlgorithmHook",
     "compute_advantage",
     "policy_loss_of",
+    "loss_problem",
+    "loss_settings",
+    "clip_cov_policy_loss",
+    "kl_cov_policy_loss",
+    "cispo_policy_loss",
+    "gmpo_policy_loss",
+    "gpg_policy_loss",
+    "gspo_policy_loss",
+    "sapo_policy_loss",
     "response_stats",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",

@@ -199,6 +199,8 @@ def compute_advantages(
     greedy_scores_B: Tensor | None = None,
     cost_rewards_BT: Tensor | None = None,
     cost_values_BT: Tensor | None = None,
+    logp_BT: Tensor | None = None,
+    teacher_logp_BT: Tensor | None = None,
     group: dist.ProcessGroup | None = None,
     **hparams: object,
 ) -> Advantages:
@@ -216,6 +218,8 @@ def compute_advantages(
         "greedy_scores_B": (family.needs_greedy_baseline, greedy_scores_B),
         "cost_rewards_BT": (family.needs_cost_critic, cost_rewards_BT),
         "cost_values_BT": (family.needs_cost_critic, cost_values_BT),
+        "logp_BT": (family.needs_teacher, logp_BT),
+        "teacher_logp_BT": (family.needs_teacher, teacher_logp_BT),
     }
     for key, (is_needed, value) in needed.items():
         if is_needed and value is None:
@@ -224,4 +228,6 @@ def compute_advantages(
             inputs[key] = value
     if family.supports_process_group:
         inputs["group"] = group
+    if family.needs_teacher and group_ids_B is not None:  # for the task reward's group baseline
+        inputs["group_ids_B"] = group_ids_B
     return family.fn(**inputs, **hparams)

@@ -4,7 +4,8 @@ The controller's step calls the same points for every algorithm; what differs be
 here, selected by name from the recipe's `algorithm:` block:
 - the advantage estimator (`adv_estimator`, `rl3d.algos.registry.ADVANTAGE_ESTIMATORS`);
 - the policy loss (`policy_loss`, `POLICY_LOSSES`): a registered preset's settings, with the
-  recipe's own `clip_high` / `dual_clip_c` winning where it sets them;
+  recipe's own `clip_low` / `clip_high` / `dual_clip_c` / `loss_params.*` winning where it sets
+  them;
 - hooks (`HOOKS`) at fixed points of the step: after each rollout round, which samples of a
   round to keep (and how many rounds to try), what the estimator needs from the algorithm's
   state, and after the update. An estimator names the hooks it needs
@@ -20,7 +21,9 @@ against these registries, so it imports algos and never the reverse).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -124,17 +127,51 @@ class Lagrangian(AlgorithmHook):
         self.multiplier.load_state_dict(state["lagrange"])
 
 
+def _base(loss: Callable[..., Any]) -> Callable[..., Any]:
+    """A registered loss's function (a preset is a partial of one)."""
+    return loss.func if isinstance(loss, functools.partial) else loss
+
+
+def loss_settings(cfg: Any) -> dict[str, Any]:
+    """The recipe's policy-loss hyperparameters by keyword: `clip_low`, `clip_high`,
+    `dual_clip_c` and the `loss_params` block's; None where the recipe leaves one unset."""
+    return {
+        "clip_low": cfg.clip_low,
+        "clip_high": cfg.clip_high,
+        "dual_clip_c": cfg.dual_clip_c,
+        **dataclasses.asdict(cfg.loss_params),
+    }
+
+
+def loss_problem(name: str, loss_agg_mode: str, settings: dict[str, Any]) -> tuple[str, str] | None:
+    """`(keyword, why)` when the loss `name` cannot take the recipe's settings: a hyperparameter
+    it does not have (set, not None), or an aggregation its objective does not allow."""
+    fn = _base(POLICY_LOSSES.get(name))
+    params = inspect.signature(fn).parameters
+    takes = sorted(k for k in settings if k in params)
+    for key, value in settings.items():
+        if value is not None and key not in params:
+            return key, f"policy_loss {name!r} has no {key} (it takes: {', '.join(takes) or 'none of them'})"
+    needed = getattr(fn, "needs_agg_mode", None)
+    if needed is not None and loss_agg_mode != needed:
+        return "loss_agg_mode", f"policy_loss {name!r} is a sequence-level objective: needs {needed!r}"
+    return None
+
+
 def policy_loss_of(cfg: Any) -> Callable[..., Any]:
-    """The registered policy loss `cfg.policy_loss` with the recipe's clip settings bound. A
-    preset (`dual_clip`, `clip_higher`) supplies its own values for what the recipe leaves unset.
+    """The registered policy loss `cfg.policy_loss` with the recipe's hyperparameters bound
+    (`loss_settings`). A preset (`dual_clip`, `clip_higher`, or a loss's own defaults, the
+    paper's) supplies the values the recipe leaves unset.
 
     Called with `rollout_logp_BT` (the engine's log-probs of the sampled tokens), it also applies
     the recipe's rollout correction (`cfg.rollout_correction`) and reports `rollout/kl_k3`, plus
     `rollout_corr/*` when a correction is on."""
     loss = POLICY_LOSSES.get(cfg.policy_loss)
-    preset = loss.keywords if isinstance(loss, functools.partial) else {}
-    settings = {"clip_low": cfg.clip_low, "clip_high": cfg.clip_high, "dual_clip_c": cfg.dual_clip_c}
-    chosen = {k: v for k, v in settings.items() if v is not None or k not in preset}
+    settings = loss_settings(cfg)
+    problem = loss_problem(cfg.policy_loss, cfg.loss_agg_mode, settings)
+    if problem is not None:
+        raise ValueError(f"{problem[0]}: {problem[1]}")
+    chosen = {k: v for k, v in settings.items() if v is not None}
     bound = functools.partial(loss, loss_agg_mode=cfg.loss_agg_mode, entropy_coef=cfg.entropy_coef, **chosen)
     correction = cfg.rollout_correction
 

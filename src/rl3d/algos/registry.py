@@ -25,6 +25,8 @@ class AlgorithmFamily:
     `needs_group_samples` requires `n > 1` responses per prompt and `group_ids_B`;
     `needs_greedy_baseline` asks the rollout for one extra greedy response per prompt (ReMax);
     `supports_process_group` means the estimator whitens and accepts a DP `group` for it;
+    `needs_teacher` builds the `teacher` role and hands the estimator the policy's and the
+    teacher's per-token log-probs (on-policy distillation);
     `hooks` names the algorithm hooks the step needs for it (`rl3d.algos.algorithm`);
     `default_kl_placement` is where the reference-KL penalty usually goes for this family:
     `"reward"` (token-level penalty folded into rewards, PPO) or `"loss"` (GRPO).
@@ -37,6 +39,7 @@ class AlgorithmFamily:
     needs_greedy_baseline: bool = False
     needs_cost_critic: bool = False
     supports_process_group: bool = False
+    needs_teacher: bool = False
     default_kl_placement: str = "reward"
     hooks: tuple[str, ...] = ()  # `rl3d.algos.algorithm.HOOKS` this estimator needs
 

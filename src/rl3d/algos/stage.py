@@ -13,12 +13,13 @@ from typing import Any
 
 from rl3d.algos.advantages import compute_advantages
 from rl3d.algos.core import scores_to_token_rewards
+from rl3d.algos.distill import reverse_kl_by_token
 from rl3d.algos.kl import kl_k1, kl_penalty_rewards
 from rl3d.algos.reward_shaping import overlong_penalty
 from rl3d.single_controller.batch import DataBatch
 from rl3d.tools.trajectory import trajectory_metrics
 
-_HPARAMS = ("gamma", "lam", "whiten", "norm_by_std")
+_HPARAMS = ("gamma", "lam", "whiten", "norm_by_std", "task_coef")
 
 
 def estimator_hparams(cfg: Any) -> dict:
@@ -28,6 +29,7 @@ def estimator_hparams(cfg: Any) -> dict:
         "lam": cfg.lam,
         "whiten": cfg.whiten_advantages,
         "norm_by_std": cfg.norm_adv_by_std,
+        "task_coef": cfg.distill.coef,
     }
     accepted = inspect.signature(cfg.family.fn).parameters
     return {k: v for k, v in candidates.items() if k in accepted and v is not None}
@@ -75,6 +77,10 @@ def compute_advantage(
         metrics |= {"cost/mean": costs.mean().item(), "cost/std": costs.std().item()}
         cost_rewards = scores_to_token_rewards(costs, mask)
     hparams = estimator_hparams(cfg)
+    teacher_logp = batch["teacher_logp"] if "teacher_logp" in batch else None
+    logp = None
+    if teacher_logp is not None:  # the policy before the update: the trainer's, else the engine's
+        logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
     if lagrange_multiplier is not None:
         hparams["lagrange_multiplier"] = lagrange_multiplier
     adv = compute_advantages(
@@ -86,6 +92,8 @@ def compute_advantage(
         greedy_scores_B=batch["greedy_score"] if "greedy_score" in batch else None,
         cost_rewards_BT=cost_rewards,
         cost_values_BT=batch["cost_values"] if "cost_values" in batch else None,
+        logp_BT=logp,
+        teacher_logp_BT=teacher_logp,
         **hparams,
     )
     batch.set("advantages", adv.adv_BT.float()).set("returns", adv.returns_BT.float())
@@ -94,6 +102,8 @@ def compute_advantage(
     valid = adv.adv_BT[mask]
     metrics["adv/mean"] = valid.mean().item() if valid.numel() else 0.0
     metrics["adv/std"] = valid.std().item() if valid.numel() > 1 else 0.0
+    if teacher_logp is not None:
+        metrics["distill/reverse_kl"] = reverse_kl_by_token(logp, teacher_logp, mask).item()
     if "ref_logp" in batch and "old_logp" in batch:
         kl = kl_k1(batch["old_logp"], batch["ref_logp"])[mask]
         metrics["kl/actor_ref_k1"] = kl.mean().item() if kl.numel() else 0.0

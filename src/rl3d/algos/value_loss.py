@@ -38,7 +38,8 @@ def clipped_value_loss(
         L_t    = 1/2 * max((V - R)^2, (V_clip - R)^2)
 
     `clip_range=None` gives the plain `1/2 (V - R)^2`. Metrics (detached 0-dim tensors, this
-    rank's tokens): `vf_loss`, `vf_clipfrac` (tokens where the clipped term is the larger),
+    rank's tokens): `vf_loss`, `vf_clipfrac` (tokens whose clip binds: |V - V_old| past the
+    range and the clipped term the larger; `V_clip` can differ from `V` by rounding inside it),
     `vf_explained_var`, `values_mean`, `returns_mean`.
     """
     check_same_shape(mask_BT, values_BT=values_BT, old_values_BT=old_values_BT, returns_BT=returns_BT)
@@ -55,7 +56,8 @@ def clipped_value_loss(
         clipped_values_BT = old_values_BT + (values_BT - old_values_BT).clamp(-clip_range, clip_range)
         clipped_BT = (clipped_values_BT - returns_BT) ** 2
         losses_BT = torch.maximum(unclipped_BT, clipped_BT)
-        clip_active_BT = clipped_BT > unclipped_BT
+        outside_BT = (values_BT - old_values_BT).abs() > clip_range
+        clip_active_BT = outside_BT & (clipped_BT > unclipped_BT)
     loss = 0.5 * aggregate_loss(losses_BT, mask_BT, mode=loss_agg_mode, group=group)
     metrics = {
         "vf_loss": loss.detach(),

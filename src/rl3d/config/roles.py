@@ -111,6 +111,15 @@ BUILT_IN_ROLES: tuple[RoleSpec, ...] = (
     ),
     _learned_model("model", "reward"),
     _learned_model("cost_model", "cost"),
+    # on-policy distillation's teachers (algorithm.distill): forward only, on the actor's ranks
+    RoleSpec(
+        "teacher",
+        "rl3d.workers.teacher:TeacherWorker",
+        "algorithm.distill",
+        enabled=lambda cfg: cfg.algorithm.family.needs_teacher,
+        compute="compute_teacher_log_prob",
+        compute_stage="teacher_logp",
+    ),
 )
 BUILT_IN_NAMES = frozenset(r.name for r in BUILT_IN_ROLES) | {"reward"}
 

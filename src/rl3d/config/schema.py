@@ -20,7 +20,9 @@ from typing import Any, Literal
 from rl3d.config.agent import AgentHookConfig, MultiTurnConfig
 from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
+from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
+from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.sglang import SGLangConfig
 from rl3d.config.validation import ValidationFields
@@ -308,14 +310,16 @@ def _registered(registry_getter: str, field_name: str, value: str) -> None:
 class AlgorithmConfig:
     """Names resolve in the `rl3d.algos` registries; a new algorithm is an entry plus a recipe."""
 
-    adv_estimator: str = "grpo"  # gae | grpo | rloo | reinforce_plus_plus | remax | safe_rlhf
-    policy_loss: str = "ppo"  # ppo | dual_clip | clip_higher (presets of the clipped PPO loss)
+    # gae | grpo | rloo | reinforce_plus_plus | remax | safe_rlhf | on_policy_distillation
+    adv_estimator: str = "grpo"
+    # ppo | dual_clip | clip_higher | gspo | gmpo | sapo | cispo | gpg | clip_cov | kl_cov (docs/losses.md)
+    policy_loss: str = "ppo"
     gamma: float = 1.0
     lam: float = 1.0
     whiten_advantages: bool = True  # GAE / Safe-RLHF: whiten over the whole (DP) batch
     norm_adv_by_std: bool = True  # GRPO: divide by the group's std (Dr. GRPO sets false)
-    clip_low: float = 0.2
-    clip_high: float | None = None  # None = clip_low; DAPO's clip-higher uses 0.28
+    clip_low: float | None = None  # None = the loss's preset (PPO: 0.2)
+    clip_high: float | None = None  # None = the preset (PPO: clip_low); DAPO's clip-higher uses 0.28
     dual_clip_c: float | None = None  # dual-clip bound for negative advantages, e.g. 3.0
     loss_agg_mode: str = "token-mean"  # token-mean | seq-mean-token-sum | seq-mean-token-mean
     entropy_coef: float = 0.0
@@ -326,11 +330,15 @@ class AlgorithmConfig:
     overlong_penalty_factor: float = 1.0
     safe_rlhf: SafeRLHFConfig = field(default_factory=SafeRLHFConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    loss_params: PolicyLossParams = field(default_factory=PolicyLossParams)
+    distill: DistillConfig = field(default_factory=DistillConfig)  # on_policy_distillation's teachers
 
     def __post_init__(self) -> None:
         _registered("get_advantage_estimator", "adv_estimator", self.adv_estimator)
         _registered("get_policy_loss", "policy_loss", self.policy_loss)
         _registered("get_loss_agg_mode", "loss_agg_mode", self.loss_agg_mode)
+        check_policy_loss(self)
+        check_distill(self)
         _non_negative(self, "clip_low", "clip_high", "entropy_coef", "value_clip_range")
         _non_negative(self, "overlong_buffer_length", "overlong_penalty_factor")
         if not 0 <= self.gamma <= 1:

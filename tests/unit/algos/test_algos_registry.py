@@ -11,12 +11,24 @@ def test_registries_list_every_name():
     assert algos.ADVANTAGE_ESTIMATORS.names() == (
         "gae",
         "grpo",
+        "on_policy_distillation",
         "reinforce_plus_plus",
         "remax",
         "rloo",
         "safe_rlhf",
     )
-    assert algos.POLICY_LOSSES.names() == ("clip_higher", "dual_clip", "ppo")
+    assert algos.POLICY_LOSSES.names() == (
+        "cispo",
+        "clip_cov",
+        "clip_higher",
+        "dual_clip",
+        "gmpo",
+        "gpg",
+        "gspo",
+        "kl_cov",
+        "ppo",
+        "sapo",
+    )
     assert algos.LOSS_AGG_MODES.names() == ("seq-mean-token-mean", "seq-mean-token-sum", "token-mean")
     assert algos.KL_ESTIMATORS.names() == ("k1", "k2", "k3")
     assert algos.KL_CONTROLLERS.names() == ("adaptive", "fixed")
@@ -60,16 +72,18 @@ def test_algorithm_family_flags_tell_the_controller_what_to_build():
             family.needs_group_samples,
             family.needs_greedy_baseline,
             family.needs_cost_critic,
+            family.needs_teacher,
         )
         for name, family in ((n, algos.get_advantage_estimator(n)) for n in algos.ADVANTAGE_ESTIMATORS)
     }
     assert flags == {
-        "gae": (True, False, False, False),
-        "grpo": (False, True, False, False),
-        "rloo": (False, True, False, False),
-        "reinforce_plus_plus": (False, False, False, False),
-        "remax": (False, False, True, False),
-        "safe_rlhf": (True, False, False, True),
+        "gae": (True, False, False, False, False),
+        "grpo": (False, True, False, False, False),
+        "rloo": (False, True, False, False, False),
+        "reinforce_plus_plus": (False, False, False, False, False),
+        "remax": (False, False, True, False, False),
+        "safe_rlhf": (True, False, False, True, False),
+        "on_policy_distillation": (False, False, False, False, True),
     }
     assert algos.get_advantage_estimator("grpo").default_kl_placement == "loss"
     assert algos.get_advantage_estimator("gae").default_kl_placement == "reward"

@@ -119,3 +119,33 @@ def test_lagrange_multiplier_grows_under_violation_and_decays_but_stays_positive
     restored = algos.LagrangeMultiplier(init_value=2.0, cost_threshold=0.0, lr=0.05)
     restored.load_state_dict(multiplier.state_dict())
     assert restored.value == multiplier.value
+
+
+def test_vf_clipfrac_counts_no_token_inside_the_range():
+    # |V - V_old| = 0.049 < 0.2, yet in float32 V_old + (V - V_old) is V + 9.3e-10, which is
+    # farther from R: comparing the clipped loss with the unclipped one would count it clipped.
+    values = torch.tensor([[-0.011422981508076191]])
+    old_values = torch.tensor([[0.037389613687992096]])
+    returns = torch.tensor([[-0.013237196952104568]])
+    assert (old_values + (values - old_values) - returns) ** 2 > (values - returns) ** 2
+    _, metrics = algos.clipped_value_loss(
+        values_BT=values,
+        old_values_BT=old_values,
+        returns_BT=returns,
+        mask_BT=torch.ones(1, 1, dtype=torch.bool),
+    )
+    assert metrics["vf_clipfrac"].item() == 0.0
+
+
+def test_vf_clipfrac_over_random_tokens_counts_exactly_those_past_the_range_on_the_far_side():
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(64, 256, generator=gen)
+    old_values = values + torch.randn(64, 256, generator=gen) * 0.2
+    returns = torch.randn(64, 256, generator=gen)
+    mask = torch.ones(64, 256, dtype=torch.bool)
+    _, metrics = algos.clipped_value_loss(
+        values_BT=values, old_values_BT=old_values, returns_BT=returns, mask_BT=mask
+    )
+    v, o, r = (x.double() for x in (values, old_values, returns))
+    exact = ((v - o).abs() > 0.2) & (((o + (v - o).clamp(-0.2, 0.2)) - r) ** 2 > (v - r) ** 2)
+    assert metrics["vf_clipfrac"].item() == pytest.approx(exact.double().mean().item(), abs=1e-6)

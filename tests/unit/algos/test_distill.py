@@ -1,0 +1,68 @@
+"""On-policy distillation's estimator and config: the negative per-token reverse KL as the
+advantage, the task reward's GRPO advantage mixed in by `distill.coef`, a teacher required."""
+
+import pytest
+import torch
+
+from rl3d import algos
+from rl3d.algos.advantages import compute_advantages
+from rl3d.config import AlgorithmConfig
+from rl3d.config.distill import DistillConfig
+from rl3d.config.errors import FieldError
+
+MASK = torch.tensor([[1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+LOGP = torch.tensor([[-1.0, -2.0, 9.0], [-0.5, -0.5, -3.0]])
+TEACHER = torch.tensor([[-1.5, -1.0, -9.0], [-0.5, -2.5, -1.0]])
+
+
+def test_advantage_is_the_negative_reverse_kl_per_token():
+    rewards = torch.zeros(2, 3)
+    adv = compute_advantages(
+        "on_policy_distillation", rewards_BT=rewards, mask_BT=MASK, logp_BT=LOGP, teacher_logp_BT=TEACHER
+    )
+    # teacher - student where valid, 0 at padding
+    torch.testing.assert_close(adv.adv_BT, torch.tensor([[-0.5, 1.0, 0.0], [0.0, -2.0, 2.0]]))
+    torch.testing.assert_close(adv.returns_BT, adv.adv_BT)
+    kl = algos.distill.reverse_kl_by_token(LOGP, TEACHER, MASK)
+    assert kl.item() == pytest.approx((0.5 - 1.0 + 0.0 + 2.0 - 2.0) / 5)
+
+
+def test_the_task_reward_mixes_in_with_its_coefficient():
+    scores = torch.tensor([1.0, 0.0])
+    rewards = algos.scores_to_token_rewards(scores, MASK)
+    uids = torch.tensor([7, 7])
+    grpo = algos.grpo_advantages(rewards_BT=rewards, mask_BT=MASK, group_ids_B=uids).adv_BT
+    mixed = compute_advantages(
+        "on_policy_distillation",
+        rewards_BT=rewards,
+        mask_BT=MASK,
+        logp_BT=LOGP,
+        teacher_logp_BT=TEACHER,
+        group_ids_B=uids,
+        task_coef=0.5,
+    )
+    pure = compute_advantages(
+        "on_policy_distillation", rewards_BT=rewards, mask_BT=MASK, logp_BT=LOGP, teacher_logp_BT=TEACHER
+    )
+    torch.testing.assert_close(mixed.adv_BT, pure.adv_BT + 0.5 * grpo)
+
+
+def test_a_missing_teacher_input_is_an_error():
+    with pytest.raises(ValueError, match="needs teacher_logp_BT"):
+        compute_advantages("on_policy_distillation", rewards_BT=torch.zeros(2, 3), mask_BT=MASK, logp_BT=LOGP)
+
+
+def test_config_requires_a_teacher_and_refuses_one_elsewhere():
+    with pytest.raises(FieldError) as info:
+        AlgorithmConfig(adv_estimator="on_policy_distillation")
+    assert info.value.field == "distill.teacher"
+    with pytest.raises(FieldError, match="takes no teacher"):
+        AlgorithmConfig(adv_estimator="grpo", distill=DistillConfig(teacher="/x"))
+    with pytest.raises(FieldError, match="coef: must be >= 0"):
+        DistillConfig(teacher="/x", coef=-1.0)
+    cfg = AlgorithmConfig(
+        adv_estimator="on_policy_distillation",
+        distill=DistillConfig(teacher="/a", teachers_by_source={"math": "/b", "code": "/a"}),
+    )
+    assert cfg.family.needs_teacher and cfg.distill.paths() == ["/a", "/b"]
+    assert [cfg.distill.teacher_for(s) for s in ("math", "code", "other", None)] == ["/b", "/a", "/a", "/a"]
