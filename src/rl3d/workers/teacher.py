@@ -10,6 +10,8 @@ and as many forwards as teachers.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from rl3d.models.bootstrap import MegatronGroups
@@ -18,7 +20,6 @@ from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec, spec_in_dir
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
-from rl3d.utils.dtypes import torch_dtype
 from rl3d.workers.context import RoleContext
 from rl3d.workers.megatron_role import MegatronRole
 from rl3d.workers.roles import _megatron_info, _reference_batching
@@ -37,16 +38,16 @@ class TeacherWorker:
                     f"algorithm.distill: teacher {path} has vocab_size {spec.vocab_size}, "
                     f"the student {ctx.spec.vocab_size}: a teacher must share the student's vocabulary"
                 )
-            role = MegatronRole(
+            role = MegatronRole.from_config(
                 spec,
                 groups,
                 role="reference",  # frozen, forward only
-                params_dtype=torch_dtype(cfg.model.dtype),
-                optim=None,
-                total_steps=cfg.trainer.total_steps,
+                model=cfg.model,
                 seed=cfg.trainer.seed,
+                # the reference's micro-batching; offload around generation is the reference's own
+                batching=dataclasses.replace(_reference_batching(cfg), offload=[]),
+                total_steps=cfg.trainer.total_steps,
                 hf_path=resolve_model_path(path),
-                **_reference_batching(cfg),
             )
             self.teachers[path] = (spec, role)
 
