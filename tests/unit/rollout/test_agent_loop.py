@@ -15,11 +15,10 @@ import pytest
 import torch
 
 from rl3d.data.tool_task import CALL_END_ID, CALL_ID, OBS_END_ID, OBS_ID, ToolTokenizer
-from rl3d.hybrid_engine.params import model_params
-from rl3d.hybrid_engine.weights import full_model
 from rl3d.models.spec import get_model_spec
 from rl3d.rollout import SamplingParams, TorchRolloutEngine
 from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig, trajectory_metrics
+from rl3d.testing.bigram import bigram_weights
 from rl3d.tools import Tool, ToolBox, ToolResult
 from rl3d.tools.calculator import Calculator
 from rl3d.tools.python_sandbox import PythonSandbox, SandboxConfig, isolation_problem
@@ -55,25 +54,8 @@ NEXT = {
 }
 
 
-def bigram_weights(next_of: dict[int, int], scale: float = 60.0) -> dict[str, torch.Tensor]:
-    full = full_model(model_params(SPEC, train_tp=1), seed=0, dtype=torch.float32)
-    hidden = SPEC.hidden_size
-    emb = torch.zeros_like(full["embedding.word_embeddings.weight"])
-    emb[: SPEC.vocab_size, : SPEC.vocab_size] = torch.eye(SPEC.vocab_size)
-    out = torch.zeros_like(full["output_layer.weight"])
-    for token, nxt in next_of.items():
-        out[nxt, token] = scale / hidden**0.5  # the final norm scales a one-hot row to sqrt(hidden)
-    full = {k: torch.zeros_like(v) if k.endswith(("linear_proj.weight", "linear_fc2.weight")) else v
-            for k, v in full.items()}  # fmt: skip
-    full["embedding.word_embeddings.weight"], full["output_layer.weight"] = emb, out
-    for k in full:
-        if k.endswith("layernorm.weight"):
-            full[k] = torch.ones_like(full[k])
-    return full
-
-
 def make_loop(next_of=NEXT, tools=None, **config) -> AgentLoop:
-    engine = TorchRolloutEngine(SPEC, bigram_weights(next_of))
+    engine = TorchRolloutEngine(SPEC, bigram_weights(SPEC, next_of))
     cfg = AgentLoopConfig(**({"max_turns": 3, "tool_timeout_s": 2.0, "max_observation_tokens": 16} | config))
     return AgentLoop(engine, TOK, ToolBox(tools or [Calculator()]), cfg)
 
