@@ -48,3 +48,19 @@ def check_memory(loaded: LoadedConfig, device_gib: float | None = None) -> None:
     role, _, _ = biggest_item(plan.worst())
     key = "rollout" if role == "engine" else role_key(role)
     raise MemoryPlanError(line, key=key, source=loaded.source_of(key))
+
+
+def kv_pool_override(loaded: LoadedConfig, device_gib: float | None = None) -> str | None:
+    """The override that fixes `rollout.sglang.max_total_tokens: plan` to the plan's KV pool on
+    this device, or None when there is nothing to resolve (another engine, a set value, no
+    device size known)."""
+    cfg = loaded.config
+    if cfg.rollout.engine != "sglang" or cfg.rollout.sglang.max_total_tokens != "plan":
+        return None
+    device_bytes = device_bytes_for(loaded, device_gib)
+    if device_bytes is None:
+        return None
+    from rl3d.planning.memory import sglang_kv_tokens
+
+    tokens = sglang_kv_tokens(cfg, device_bytes)
+    return None if tokens is None else f"rollout.sglang.max_total_tokens={tokens}"

@@ -69,6 +69,13 @@ def launch_train(
 
         return launch_rm(loaded, overrides, emit=emit, dry_run=dry_run, overwrite=overwrite)
     preflight(loaded, device_gib=device_gib)
+    from rl3d.launch.preflight_memory import kv_pool_override
+
+    kv_pool = kv_pool_override(loaded, device_gib)
+    if kv_pool is not None:  # the ranks (and resolved_config.yaml) get the plan's number
+        overrides = [*overrides, kv_pool]
+        loaded = load_config(recipe, overrides)
+        emit(f"memory plan  {kv_pool} (SGLang's KV pool per rank)")
     removed = check_run_dir(loaded, overwrite=overwrite, launcher=not dry_run)
     emit(describe(loaded))
     if removed:

@@ -30,9 +30,10 @@ from rl3d.config.pools import Pool, role_pools
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec, spec_of
 from rl3d.parallel import GenerationLayout
-from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes, sglang_pool
+from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes, sequence_kv_bytes, sglang_pool
 from rl3d.planning.memory_roles import RoleModel, resident_in_generation, role_model, role_train_bytes
 from rl3d.planning.memory_train import RoleBytes
+from rl3d.utils.dtypes import DTYPE_BYTES
 
 PHASES = ("train", "reshard", "generate")
 ENGINE = "engine"  # the rollout engine's entry in a phase
@@ -187,3 +188,26 @@ def plan_memory(cfg: RL3DConfig, device_bytes: int | None = None) -> MemoryPlan:
             _rank_plan(cfg, spec, pool, rank, roles, resharded, device_bytes) for rank in range(pool.size)
         ]
     return MemoryPlan(device_bytes, ranks, tuple(unknown))
+
+
+def sglang_kv_tokens(cfg: RL3DConfig, device_bytes: int) -> int | None:
+    """SGLang's KV pool in tokens per rank on a device of `device_bytes`: the smallest pool the
+    plan's generate phase leaves on any generating rank (None without an SGLang engine)."""
+    if cfg.rollout.engine != "sglang":
+        return None
+    plan = plan_memory(cfg, device_bytes)
+    spec = spec_of(cfg.model)
+    pools = {p.name: p for p in role_pools(cfg)}
+    dtype_bytes = DTYPE_BYTES[cfg.rollout.dtype or cfg.model.dtype]
+    slots = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    tokens = []
+    for rank in plan.ranks:
+        engine = rank.phases.get("generate", {}).get(ENGINE)
+        if engine is None:
+            continue
+        pool = pools[rank.pool]
+        per_token = (
+            sequence_kv_bytes(cfg, spec, _gen_shape(cfg, pool, rank.rank - pool.offset), dtype_bytes) // slots
+        )
+        tokens.append(engine.kv_cache // per_token)
+    return min(tokens, default=None)

@@ -12,6 +12,7 @@ imported: the config layer sits above rollout.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from rl3d.rollout.base import RolloutEngine
 from rl3d.utils.dtypes import torch_dtype
 
 ENGINES = ("torch", "sglang")
+logger = logging.getLogger(__name__)
 
 
 def engine_class(name: str) -> type:
@@ -71,6 +73,7 @@ def engine_kwargs(
         enable_memory_saver=sg.enable_memory_saver,
         bucket_mb=sg.bucket_mb,
         deterministic=sg.deterministic,
+        max_total_tokens=_kv_tokens(sg.max_total_tokens),
         base_gpu_id=sg.base_gpu_id
         if sg.base_gpu_id is not None
         else (device.index if device is not None and device.type == "cuda" else None),
@@ -78,6 +81,18 @@ def engine_kwargs(
         seed=seed,
     )
     return kwargs
+
+
+def _kv_tokens(setting: int | str | None) -> int | None:
+    """`rollout.sglang.max_total_tokens` as SGLang takes it. "plan" is resolved into an integer
+    by `rl3d train` on a CUDA host; a run started another way sizes the pool SGLang's way."""
+    if setting == "plan":
+        logger.warning(
+            "rollout.sglang.max_total_tokens: 'plan' was not resolved (the run was not started by "
+            "`rl3d train` on a CUDA host); SGLang sizes its KV pool by mem_fraction_static"
+        )
+        return None
+    return setting
 
 
 def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:

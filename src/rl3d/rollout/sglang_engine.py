@@ -167,6 +167,7 @@ class SGLangRolloutEngine:
         mem_fraction_static: float = 0.5,
         enable_memory_saver: bool = True,
         deterministic: bool = False,
+        max_total_tokens: int | None = None,
         base_gpu_id: int | None = None,
         gpu_id_step: int | None = None,
         dtype: str = "bfloat16",
@@ -202,6 +203,7 @@ class SGLangRolloutEngine:
                 mem_fraction_static=mem_fraction_static,
                 enable_memory_saver=enable_memory_saver,
                 deterministic=deterministic,
+                max_total_tokens=max_total_tokens,
                 dtype=dtype,
                 seed=seed,
             )

@@ -144,6 +144,7 @@ def sglang_server_args(
     deterministic: bool,
     dtype: str,
     seed: int | None = None,
+    max_total_tokens: int | None = None,
 ) -> dict[str, Any]:
     """`sglang.Engine(**kwargs)` for one generation-TP group. Token ids in and out (no tokenizer);
     sampling defaults are SGLang's own, not the checkpoint's generation_config.json (rl3d passes
@@ -165,6 +166,8 @@ def sglang_server_args(
     )
     if seed is not None:
         args["random_seed"] = seed
+    if max_total_tokens is not None:  # the KV pool the memory plan leaves (rollout.sglang.max_total_tokens)
+        args["max_total_tokens"] = max_total_tokens
     return args
 
 

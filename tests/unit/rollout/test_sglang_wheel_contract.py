@@ -78,8 +78,9 @@ def test_every_server_arg_exists(wheel):
     fields = wheel.server_args_fields()
     args = sglang_server_args(
         model_path="/hf", tp_size=2, base_gpu_id=0, gpu_id_step=1, mem_fraction_static=0.5,
-        enable_memory_saver=True, deterministic=True, dtype="bfloat16", seed=0,
+        enable_memory_saver=True, deterministic=True, dtype="bfloat16", seed=0, max_total_tokens=4096,
     )  # fmt: skip
+    assert args["max_total_tokens"] == 4096
     assert set(args) <= fields, sorted(set(args) - fields)
     assert {"disable_cuda_graph", "log_level"} <= fields  # what tests/gpu passes as engine_kwargs
 
@@ -204,6 +205,9 @@ def test_engine_factory_call_sites_bind():
         bound = inspect.signature(engine_class(name)).bind(**kwargs)
         assert bound.arguments["pad_token_id"] == 3
     assert kwargs["base_gpu_id"] == 1 and kwargs["bucket_mb"] == 64 and "control_group" in kwargs
+    assert kwargs["max_total_tokens"] is None  # "plan" unresolved: SGLang sizes its own pool
+    fixed = RolloutConfig(engine="sglang", sglang=SGLangConfig(max_total_tokens=5000))
+    assert engine_kwargs(fixed, spec=spec, model_path="/hf")["max_total_tokens"] == 5000
 
 
 def test_engine_factory_refuses_before_launch():
