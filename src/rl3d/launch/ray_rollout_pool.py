@@ -71,7 +71,7 @@ def send_actor_weights(state) -> Any:
 
     from rl3d.weight_sync import send_weights
 
-    shards = state.workers[ACTOR].role.global_shards()
+    shards = state.workers[ACTOR].role.transition_shards()
     return send_weights(_SYNC["bridge"], _SYNC["plan"], shards, dist.get_rank())
 
 

@@ -150,7 +150,7 @@ class _SeparateSide:
         def send() -> float:
             if actor_worker is None:  # a critic/reference rank: not part of the transfer
                 return 0.0
-            shards = actor_worker.role.global_shards()
+            shards = actor_worker.role.transition_shards()
             return send_weights(self.bridge, self.plan, shards, self.world_rank - self.actor.offset).seconds
 
         logger.info("%s", self.plan.describe())

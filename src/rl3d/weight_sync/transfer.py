@@ -62,7 +62,7 @@ def send_weights(
     bridge: WeightBridge, plan: PoolTransition, shards: dict[str, torch.Tensor], pool_rank: int
 ) -> TransitionStats:
     """On a training rank: send every bucket the plan lists from this rank (blocking until all
-    are taken). `shards`: the rank's training shards by global name (`global_shards()`)."""
+    are taken). `shards`: the rank's training shards by global name (`transition_shards()`)."""
     dtype = next(iter(shards.values())).dtype if shards else torch.float32
     comm, start = _comm(bridge, bridge.train_rank(pool_rank)), time.perf_counter()
     run_phases(

@@ -89,6 +89,7 @@ class MegatronRole:
         if max_tokens_per_micro_batch is not None and not packing:
             raise ValueError(f"{role}.max_tokens_per_micro_batch needs {role}.packing: true")
         self.spec, self.groups, self.role = spec, groups, role
+        self.params_dtype = params_dtype
         self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
         self.response_outputs = response_outputs
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
@@ -411,6 +412,14 @@ class MegatronRole:
         tensors the model trains (no copy)."""
         self.resident()
         return self._shards_by_global()
+
+    def transition_shards(self) -> dict[str, torch.Tensor]:
+        """`global_shards` in the model's dtype, what a transition moves: the generation engine
+        runs in one dtype, and megatron's local spec keeps the norms of a bf16 model in fp32
+        without Transformer Engine or apex; those few are cast (copies), the rest are the very
+        training tensors."""
+        dtype = self.params_dtype
+        return {g: t if t.dtype == dtype else t.to(dtype) for g, t in self.global_shards().items()}
 
     def _shards_by_global(self) -> dict[str, torch.Tensor]:
         layout = self.groups.layout

@@ -198,7 +198,7 @@ class ActorRolloutWorker(_LogProbMixin):
         if self.engine is None:
             self.start_engine([])
         self.release_generation()  # the previous policy's KV cache and buffer, if still held
-        self.weights = self.resharder.to_generation(self.role.global_shards())
+        self.weights = self.resharder.to_generation(self.role.transition_shards())
         self.engine.load_weights(self.weights)
         metrics = self.resharder.last_stats.metrics()
         # an engine in another dtype than training (`rollout.dtype`) holds a cast copy
