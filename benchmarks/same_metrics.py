@@ -47,7 +47,7 @@ RUNS: dict[str, tuple[str, list[str]]] = {
 # max_staleness 1: only step 1 is deterministic (see the module docstring)
 TIMING_DEPENDENT = {"grpo_async", "grpo_async_ray"}
 # timing keys: they differ between any two runs
-TIMING = re.compile(r"(^time$|^time/|seconds|per_s$|_s$|wall|elapsed)")
+TIMING = re.compile(r"(^time$|^time/|seconds|per_s$|per_s_per_device$|_s$|wall|elapsed)")
 IDENTITY = {"step", "worker", "rank"}
 
 
