@@ -150,11 +150,11 @@ class MegatronRole:
     ) -> MegatronRole:
         """A role built from its recipe sections, the one way every worker and job builds one.
 
-        `model` gives the parameter dtype; `batching` is the role's section holding `packing`
-        and `max_tokens_per_micro_batch`, `offload` where it has one and `recompute` where the
-        role trains (an actor,
-        critic, reference or reward-model section; None: padded micro-batches); `optim` (with
-        `total_steps` for its schedule) makes the role trainable, None keeps it forward-only.
+        `model` gives the parameter dtype; `batching` is the role's section (an actor, critic,
+        reference or reward-model section; None: padded micro-batches) holding `packing` and
+        `max_tokens_per_micro_batch`, `offload` where it has one and `recompute` where the role
+        trains; `optim` (with `total_steps` for its schedule) makes the role trainable, None
+        keeps it forward-only.
         `hf_path` and `init_from` say where the weights start (see `__init__`)."""
         return cls(
             spec,
