@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from rl3d.config import load_config, run_dir_of
 from rl3d.launch.preflight import check_run_dir, preflight
+from rl3d.launch.preflight_memory import kv_pool_override
 from rl3d.launch.torchrun_job import RANK_EXITS, first_rank_failure, torchrun_command
 
 logger = logging.getLogger(__name__)
@@ -69,8 +70,6 @@ def launch_train(
 
         return launch_rm(loaded, overrides, emit=emit, dry_run=dry_run, overwrite=overwrite)
     preflight(loaded, device_gib=device_gib)
-    from rl3d.launch.preflight_memory import kv_pool_override
-
     kv_pool = kv_pool_override(loaded, device_gib)
     if kv_pool is not None:  # the ranks (and resolved_config.yaml) get the plan's number
         overrides = [*overrides, kv_pool]

@@ -22,14 +22,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.params import megatron_params, stages_of
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
 from rl3d.planning.memory_activations import MicroBatchShape, layer_bytes
-from rl3d.planning.memory_train import FP32, local_numel
+from rl3d.planning.memory_train import FP32, ByteItems, local_numel
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 MB = 1 << 20
@@ -39,22 +39,12 @@ SGLANG_RESERVED_BYTES = 2 << 30  # an allowance, not a measurement: CUDA graphs,
 
 
 @dataclass(frozen=True)
-class EngineBytes:
+class EngineBytes(ByteItems):
     weights: int = 0
     resharded: int = 0
     kv_cache: int = 0
     workspace: int = 0
     buffers: int = 0
-
-    @property
-    def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
-
-    def items(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def to_json(self) -> dict[str, int]:
-        return {**self.items(), "total": self.total}
 
 
 @dataclass(frozen=True)

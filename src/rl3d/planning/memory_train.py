@@ -30,7 +30,22 @@ DIST_OPT_BUCKET_ALIGN = 128  # elements (times dp): the buffer's end
 
 
 @dataclass(frozen=True)
-class RoleBytes:
+class ByteItems:
+    """Named byte counts (a subclass's fields); `total` is their sum."""
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def items(self) -> dict[str, int]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def to_json(self) -> dict[str, int]:
+        return {**self.items(), "total": self.total}
+
+
+@dataclass(frozen=True)
+class RoleBytes(ByteItems):
     """One role's bytes on one rank in one phase; `total` is their sum."""
 
     params: int = 0
@@ -47,16 +62,6 @@ class RoleBytes:
     @property
     def dynamic(self) -> int:
         return self.activations + self.buffers
-
-    @property
-    def total(self) -> int:
-        return self.static + self.dynamic
-
-    def items(self) -> dict[str, int]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-    def to_json(self) -> dict[str, int]:
-        return {**self.items(), "total": self.total}
 
 
 def local_numel(param: ParamInfo, tp: int) -> int:
