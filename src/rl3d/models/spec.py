@@ -22,7 +22,15 @@ from rl3d.utils.imports import suggest
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Shape of a Llama/Qwen2-family decoder (RMSNorm, SwiGLU, RoPE, GQA)."""
+    """Shape of a Llama/Qwen-family decoder (RMSNorm, SwiGLU, RoPE, GQA), dense or a mixture of
+    experts.
+
+    A mixture of experts (`num_experts > 0`) replaces every layer's MLP with `num_experts` SwiGLU
+    experts of width `moe_ffn_hidden_size`, a softmax router choosing `moe_top_k` per token
+    (renormalised to sum 1 when `moe_norm_topk_prob`), and, when
+    `shared_expert_ffn_hidden_size > 0`, one always-on expert scaled by a sigmoid gate
+    (Qwen2-MoE). `ffn_hidden_size` is then the dense MLP width the HF config states, unused.
+    """
 
     name: str
     num_layers: int
@@ -36,9 +44,21 @@ class ModelSpec:
     rope_theta: float = 10000.0
     norm_eps: float = 1e-5
     max_position_embeddings: int = 4096
+    kv_channels: int = 0  # each head's width when not hidden / heads (Qwen3); 0: hidden / heads
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head's q and k before RoPE
+    num_experts: int = 0  # 0: a dense MLP
+    moe_ffn_hidden_size: int = 0
+    moe_top_k: int = 0
+    moe_norm_topk_prob: bool = True
+    shared_expert_ffn_hidden_size: int = 0
 
     def __post_init__(self) -> None:
-        if self.hidden_size % self.num_attention_heads:
+        if self.num_experts and not (0 < self.moe_top_k <= self.num_experts and self.moe_ffn_hidden_size > 0):
+            raise ValueError(
+                f"model {self.name}: {self.num_experts} experts need 0 < moe_top_k <= num_experts "
+                f"(got {self.moe_top_k}) and moe_ffn_hidden_size > 0 (got {self.moe_ffn_hidden_size})"
+            )
+        if not self.kv_channels and self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"model {self.name}: hidden_size {self.hidden_size} not divisible by "
                 f"num_attention_heads {self.num_attention_heads}"
@@ -51,7 +71,28 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    def mlp_params(self) -> int:
+        """One layer's MLP weights: the dense MLP, or all experts, the router and the shared expert."""
+        h = self.hidden_size
+        if not self.is_moe:
+            return 3 * h * self.ffn_hidden_size
+        shared = 3 * h * self.shared_expert_ffn_hidden_size
+        if self.shared_expert_ffn_hidden_size:
+            shared += h  # the shared expert's sigmoid gate
+        return self.num_experts * 3 * h * self.moe_ffn_hidden_size + self.num_experts * h + shared
+
+    def active_mlp_params(self) -> int:
+        """One layer's MLP weights a token uses: top-k experts, the router and the shared expert."""
+        if not self.is_moe:
+            return self.mlp_params()
+        unused = (self.num_experts - self.moe_top_k) * 3 * self.hidden_size * self.moe_ffn_hidden_size
+        return self.mlp_params() - unused
 
     @property
     def heads_per_group(self) -> int:
@@ -59,11 +100,12 @@ class ModelSpec:
 
     def num_params(self) -> int:
         """Unpadded parameter count (the HF checkpoint's)."""
-        h, f, hd = self.hidden_size, self.ffn_hidden_size, self.head_dim
+        h, hd = self.hidden_size, self.head_dim
         qkv = (self.num_attention_heads + 2 * self.num_query_groups) * hd * h
         if self.qkv_bias:
             qkv += (self.num_attention_heads + 2 * self.num_query_groups) * hd
-        layer = qkv + self.num_attention_heads * hd * h + 3 * h * f + 2 * h
+        norms = 2 * h + (2 * hd if self.qk_norm else 0)
+        layer = qkv + self.num_attention_heads * hd * h + self.mlp_params() + norms
         emb = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * layer + emb + h
 
@@ -71,6 +113,16 @@ class ModelSpec:
 _LLAMA2 = dict(rope_theta=10000.0, norm_eps=1e-5, max_position_embeddings=4096)
 _LLAMA3 = dict(rope_theta=500000.0, norm_eps=1e-5, max_position_embeddings=8192)
 _QWEN25 = dict(rope_theta=1000000.0, norm_eps=1e-6, qkv_bias=True, max_position_embeddings=32768)
+# Qwen3-MoE (published config.json): 128 experts, 8 per token, head width 128, q/k norm.
+_QWEN3_MOE = dict(
+    rope_theta=1000000.0,
+    norm_eps=1e-6,
+    max_position_embeddings=40960,
+    kv_channels=128,
+    qk_norm=True,
+    num_experts=128,
+    moe_top_k=8,
+)
 
 MODEL_SPECS: dict[str, ModelSpec] = {
     s.name: s
@@ -83,6 +135,8 @@ MODEL_SPECS: dict[str, ModelSpec] = {
         ModelSpec("llama3-70b", 80, 8192, 28672, 64, 8, 128256, **_LLAMA3),
         ModelSpec("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064, **_QWEN25),
         ModelSpec("qwen2.5-72b", 80, 8192, 29568, 64, 8, 152064, **_QWEN25),
+        ModelSpec("qwen3-30b-a3b", 48, 2048, 6144, 32, 4, 151936, moe_ffn_hidden_size=768, **_QWEN3_MOE),
+        ModelSpec("qwen3-235b-a22b", 94, 4096, 12288, 64, 4, 151936, moe_ffn_hidden_size=1536, **_QWEN3_MOE),
         # Tiny models for tests and the CPU demo (random weights, built from these shapes).
         ModelSpec("tiny-llama", 2, 64, 176, 8, 4, 256, max_position_embeddings=512),
         ModelSpec("tiny-llama-mha", 2, 64, 128, 4, 4, 256, max_position_embeddings=512),

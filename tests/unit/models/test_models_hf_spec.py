@@ -156,3 +156,15 @@ def test_an_rl3d_megatron_directory_gives_its_recorded_spec(tiny_hf_dirs, tmp_pa
     spec = spec_of(model(hf_path=tmp_path / "m"))
     assert spec == replace(spec_of(model(hf_path=src)), name=str(tmp_path / "m"))
     assert spec_of(model("tiny-qwen2", tmp_path / "m")) == get_model_spec("tiny-qwen2")
+
+
+def test_moe_shapes_count_published_totals():
+    """Qwen3-30B-A3B and 235B-A22B: the parameter counts their names state, total and active."""
+    for name, total, active in (("qwen3-30b-a3b", 30.5e9, 3.3e9), ("qwen3-235b-a22b", 235.1e9, 22.1e9)):
+        spec = get_model_spec(name)
+        h, hd = spec.hidden_size, spec.head_dim
+        attention = (2 * spec.num_attention_heads + 2 * spec.num_query_groups) * hd * h
+        used = spec.num_layers * (attention + spec.active_mlp_params()) + 2 * spec.vocab_size * h
+        assert spec.is_moe and hd * spec.num_attention_heads != h
+        assert abs(spec.num_params() - total) / total < 0.01, name
+        assert abs(used - active) / active < 0.03, name
