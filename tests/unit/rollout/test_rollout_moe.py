@@ -56,3 +56,36 @@ def test_engine_needs_every_moe_parameter(tiny):
     for missing in [n for n in names if "layers.1." in n]:
         with pytest.raises(ValueError, match="lack"):
             ShardedWeights.from_tensors(spec, {n: t for n, t in tensors.items() if n != missing})
+
+
+def hf_routes(model, ids, k):
+    """HF's chosen experts per token and layer, [tokens, layers, k], from its router logits."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]), output_router_logits=True).router_logits
+    return torch.stack([torch.topk(lg.view(len(ids), -1), k, dim=-1).indices for lg in logits], 1)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+def test_routing_record_equals_hf_router(name):
+    """Every token of prompt + response, including a stopped row's last token, is recorded as
+    HF's router routes it; recording changes no sampled token."""
+    spec, model, tensors = tiny_hf_model(name)
+    params = SamplingParams(max_new_tokens=10, n=2, seed=5, stop_token_ids=tuple(range(0, 256, 9)))
+    plain = TorchRolloutEngine(spec, tensors).generate(PROMPTS, params)
+    batch = TorchRolloutEngine(spec, tensors, record_routing=True).generate(PROMPTS, params)
+    assert plain.routing is None
+    assert torch.equal(batch.response_ids, plain.response_ids)
+    assert (batch.logprobs - plain.logprobs).abs().max().item() <= LOGPROB_TOL
+    assert "stop" in batch.finish_reasons and "length" in batch.finish_reasons
+    for row, resp in enumerate(batch.responses()):
+        ids = PROMPTS[int(batch.prompt_index[row])] + resp
+        record = batch.routing[row]
+        assert record.dtype == torch.int16
+        assert record.shape == (len(ids), spec.num_layers, spec.moe_top_k)
+        assert torch.equal(record.long(), hf_routes(model, ids, spec.moe_top_k)), row
+
+
+def test_routing_record_needs_experts():
+    spec, _, tensors = tiny_hf_model("tiny-qwen3")
+    with pytest.raises(ValueError, match="record_routing"):
+        TorchRolloutEngine(spec, tensors, record_routing=True)
