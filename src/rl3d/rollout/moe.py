@@ -162,16 +162,16 @@ def moe_mlp(
     flat = top_ids.flatten()  # token t's choices are entries [t k, t k + k)
     order = torch.argsort(flat, stable=True)
     counts = torch.bincount(flat, minlength=spec.num_experts).tolist()
-    token_of, weight_of = order // k, top_w.flatten()[order]
-    out = torch.zeros_like(h_NH)
-    start = 0
+    token_of = order // k
+    x = h_NH.index_select(0, token_of)  # the routed copies of the tokens, grouped by expert
+    parts, start = [], 0
     for e, count in enumerate(counts):
-        if not count:
-            continue
-        idx = token_of[start : start + count]
-        y = swiglu(h_NH.index_select(0, idx), mw.fc1[e], mw.fc2[e])
-        out.index_add_(0, idx, y * weight_of[start : start + count, None])
-        start += count
+        if count:
+            parts.append(swiglu(x[start : start + count], mw.fc1[e], mw.fc2[e]))
+            start += count
+    y = torch.cat(parts) if len(parts) > 1 else parts[0]
+    # one accumulation in expert order, each token's outputs weighted by its router weights
+    out = torch.zeros_like(h_NH).index_add_(0, token_of, y * top_w.flatten()[order, None])
     if mw.shared_fc1:
         gate = torch.sigmoid(F.linear(h_NH, mw.shared_gate))
         out = out + gate * swiglu(h_NH, mw.shared_fc1, mw.shared_fc2)
