@@ -12,7 +12,8 @@ sharded matmul runs piece by piece, which is exact because of how Megatron lays 
   vocabulary rows.
 Partial sums of row-parallel layers and of the embedding lookup are all-reduced over the
 generation-TP group. The math is Megatron's GPTModel (local spec) = HF Llama/Qwen2: RMSNorm,
-rotate-half RoPE, GQA, SwiGLU.
+rotate-half RoPE, GQA, SwiGLU; with Qwen3's RMSNorm over each query and key head before RoPE
+(`spec.qk_norm`), and mixture-of-experts MLPs (`rl3d.rollout.moe`).
 """
 
 from __future__ import annotations
