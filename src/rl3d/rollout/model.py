@@ -42,7 +42,16 @@ from rl3d.models.params import (
 )
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.kv_cache import KVCache
-from rl3d.rollout.moe import K_NORM, Q_NORM, MoEWeights, engine_param_names, moe_mlp, moe_weights, swiglu
+from rl3d.rollout.moe import (
+    K_NORM,
+    Q_NORM,
+    ROUTER,
+    MoEWeights,
+    engine_param_names,
+    moe_mlp,
+    moe_weights,
+    swiglu,
+)
 
 NEG_INF = float("-inf")
 
@@ -151,8 +160,9 @@ class ShardedWeights:
         return cls(spec, tp_size, tp_rank, {n: [t] for n, t in tensors.items()}).checked()
 
     def cast(self, dtype: torch.dtype) -> ShardedWeights:
-        """A copy in `dtype` (a rollout engine in lower precision than training)."""
-        pieces = {n: [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
+        """A copy in `dtype` (a rollout engine in lower precision than training); MoE routers
+        are kept as they are (the router runs in fp32: no rounding of its weights to `dtype`)."""
+        pieces = {n: ps if n.endswith(ROUTER) else [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
         return ShardedWeights(self.spec, self.tp_size, self.tp_rank, pieces).checked()
 
     def checked(self) -> ShardedWeights:

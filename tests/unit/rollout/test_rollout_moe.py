@@ -89,3 +89,16 @@ def test_routing_record_needs_experts():
     spec, _, tensors = tiny_hf_model("tiny-qwen3")
     with pytest.raises(ValueError, match="record_routing"):
         TorchRolloutEngine(spec, tensors, record_routing=True)
+
+
+def test_bf16_engine_routes_in_fp32():
+    """A bf16 engine keeps the fp32 router it was given (no rounded copy); its log-probs stay
+    within bf16 accuracy of HF's fp32 model at the tokens it sampled (measured 0.036)."""
+    spec, model, tensors = tiny_hf_model("tiny-qwen3-moe")
+    engine = TorchRolloutEngine(spec, tensors, dtype=torch.bfloat16)
+    assert engine.weights.layers[0].moe.router_fp32 is tensors["decoder.layers.0.mlp.router.weight"]
+    assert engine.weights.layers[0].moe.fc1[0][0].dtype == torch.bfloat16
+    batch = engine.generate(PROMPTS, SamplingParams(max_new_tokens=8, seed=3))
+    for row, resp in enumerate(batch.responses()):
+        ref = reference_logprobs(model, PROMPTS[row], resp)
+        assert (batch.logprobs[row, : len(resp)] - ref).abs().max().item() < 0.15
