@@ -176,3 +176,12 @@ def moe_mlp(
         gate = torch.sigmoid(F.linear(h_NH, mw.shared_gate))
         out = out + gate * swiglu(h_NH, mw.shared_fc1, mw.shared_fc2)
     return out
+
+
+def topk_set_mismatch(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The fraction of routing decisions (token, layer) whose expert sets differ between two
+    records [tokens, layers, k] of the same tokens (order within a top-k set ignored)."""
+    if a.shape != b.shape:
+        raise ValueError(f"routing records of different shapes: {tuple(a.shape)} vs {tuple(b.shape)}")
+    differ = (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1)
+    return differ.float().mean().item() if differ.numel() else 0.0

@@ -14,7 +14,7 @@ from test_rollout_torch_engine import PROMPTS, reference_logprobs
 
 from rl3d.rollout import SamplingParams, TorchRolloutEngine
 from rl3d.rollout.model import ShardedWeights
-from rl3d.rollout.moe import engine_param_names
+from rl3d.rollout.moe import engine_param_names, topk_set_mismatch
 
 LOGPROB_TOL = 1e-5  # fp32
 MODELS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe"]
@@ -102,3 +102,11 @@ def test_bf16_engine_routes_in_fp32():
     for row, resp in enumerate(batch.responses()):
         ref = reference_logprobs(model, PROMPTS[row], resp)
         assert (batch.logprobs[row, : len(resp)] - ref).abs().max().item() < 0.15
+
+
+def test_topk_set_mismatch_counts_decisions():
+    a = torch.tensor([[[0, 1], [2, 3]], [[4, 5], [6, 7]]])  # 2 tokens, 2 layers, k = 2
+    b = torch.tensor([[[1, 0], [2, 3]], [[4, 6], [6, 7]]])  # same set reordered; one set differs
+    assert topk_set_mismatch(a, a) == 0.0 and topk_set_mismatch(a, b) == 0.25
+    with pytest.raises(ValueError, match="shapes"):
+        topk_set_mismatch(a, b[:1])
