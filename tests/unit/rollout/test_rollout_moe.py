@@ -110,3 +110,26 @@ def test_topk_set_mismatch_counts_decisions():
     assert topk_set_mismatch(a, a) == 0.0 and topk_set_mismatch(a, b) == 0.25
     with pytest.raises(ValueError, match="shapes"):
         topk_set_mismatch(a, b[:1])
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+def test_training_tp_pieces_equal_whole_tensors(name):
+    """Generation weights made of t=2 training shards (t_g=1: two pieces per parameter, each
+    expert's SwiGLU included) give the whole tensors' tokens and routing, and are used in place."""
+    from hf_to_engine import tp_shard
+
+    from rl3d.hybrid_engine.weights import GenerationWeights
+
+    spec, _, tensors = tiny_hf_model(name)
+    shards = [tp_shard(tensors, 2, r) for r in range(2)]
+    pieces = {n: [shards[0][n], shards[1][n]] for n in tensors}
+    weights = GenerationWeights(spec=spec, params={}, train_tp=2, gen_tp=1, gen_tp_rank=0, pieces=pieces)
+    params = SamplingParams(max_new_tokens=8, n=2, seed=5)
+    a = TorchRolloutEngine(spec, weights, record_routing=True).generate(PROMPTS, params)
+    b = TorchRolloutEngine(spec, tensors, record_routing=True).generate(PROMPTS, params)
+    assert torch.equal(a.response_ids, b.response_ids)
+    assert all(torch.equal(x, y) for x, y in zip(a.routing, b.routing, strict=True))
+    assert (a.logprobs - b.logprobs).abs().max().item() <= LOGPROB_TOL
+    expert = "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"
+    engine = TorchRolloutEngine(spec, weights)
+    assert all(x is y for x, y in zip(engine.weights.layers[1].moe.fc1[3], pieces[expert], strict=True))
