@@ -77,7 +77,10 @@ class RolloutBatch:
       sampled from (temperature-scaled, top-k/top-p filtered, renormalised; 0.0 for greedy);
     - `raw_logprobs` [N, L] float32 or None: the same tokens under the model's plain softmax
       (temperature 1, no filter): PPO's "old log-prob" when sampling used other settings;
-    - `finish_reasons`: "stop" or "length" per row; `prompt_index` [N] int64.
+    - `finish_reasons`: "stop" or "length" per row; `prompt_index` [N] int64;
+    - `routing`: None, or (a mixture of experts, an engine recording routing) per row the experts
+      each token of prompt + response was routed to, [prompt + response tokens, layers, top_k]
+      (int16; int32 past 32767 experts), each token's ids in descending router probability.
     Padded positions of the log-prob tensors are 0.
     """
 
@@ -88,12 +91,14 @@ class RolloutBatch:
     prompt_index: torch.Tensor
     raw_logprobs: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
+    routing: list[torch.Tensor] | None = None
 
     def __post_init__(self) -> None:
         n = self.response_ids.shape[0]
         assert self.lengths.shape == (n,) and self.prompt_index.shape == (n,), "row counts differ"
         assert self.logprobs.shape == self.response_ids.shape, "logprobs shape != response_ids shape"
         assert len(self.finish_reasons) == n, "one finish reason per row"
+        assert self.routing is None or len(self.routing) == n, "one routing record per row"
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

@@ -12,7 +12,8 @@ sharded matmul runs piece by piece, which is exact because of how Megatron lays 
   vocabulary rows.
 Partial sums of row-parallel layers and of the embedding lookup are all-reduced over the
 generation-TP group. The math is Megatron's GPTModel (local spec) = HF Llama/Qwen2: RMSNorm,
-rotate-half RoPE, GQA, SwiGLU.
+rotate-half RoPE, GQA, SwiGLU; with Qwen3's RMSNorm over each query and key head before RoPE
+(`spec.qk_norm`), and mixture-of-experts MLPs (`rl3d.rollout.moe`).
 """
 
 from __future__ import annotations
@@ -38,10 +39,19 @@ from rl3d.models.params import (
     QKV_BIAS,
     QKV_WEIGHT,
     layer_param_name,
-    megatron_params,
 )
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.kv_cache import KVCache
+from rl3d.rollout.moe import (
+    K_NORM,
+    Q_NORM,
+    ROUTER,
+    MoEWeights,
+    engine_param_names,
+    moe_mlp,
+    moe_weights,
+    swiglu,
+)
 
 NEG_INF = float("-inf")
 
@@ -99,8 +109,10 @@ class LayerWeights(NamedTuple):
     qkv_bias: list[torch.Tensor | None]
     proj: list[torch.Tensor]
     mlp_norm: torch.Tensor
-    fc1: list[torch.Tensor]
+    fc1: list[torch.Tensor]  # empty in a MoE layer
     fc2: list[torch.Tensor]
+    qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None  # q's and k's RMSNorm weight [head_dim]
+    moe: MoEWeights | None = None
 
 
 class DecodeLayer(NamedTuple):
@@ -148,20 +160,26 @@ class ShardedWeights:
         return cls(spec, tp_size, tp_rank, {n: [t] for n, t in tensors.items()}).checked()
 
     def cast(self, dtype: torch.dtype) -> ShardedWeights:
-        """A copy in `dtype` (a rollout engine in lower precision than training)."""
-        pieces = {n: [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
+        """A copy in `dtype` (a rollout engine in lower precision than training); MoE routers
+        are kept as they are (the router runs in fp32: no rounding of its weights to `dtype`)."""
+        pieces = {n: ps if n.endswith(ROUTER) else [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
         return ShardedWeights(self.spec, self.tp_size, self.tp_rank, pieces).checked()
 
     def checked(self) -> ShardedWeights:
         spec = self.spec
-        needed = [p.name for p in megatron_params(spec)]  # the actor's, tied output left out
+        needed = engine_param_names(spec)  # the actor's, tied output left out
         missing = [n for n in needed if n not in self.pieces]
         if missing:
             raise ValueError(
                 f"torch rollout engine: weights lack {len(missing)} parameters, e.g. {missing[:3]} "
                 "(pipeline-parallel generation, p_g > 1, is not supported by the torch engine)"
             )
-        if spec.num_query_groups % self.tp_size or spec.ffn_hidden_size % self.tp_size:
+        ffn = (
+            (spec.moe_ffn_hidden_size, spec.shared_expert_ffn_hidden_size)
+            if spec.is_moe
+            else (spec.ffn_hidden_size,)
+        )
+        if spec.num_query_groups % self.tp_size or any(f % self.tp_size for f in ffn):
             raise ValueError(f"torch rollout engine: {spec.name} cannot be split over t_g={self.tp_size}")
         rows = sum(p.shape[0] for p in self.pieces[EMBEDDING])
         if rows * self.tp_size < spec.vocab_size:
@@ -172,8 +190,11 @@ class ShardedWeights:
         self.device, self.dtype = first.device, first.dtype
         self.layers = []
         for i in range(spec.num_layers):
-            of = {p.suffix: self.pieces.get(layer_param_name(i, p.suffix)) for p in LAYER_PARAMS}
-            qkv, fc1, fc2 = of[QKV_WEIGHT], of[FC1_WEIGHT], of[FC2_WEIGHT]
+            of = {
+                s: self.pieces.get(layer_param_name(i, s))
+                for s in [p.suffix for p in LAYER_PARAMS] + [Q_NORM, K_NORM]
+            }
+            qkv, fc1, fc2 = of[QKV_WEIGHT], of[FC1_WEIGHT] or [], of[FC2_WEIGHT] or []
             assert len(fc1) == len(fc2), "fc2 piece i consumes fc1 piece i's activations"
             self.layers.append(
                 LayerWeights(
@@ -182,8 +203,10 @@ class ShardedWeights:
                     qkv_bias=of[QKV_BIAS] or [None] * len(qkv),
                     proj=of[PROJ_WEIGHT],
                     mlp_norm=of[MLP_NORM][0],
-                    fc1=fc1,
-                    fc2=fc2,
+                    fc1=[] if spec.is_moe else fc1,
+                    fc2=[] if spec.is_moe else fc2,
+                    qk_norm=(of[Q_NORM][0], of[K_NORM][0]) if spec.qk_norm else None,
+                    moe=moe_weights(self.pieces, spec, i) if spec.is_moe else None,
                 )
             )
         self.decode_layers = [
@@ -312,10 +335,12 @@ def forward(
     start: int,
     mask_B1TL: torch.Tensor,
     tp: TPComm,
+    record: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run T new tokens of B cached rows; writes their K/V at cache slots [start, start+T) and
     returns this rank's vocab-parallel logits of the last position, [B, vocab_rows].
-    `rope` is `RopeTable.gather` at the tokens' positions, `mask_B1TL` an additive mask (`causal_mask`)."""
+    `rope` is `RopeTable.gather` at the tokens' positions, `mask_B1TL` an additive mask (`causal_mask`).
+    `record` (MoE only), when given, gets each layer's expert ids [B*T, k] appended."""
     spec = w.spec
     B, T = tokens_BT.shape
     end = start + T
@@ -326,6 +351,8 @@ def forward(
         h = rms_norm(x, lw.input_norm, spec.norm_eps)
         groups = [F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd) for wq, b in zip(lw.qkv, lw.qkv_bias)]
         qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
+        if lw.qk_norm is not None:
+            qkv = _qk_norm(qkv, lw.qk_norm, spec.norm_eps)
         qk = apply_rope(qkv[:, :, :, : hpg + 1], cos, sin)  # the queries and the key of each group
         q = qk[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
         k = qk[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
@@ -338,11 +365,10 @@ def forward(
         attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
         x = x + tp.all_reduce(_row_parallel(attn, lw.proj))
         h = rms_norm(x, lw.mlp_norm, spec.norm_eps)
-        mlp = None
-        for fc1, fc2 in zip(lw.fc1, lw.fc2):  # piece i of fc2 consumes exactly piece i's activations
-            gate, up = F.linear(h, fc1).chunk(2, dim=-1)
-            part = F.linear(F.silu(gate) * up, fc2)
-            mlp = part if mlp is None else mlp + part
+        if lw.moe is None:
+            mlp = swiglu(h, lw.fc1, lw.fc2)
+        else:
+            mlp = moe_mlp(h.view(B * T, -1), lw.moe, spec, record).view(B, T, -1)
         x = x + tp.all_reduce(mlp)
     last = rms_norm(x[:, -1], w.pieces[FINAL_NORM][0], spec.norm_eps)
     logits = [F.linear(last, o) for o in w.output_pieces()]
@@ -358,6 +384,7 @@ def decode_forward(
     slot: int,
     bias_N1L: torch.Tensor,
     tp: TPComm,
+    record: list[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """`forward` for one new token per row (T = 1), with as few ops per layer as possible (on
     CPU, a small model's decode step is mostly per-op dispatch). Writes the tokens' K/V at cache
@@ -376,6 +403,8 @@ def decode_forward(
         h = _rms_norm_2d(x, lw.input_norm, spec.norm_eps)
         groups = [_mm(h, wq, b) for wq, b in zip(lt.qkv_t, lw.qkv_bias)]
         qkv = torch.cat(groups, dim=1) if len(groups) > 1 else groups[0]  # [B, G*(hpg+2)*hd], whole groups
+        if lw.qk_norm is not None:
+            qkv = _qk_norm(qkv.view(B, -1, hpg + 2, hd), lw.qk_norm, spec.norm_eps).view(B, -1)
         # RoPE on queries and key (value: cos 1, sin 0)
         swapped = qkv.index_select(1, swap_index).view(B, -1, hpg + 2, hd)  # [x2, x1] per head
         qkv = torch.addcmul(qkv.view(B, -1, hpg + 2, hd) * cos, swapped, sin)  # [B, G, hpg+2, hd]
@@ -385,6 +414,9 @@ def decode_forward(
         attn = torch.bmm(torch.softmax(scores, dim=-1), values[i]).view(B, -1)  # [B, H*hd], piece order
         x = x + tp.all_reduce(_row_parallel_t(attn, lt.proj_t))
         h = _rms_norm_2d(x, lw.mlp_norm, spec.norm_eps)
+        if lw.moe is not None:
+            x = x + tp.all_reduce(moe_mlp(h, lw.moe, spec, record))
+            continue
         mlp = None
         for fc1, fc2 in zip(lt.fc1_t, lt.fc2_t):  # piece i of fc2 consumes exactly piece i's activations
             gate_up, half = torch.mm(h, fc1), fc1.shape[1] // 2  # = chunk(2, dim=-1), one op less
@@ -394,6 +426,14 @@ def decode_forward(
     last = _rms_norm_2d(x, w.pieces[FINAL_NORM][0], spec.norm_eps)
     logits = [torch.mm(last, o) for o in w.output_t]
     return torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0]
+
+
+def _qk_norm(qkv: torch.Tensor, weights: tuple[torch.Tensor, torch.Tensor], eps: float) -> torch.Tensor:
+    """Qwen3's RMSNorm over each query and key head of [..., hpg + 2, hd] (the value unchanged)."""
+    hpg = qkv.shape[-2] - 2
+    q = rms_norm(qkv[..., :hpg, :], weights[0], eps)
+    k = rms_norm(qkv[..., hpg : hpg + 1, :], weights[1], eps)
+    return torch.cat([q, k, qkv[..., hpg + 1 :, :]], dim=-2)
 
 
 def _mm(x: torch.Tensor, w_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -7,6 +7,12 @@ HF tensors (each SGLang TP rank slices its own part), so the generation-TP shard
 are all-gathered and converted to HF names and layout by the resharding kernels
 (`rl3d.ops.gather_to_layout(target="hf")`), then flattened into buckets whose metadata has the
 fields of SGLang's `FlattenedTensorMetadata` (`load_format="flattened_bucket"`).
+
+A mixture of experts goes over as its HF checkpoint names, every expert under its global index
+(`model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight`, the router as `mlp.gate.weight`):
+SGLang's FusedMoE loader maps the global index to its expert-parallel rank's slot and drops the
+experts another rank holds (contiguous blocks of num_experts / ep experts per rank), and splits
+each kept expert over its MoE TP itself.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from rl3d.models.params import OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec
 from rl3d.ops import ParamLayout, gather_to_layout, pack_bucket
 from rl3d.ops.layouts import ShardKind
+from rl3d.rollout.moe import extra_params
 
 SGLANG_VERSION = "0.5.23"  # keep equal to the `[gpu]` extra's pin in setup.py
 
@@ -180,8 +187,9 @@ def hf_names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
 def megatron_to_hf(spec: ModelSpec, name: str, shards: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     """All TP shards of Megatron parameter `name` (in TP order; one tensor for a replicated or
     unsharded one) -> its whole HF tensors with their names, vocab padding removed."""
-    kind = megatron_param_kinds(spec)[name]
-    names = hf_names(spec)[name]
+    kind, names = megatron_param_kinds(spec).get(name), hf_names(spec).get(name)
+    if kind is None or names is None:  # a q/k norm or MoE parameter: Qwen3 / Qwen3-MoE / Qwen2-MoE names
+        kind, names = extra_params(spec)[name]
     if kind is ShardKind.REPLICATED:
         tensors = (shards[0],)
     else:

@@ -16,6 +16,13 @@ forward itself (`decode_forward`: fused RoPE over the whole qkv output, one batc
 KV group against the cache, one-op RMS statistics) equals the prefill `forward` up to
 floating-point reordering; every t_g runs the same code, so t_g > 1 still equals t_g = 1 exactly.
 
+Routing record (`record_routing=True`, mixture-of-experts models): every token's chosen experts
+per layer, prompt and response, come back in `RolloutBatch.routing`, so that the trainer can
+route its forwards the same way (megatron-core's `RouterReplay` takes, per MoE layer, the
+[tokens, top_k] int64 ids of its micro-batch in its token order). A row's last token is run
+through the model once more for its routing alone (its logits are not needed), and a row that
+stops is dropped from the batch only after that forward.
+
 Tensor parallelism (t_g > 1): every rank of the generation-TP group runs the engine on the same
 prompts; row-parallel partial sums and embedding lookups are all-reduced, and the vocab-parallel
 logits are all-gathered so that every rank holds the identical full logits. Each rank then
@@ -80,9 +87,13 @@ class TorchRolloutEngine:
         max_batch_rows: int = 256,
         pad_token_id: int = 0,
         dtype: torch.dtype | None = None,
+        record_routing: bool = False,
     ):
         if max_batch_rows < 1:
             raise ValueError(f"rollout.max_batch_rows must be >= 1, got {max_batch_rows}")
+        if record_routing and not spec.is_moe:
+            raise ValueError(f"record_routing: model {spec.name} has no experts (a dense MLP)")
+        self.record_routing = record_routing
         self.spec, self.max_batch_rows, self.pad_token_id = spec, max_batch_rows, pad_token_id
         self.dtype = dtype  # None: the weights' own (the training dtype); else a cast copy
         self.tp = TPComm(group)
@@ -177,6 +188,7 @@ class TorchRolloutEngine:
             finish_reasons=[r for c in chunks for r in c.finish_reasons],
             prompt_index=torch.arange(num_rows, dtype=torch.int64) // params.n,
             raw_logprobs=torch.cat([c.raw_logprobs[:, :width] for c in chunks]).cpu(),
+            routing=[r for c in chunks for r in c.routing] if self.record_routing else None,
         )
         batch.metrics.update(self.stats.metrics())
         logger.debug("torch rollout: %d samples, %s", num_rows, self.stats)
@@ -195,6 +207,12 @@ class TorchRolloutEngine:
                 size, self.spec.head_dim, self.spec.rope_theta, w.dtype, w.device
             )
         return rope
+
+    def _routes(self, num_rows: int, slots: int) -> torch.Tensor:
+        spec = self.spec
+        dtype = torch.int16 if spec.num_experts <= torch.iinfo(torch.int16).max else torch.int32
+        shape = (num_rows, slots, spec.num_layers, spec.moe_top_k)
+        return torch.zeros(shape, dtype=dtype, device=self.weights.device)
 
     # -- one batch of prompts ------------------------------------------------------------------
     def _generate_chunk(
@@ -219,7 +237,13 @@ class TorchRolloutEngine:
         if hook is not None:
             hook(0)
             w = self.weights
-        logits = forward(w, tokens, rope.gather(positions), cache, 0, mask, self.tp)
+        # routing record: [rows, slots, layers, k], slot width + s is response token s
+        routes = self._routes(num_rows, slots) if self.record_routing else None
+        record = None if routes is None else []
+        logits = forward(w, tokens, rope.gather(positions), cache, 0, mask, self.tp, record)
+        if record is not None:
+            prefill = torch.stack(record, 1).view(num_prompts, width, *routes.shape[2:])
+            routes[:, :width] = prefill.repeat_interleave(n, dim=0)
         self.stats.prefill_rows += num_prompts
         self.stats.prefill_tokens += num_prompts * width
         # n samples per prompt: copy the prefill's KV rows and logits instead of recomputing them.
@@ -263,25 +287,47 @@ class TorchRolloutEngine:
                 for r, s in enumerate(active):
                     if done[r]:
                         out.finish_reasons[s], out.lengths[s] = FINISH_STOP, step + 1
-            if step + 1 == num_new or (done and all(done)):
+            last = step + 1 == num_new or (done and all(done))
+            # without a routing record, finished rows are dropped before the forward (later steps
+            # compute on the survivors only); with one, after it: it routes their last token
+            if last and routes is None:
                 break
-            if any(done):  # drop finished rows: later steps compute on the survivors only
-                keep = (~stopped).nonzero().squeeze(-1)
-                cache.compact(keep, width + step)
+            if any(done) and routes is None:
+                keep, active, rows = _drop(cache, stopped, active, width + step)
                 key_bias, positions, tok = key_bias[keep], positions[keep], tok[keep]
-                active = [s for r, s in enumerate(active) if not done[r]]
-                rows = torch.tensor(active, dtype=torch.int64, device=device)
             slot = width + step
             key_bias[:, :, slot] = 0.0  # the new token sees itself and all real tokens before it
             mask = key_bias[:, :, : slot + 1].flatten(0, 1)[:, None]
             rope_step = rope_decode.index_select(0, positions[:, step])
-            if hook is not None:  # a safe point: the next token's logits come from what it loads
+            if hook is not None and not last:  # a safe point: the next token's logits come from it
                 hook(step + 1)
                 w = self.weights
-            logits = decode_forward(w, tok, rope_step, swap, cache, slot, mask, self.tp)
+            record = None if routes is None else []
+            logits = decode_forward(w, tok, rope_step, swap, cache, slot, mask, self.tp, record)
             self.stats.decode_steps += 1
             self.stats.decode_rows += len(active)
+            if record is not None:
+                routes[rows, slot] = torch.stack(record, 1).to(routes.dtype)
+                if last:
+                    break
+                if any(done):
+                    keep, active, rows = _drop(cache, stopped, active, slot + 1)
+                    key_bias, positions, logits = key_bias[keep], positions[keep], logits[keep]
+        if routes is not None:
+            out.routing = [
+                routes[r, width - len(prompts[r // n]) : width + int(out.lengths[r])].cpu()
+                for r in range(num_rows)
+            ]
         return out
+
+
+def _drop(cache: KVCache, stopped: torch.Tensor, active: list[int], slots: int):
+    """Move the unfinished rows to the front of the cache (slots [0, slots)): their indices among
+    the current rows, their sample indices, and the same as a tensor."""
+    keep = (~stopped).nonzero().squeeze(-1)
+    cache.compact(keep, slots)
+    active = [s for s, done in zip(active, stopped.tolist()) if not done]
+    return keep, active, torch.tensor(active, dtype=torch.int64, device=stopped.device)
 
 
 @dataclass
@@ -293,3 +339,4 @@ class _Chunk:
     raw_logprobs: torch.Tensor
     lengths: torch.Tensor
     finish_reasons: list[str]
+    routing: list[torch.Tensor] | None = None  # per row [prompt + response tokens, layers, k]

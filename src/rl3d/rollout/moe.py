@@ -1,0 +1,187 @@
+"""Mixture-of-experts layers and q/k norm in the torch engine: the parameter names and the MLP.
+
+A MoE layer (megatron-core's MoELayer with SequentialMLP, Qwen3-MoE / Qwen2-MoE in HF) replaces
+the dense `mlp.linear_fc1/fc2` with, after "decoder.layers.{i}.":
+
+    mlp.router.weight                                     [E, h]     replicated
+    mlp.experts.local_experts.{e}.linear_fc1.weight       [2 fe, h]  SwiGLU fc1 ([gate; up]), TP-split
+    mlp.experts.local_experts.{e}.linear_fc2.weight       [h, fe]    row-parallel
+    mlp.shared_experts.linear_fc1.weight / linear_fc2.weight          (Qwen2-MoE's shared expert)
+    mlp.shared_experts.gate_weight                        [1, h]     replicated, sigmoid gate
+
+`e` is the global expert index: under generation TP every rank holds every expert's TP slice, so
+the experts' partial sums add up like the dense MLP's and one all-reduce completes the layer.
+Qwen3's q/k norm adds `self_attention.{q,k}_layernorm.weight` [head_dim] (replicated).
+
+The router runs in fp32 whatever the engine's dtype (as megatron's fp32 router and HF's softmax
+do): logits, softmax, top-k (renormalised to sum 1 when `moe_norm_topk_prob`). Capacity-free:
+every token gets its k experts. Each expert runs once over the tokens routed to it
+(`index_select`, then `index_add_` of its weighted output), experts in ascending order.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from rl3d.models.params import FC1_WEIGHT, FC2_WEIGHT, layer_param_name, megatron_params
+from rl3d.models.spec import ModelSpec
+from rl3d.parallel.sharding import ShardKind
+
+Q_NORM = "self_attention.q_layernorm.weight"
+K_NORM = "self_attention.k_layernorm.weight"
+ROUTER = "mlp.router.weight"
+EXPERT_FC1 = "mlp.experts.local_experts.{}.linear_fc1.weight"
+EXPERT_FC2 = "mlp.experts.local_experts.{}.linear_fc2.weight"
+SHARED_FC1 = "mlp.shared_experts.linear_fc1.weight"
+SHARED_FC2 = "mlp.shared_experts.linear_fc2.weight"
+SHARED_GATE = "mlp.shared_experts.gate_weight"
+
+
+class ExtraParam(NamedTuple):
+    """A q/k-norm or MoE parameter of a decoder layer: its suffix after "decoder.layers.{i}.",
+    how TP splits it, and its HF (Qwen3 / Qwen3-MoE / Qwen2-MoE checkpoint) tensors after
+    "model.layers.{i}." (an expert's under its global index, as SGLang's loader reads them)."""
+
+    suffix: str
+    kind: ShardKind
+    hf: tuple[str, ...]
+
+
+def _swiglu_hf(prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return (f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight"), (f"{prefix}down_proj.weight",)
+
+
+def layer_extra_params(spec: ModelSpec) -> list[ExtraParam]:
+    """A decoder layer's q/k-norm and MoE parameters (none for a dense Llama/Qwen2)."""
+    out = []
+    if spec.qk_norm:
+        out += [
+            ExtraParam(Q_NORM, ShardKind.REPLICATED, ("self_attn.q_norm.weight",)),
+            ExtraParam(K_NORM, ShardKind.REPLICATED, ("self_attn.k_norm.weight",)),
+        ]
+    if spec.is_moe:
+        out.append(ExtraParam(ROUTER, ShardKind.REPLICATED, ("mlp.gate.weight",)))
+        for e in range(spec.num_experts):
+            fc1, fc2 = _swiglu_hf(f"mlp.experts.{e}.")
+            out += [
+                ExtraParam(EXPERT_FC1.format(e), ShardKind.SWIGLU_FC1, fc1),
+                ExtraParam(EXPERT_FC2.format(e), ShardKind.ROW, fc2),
+            ]
+        if spec.shared_expert_ffn_hidden_size:
+            fc1, fc2 = _swiglu_hf("mlp.shared_expert.")
+            out += [
+                ExtraParam(SHARED_FC1, ShardKind.SWIGLU_FC1, fc1),
+                ExtraParam(SHARED_FC2, ShardKind.ROW, fc2),
+                ExtraParam(SHARED_GATE, ShardKind.REPLICATED, ("mlp.shared_expert_gate.weight",)),
+            ]
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def extra_params(spec: ModelSpec) -> dict[str, tuple[ShardKind, tuple[str, ...]]]:
+    """Global megatron name -> (shard kind, whole HF names) of every layer's `layer_extra_params`
+    (cached: read it, do not change it)."""
+    return {
+        layer_param_name(i, p.suffix): (p.kind, tuple(f"model.layers.{i}.{h}" for h in p.hf))
+        for i in range(spec.num_layers)
+        for p in layer_extra_params(spec)
+    }
+
+
+def engine_param_names(spec: ModelSpec) -> list[str]:
+    """Every parameter the engine reads: the inventory's (`megatron_params`), less a MoE layer's
+    dense MLP, plus the q/k-norm and MoE parameters above (each once)."""
+    dense_mlp = (FC1_WEIGHT, FC2_WEIGHT) if spec.is_moe else ()
+    names = [p.name for p in megatron_params(spec) if not p.name.endswith(dense_mlp)]
+    have = set(names)
+    return names + [n for n in extra_params(spec) if n not in have]
+
+
+class MoEWeights(NamedTuple):
+    """One MoE layer's pieces (each list: the generation-TP shard's training-TP pieces)."""
+
+    router_fp32: torch.Tensor  # [E, h]
+    fc1: list[list[torch.Tensor]]  # per expert
+    fc2: list[list[torch.Tensor]]
+    shared_fc1: list[torch.Tensor]  # empty without a shared expert
+    shared_fc2: list[torch.Tensor]
+    shared_gate: torch.Tensor | None  # [1, h]
+
+
+def moe_weights(pieces: Mapping[str, list[torch.Tensor]], spec: ModelSpec, layer: int) -> MoEWeights:
+    def of(suffix: str) -> list[torch.Tensor]:
+        return pieces.get(layer_param_name(layer, suffix), [])
+
+    experts = range(spec.num_experts)
+    gate = of(SHARED_GATE)
+    return MoEWeights(
+        router_fp32=of(ROUTER)[0].float(),  # a copy only when the engine is not fp32
+        fc1=[of(EXPERT_FC1.format(e)) for e in experts],
+        fc2=[of(EXPERT_FC2.format(e)) for e in experts],
+        shared_fc1=of(SHARED_FC1),
+        shared_fc2=of(SHARED_FC2),
+        shared_gate=gate[0] if gate else None,
+    )
+
+
+def swiglu(h: torch.Tensor, fc1: list[torch.Tensor], fc2: list[torch.Tensor]) -> torch.Tensor:
+    """This rank's partial SwiGLU MLP output: piece i of fc2 consumes exactly fc1 piece i's
+    activations ([gate_i; up_i]), so the pieces' products add up."""
+    out = None
+    for w1, w2 in zip(fc1, fc2):
+        gate, up = F.linear(h, w1).chunk(2, dim=-1)
+        part = F.linear(F.silu(gate) * up, w2)
+        out = part if out is None else out + part
+    return out
+
+
+def route(h_NH: torch.Tensor, mw: MoEWeights, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's choice per token: (weights [N, k] in h's dtype, expert ids [N, k] int64),
+    ids in descending probability."""
+    probs = torch.softmax(F.linear(h_NH.float(), mw.router_fp32), dim=-1)
+    top_p, top_ids = torch.topk(probs, spec.moe_top_k, dim=-1)
+    if spec.moe_norm_topk_prob:
+        top_p = top_p / top_p.sum(dim=-1, keepdim=True)
+    return top_p.to(h_NH.dtype), top_ids
+
+
+def moe_mlp(
+    h_NH: torch.Tensor, mw: MoEWeights, spec: ModelSpec, record: list[torch.Tensor] | None = None
+) -> torch.Tensor:
+    """This rank's partial MoE layer output [N, h] for tokens `h_NH` (all-reduce it over the
+    generation-TP group). `record`, when given, gets the layer's expert ids [N, k] appended."""
+    top_w, top_ids = route(h_NH, mw, spec)
+    if record is not None:
+        record.append(top_ids)
+    k = spec.moe_top_k
+    flat = top_ids.flatten()  # token t's choices are entries [t k, t k + k)
+    order = torch.argsort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=spec.num_experts).tolist()
+    token_of = order // k
+    x = h_NH.index_select(0, token_of)  # the routed copies of the tokens, grouped by expert
+    parts, start = [], 0
+    for e, count in enumerate(counts):
+        if count:
+            parts.append(swiglu(x[start : start + count], mw.fc1[e], mw.fc2[e]))
+            start += count
+    y = torch.cat(parts) if len(parts) > 1 else parts[0]
+    # one accumulation in expert order, each token's outputs weighted by its router weights
+    out = torch.zeros_like(h_NH).index_add_(0, token_of, y * top_w.flatten()[order, None])
+    if mw.shared_fc1:
+        gate = torch.sigmoid(F.linear(h_NH, mw.shared_gate))
+        out = out + gate * swiglu(h_NH, mw.shared_fc1, mw.shared_fc2)
+    return out
+
+
+def topk_set_mismatch(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The fraction of routing decisions (token, layer) whose expert sets differ between two
+    records [tokens, layers, k] of the same tokens (order within a top-k set ignored)."""
+    if a.shape != b.shape:
+        raise ValueError(f"routing records of different shapes: {tuple(a.shape)} vs {tuple(b.shape)}")
+    differ = (a.sort(dim=-1).values != b.sort(dim=-1).values).any(dim=-1)
+    return differ.float().mean().item() if differ.numel() else 0.0

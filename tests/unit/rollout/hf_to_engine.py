@@ -1,0 +1,150 @@
+"""Tiny random HF Qwen3 / Qwen3-MoE / Qwen2-MoE models and their tensors under megatron's names.
+
+`tiny_hf_model(name)` builds a `transformers` model (fp32, eager attention) with a moderate
+random init (weights ~0.15, norms ~1: decisive next-token and router distributions), and
+returns it with a hand-written `ModelSpec` and `engine_tensors(spec, model)`: its state dict
+mapped to the megatron-core names the torch engine reads (`rl3d.rollout.moe`). `tp_shard` cuts
+those into one generation-TP rank's shard. The mapping is a test helper: HF's experts are held
+fused in memory (`experts.gate_up_proj` [E, 2 fe, h], `experts.down_proj` [E, h, fe]) or, in a
+per-expert checkpoint, as `experts.{e}.{gate,up,down}_proj.weight`; both are read.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl3d.models.spec import ModelSpec
+from rl3d.ops.layouts import ShardKind, qkv_hf_to_megatron, shard_for_tp
+from rl3d.rollout import moe
+
+TINY = {  # HF config kwargs; each its own shape quirk
+    # head width 32 != hidden / heads = 16; q/k norm; tied embeddings
+    "tiny-qwen3": dict(
+        model_type="qwen3", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, tie_word_embeddings=True,
+    ),
+    # 8 experts, top-2 renormalised, no shared expert, q/k norm
+    "tiny-qwen3-moe": dict(
+        model_type="qwen3_moe", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, norm_topk_prob=True, tie_word_embeddings=False,
+    ),
+    # 8 experts, top-2 not renormalised, a gated shared expert, qkv bias
+    "tiny-qwen2-moe": dict(
+        model_type="qwen2_moe", hidden_size=64, intermediate_size=128, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, norm_topk_prob=False, qkv_bias=True,
+        tie_word_embeddings=False,
+    ),
+}  # fmt: skip
+COMMON = dict(
+    num_hidden_layers=2, vocab_size=256, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=512
+)
+
+
+def tiny_hf_model(name: str, seed: int = 0):
+    """(spec, HF model, engine tensors) of the tiny model `name` (a key of `TINY`)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = {**COMMON, **TINY[name]}
+    config = AutoConfig.for_model(**kwargs)
+    config._attn_implementation = "eager"
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for pname, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1 + 0.1 * noise if "norm" in pname else 0.15 * noise)
+    spec = spec_of(name, kwargs)
+    return spec, model, engine_tensors(spec, model)
+
+
+def spec_of(name: str, cfg: dict) -> ModelSpec:
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim", cfg["hidden_size"] // heads)
+    return ModelSpec(
+        name=name,
+        num_layers=cfg["num_hidden_layers"],
+        hidden_size=cfg["hidden_size"],
+        ffn_hidden_size=cfg["intermediate_size"],
+        num_attention_heads=heads,
+        num_query_groups=cfg["num_key_value_heads"],
+        vocab_size=cfg["vocab_size"],
+        tied_embeddings=cfg["tie_word_embeddings"],
+        qkv_bias=cfg.get("qkv_bias", False),
+        rope_theta=cfg["rope_theta"],
+        norm_eps=cfg["rms_norm_eps"],
+        max_position_embeddings=cfg["max_position_embeddings"],
+        kv_channels=0 if head_dim * heads == cfg["hidden_size"] else head_dim,
+        qk_norm=cfg["model_type"].startswith("qwen3"),
+        num_experts=cfg.get("num_experts", 0),
+        moe_ffn_hidden_size=cfg.get("moe_intermediate_size", 0),
+        moe_top_k=cfg.get("num_experts_per_tok", 0),
+        moe_norm_topk_prob=cfg.get("norm_topk_prob", True),
+        shared_expert_ffn_hidden_size=cfg.get("shared_expert_intermediate_size", 0),
+    )
+
+
+def engine_tensors(spec: ModelSpec, model) -> dict[str, torch.Tensor]:
+    """The HF model's tensors under megatron-core's names (t = 1)."""
+    hf = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    heads = dict(num_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups)
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(spec.num_layers):
+        a, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+        att = a + "self_attn."
+        out[m + "input_layernorm.weight"] = hf[a + "input_layernorm.weight"]
+        out[m + "self_attention.linear_qkv.weight"] = qkv_hf_to_megatron(
+            *(hf[f"{att}{x}_proj.weight"] for x in "qkv"), **heads
+        )
+        if spec.qkv_bias:
+            out[m + "self_attention.linear_qkv.bias"] = qkv_hf_to_megatron(
+                *(hf[f"{att}{x}_proj.bias"] for x in "qkv"), **heads
+            )
+        out[m + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"]
+        if spec.qk_norm:
+            out[m + moe.Q_NORM] = hf[att + "q_norm.weight"]
+            out[m + moe.K_NORM] = hf[att + "k_norm.weight"]
+        out[m + "pre_mlp_layernorm.weight"] = hf[a + "post_attention_layernorm.weight"]
+        mlp = a + "mlp."
+        if not spec.is_moe:
+            out[m + "mlp.linear_fc1.weight"] = _fc1(hf, mlp)
+            out[m + "mlp.linear_fc2.weight"] = hf[mlp + "down_proj.weight"]
+            continue
+        out[m + moe.ROUTER] = hf[mlp + "gate.weight"]
+        for e in range(spec.num_experts):
+            if mlp + "experts.gate_up_proj" in hf:  # fused in memory
+                fc1, fc2 = hf[mlp + "experts.gate_up_proj"][e], hf[mlp + "experts.down_proj"][e]
+            else:
+                fc1, fc2 = _fc1(hf, f"{mlp}experts.{e}."), hf[f"{mlp}experts.{e}.down_proj.weight"]
+            out[m + moe.EXPERT_FC1.format(e)], out[m + moe.EXPERT_FC2.format(e)] = fc1, fc2
+        if spec.shared_expert_ffn_hidden_size:
+            out[m + moe.SHARED_FC1] = _fc1(hf, mlp + "shared_expert.")
+            out[m + moe.SHARED_FC2] = hf[mlp + "shared_expert.down_proj.weight"]
+            out[m + moe.SHARED_GATE] = hf[mlp + "shared_expert_gate.weight"]
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not spec.tied_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def _fc1(hf: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    return torch.cat([hf[prefix + "gate_proj.weight"], hf[prefix + "up_proj.weight"]])
+
+
+def shard_kind(name: str) -> ShardKind:
+    """How generation TP splits the megatron tensor `name`."""
+    if name.endswith(("word_embeddings.weight", "output_layer.weight")):
+        return ShardKind.VOCAB
+    if "linear_qkv" in name:
+        return ShardKind.QKV
+    if name.endswith("linear_fc1.weight"):
+        return ShardKind.SWIGLU_FC1
+    if name.endswith(("linear_fc2.weight", "linear_proj.weight")):
+        return ShardKind.ROW
+    return ShardKind.REPLICATED  # norms, the router, the shared expert's gate
+
+
+def tp_shard(tensors: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
+    return {n: shard_for_tp(t, shard_kind(n), tp, rank).clone() for n, t in tensors.items()}
