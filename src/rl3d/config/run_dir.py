@@ -47,3 +47,49 @@ def checkpoint_teacher(path: str | Path) -> tuple[Any, Path] | None:
     if not steps:
         raise FileNotFoundError(f"{path / CHECKPOINTS}: no complete checkpoint with the actor's weights")
     return run_model_section(path), max(steps, key=lambda p: int(p.name[5:])) / ACTOR_DIR
+
+
+def teacher_weights(path: str | Path) -> tuple[Any, str]:
+    """The model `path` names, as `(its ModelSpec, the directory its weights load from)`: an rl3d
+    run directory or `checkpoints/step_N` (the actor's dist checkpoint, any layout; shapes from
+    the run's model section), else an HF directory or a known model's name (`rl3d.models.hub`)."""
+    from rl3d.models.hub import resolve_model_path
+    from rl3d.models.spec import spec_in_dir, spec_of
+
+    found = checkpoint_teacher(path)
+    if found is not None:
+        model, actor_dir = found
+        return spec_of(model), str(actor_dir)
+    directory = resolve_model_path(str(path))
+    return spec_in_dir(directory), directory
+
+
+def preflight_teachers(cfg: Any, fail, *, absent_ok: bool = False) -> None:
+    """At launch (`rl3d.launch.preflight`): each distillation teacher is there, reads the run's
+    vocabulary, and its layout fits it (tp | KV heads, pp | layers)."""
+    from rl3d.models.spec import spec_of
+
+    distill = cfg.algorithm.distill
+    if not cfg.algorithm.family.needs_teacher:
+        return
+    vocab = spec_of(cfg.model).vocab_size
+    par, where = (cfg.actor.parallel, "actor.parallel") if distill.colocate else (distill.parallel, None)
+    where = where or "algorithm.distill.parallel"
+    for path in distill.paths():
+        key = (
+            "algorithm.distill.teacher" if path == distill.teacher else "algorithm.distill.teachers_by_source"
+        )
+        if absent_ok and not Path(path).exists():
+            continue
+        try:
+            spec, _ = teacher_weights(path)
+        except (FileNotFoundError, ValueError) as err:
+            raise fail(key, f"teacher {path}: {err}") from None
+        if spec.vocab_size != vocab:
+            raise fail(key, f"teacher {path} has {spec.vocab_size} token ids, the student {vocab}")
+        if spec.num_query_groups % par.tp:
+            raise fail(
+                f"{where}.tp", f"tp={par.tp} must divide teacher {path}'s {spec.num_query_groups} KV heads"
+            )
+        if spec.num_layers % par.pp:
+            raise fail(f"{where}.pp", f"pp={par.pp} must divide teacher {path}'s {spec.num_layers} layers")

@@ -17,28 +17,15 @@ import dataclasses
 
 import torch
 
-from rl3d.config.run_dir import checkpoint_teacher
+from rl3d.config.run_dir import teacher_weights
 from rl3d.models.bootstrap import MegatronGroups
-from rl3d.models.hub import resolve_model_path
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
-from rl3d.models.spec import ModelSpec, spec_in_dir, spec_of
+from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
 from rl3d.workers.context import RoleContext
 from rl3d.workers.megatron_role import MegatronRole
 from rl3d.workers.roles import _megatron_info, _reference_batching
-
-
-def teacher_weights(path: str) -> tuple[ModelSpec, str]:
-    """The teacher `path` names, as `(its shapes, the directory its weights load from)`: an rl3d
-    run directory or `checkpoints/step_N` (the actor's dist checkpoint, any layout; shapes from
-    the run's model section), else an HF directory or a known model's name."""
-    found = checkpoint_teacher(path)
-    if found is not None:
-        model, actor_dir = found
-        return spec_of(model), str(actor_dir)
-    directory = resolve_model_path(path)
-    return spec_in_dir(directory), directory
 
 
 class TeacherWorker:

@@ -117,3 +117,26 @@ def test_a_teacher_path_names_a_run_its_step_or_an_hf_directory(tmp_path):
         checkpoint_teacher(half)
     with pytest.raises(FileNotFoundError, match="incomplete checkpoint"):
         checkpoint_teacher(half / "checkpoints/step_3")
+
+
+def test_preflight_names_a_missing_or_mismatched_teacher(tmp_path):
+    from rl3d.config import load_config
+    from rl3d.config.errors import ConfigError
+    from rl3d.config.run_dir import preflight_teachers
+    from rl3d.testing.tiny_hf import save_tiny_hf_model
+
+    def fail(key, message):
+        return ConfigError(message, key=key)
+
+    save_tiny_hf_model("tiny-llama", tmp_path / "hf")
+    cfg = load_config(GRPO, [DISTILL[0], f"algorithm.distill.teacher={tmp_path / 'hf'}"]).config
+    preflight_teachers(cfg, fail)  # the student's vocabulary, the actor's layout fits it
+    half = _run_dir(tmp_path / "run", [1], complete=False)
+    cfg = load_config(GRPO, [DISTILL[0], f"algorithm.distill.teacher={half}"]).config
+    with pytest.raises(ConfigError, match=r"algorithm\.distill\.teacher: .*no complete checkpoint"):
+        preflight_teachers(cfg, fail)
+    save_tiny_hf_model("tiny-qwen2", tmp_path / "qwen")  # 2 KV heads: the student's tp=4 fits 4
+    wide = [DISTILL[0], f"algorithm.distill.teacher={tmp_path / 'qwen'}", "actor.parallel.tp=4"]
+    cfg = load_config(GRPO, [*wide, "launch.nproc_per_node=4", "rollout.t_g=1"]).config
+    with pytest.raises(ConfigError, match=r"actor\.parallel\.tp: tp=4 must divide teacher .* 2 KV heads"):
+        preflight_teachers(cfg, fail)
