@@ -161,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.recipe.name != "quickstart_cpu_grpo.yaml"
             else []
         )
+        + (
+            ["--out", str(args.out.resolve().relative_to(ROOT))]
+            if args.out.resolve() != ROOT / "benchmarks/demo"
+            else []
+        )
         + [
             f"--{k}={v:g}"
             for k, v, d in (
