@@ -12,7 +12,7 @@ The promise the demo makes (README, docs/demo.md): every seed's last-20 mean >= 
 200 steps and under 2 minutes of training on 2 cores.
 
     python benchmarks/demo_sweep.py --seeds 1 2 3 4 5
-    python benchmarks/demo_sweep.py --name parity_match --seeds 1 2 3 data.synthetic.task=parity_match
+    python benchmarks/demo_sweep.py data.synthetic.task=parity_match --name parity_match --seeds 1 2 3
 """
 
 from __future__ import annotations
@@ -145,11 +145,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     GOAL_FIRST, GOAL_LAST, GOAL_TRAIN_S = args.goal_first, args.goal_last, args.goal_train_s
     runs = args.runs or Path(tempfile.mkdtemp(prefix="rl3d-demo-sweep-"))
+    # the overrides before the options: after `--seeds N...` argparse would read them as seeds
     command = shlex.join(
-        ["python", "benchmarks/demo_sweep.py", "--name", args.name, "--seeds", *map(str, args.seeds)]
+        [
+            "python",
+            "benchmarks/demo_sweep.py",
+            *args.overrides,
+            "--name",
+            args.name,
+            "--seeds",
+            *map(str, args.seeds),
+        ]
         + (
             ["--recipe", str(args.recipe.resolve().relative_to(ROOT))]
             if args.recipe.name != "quickstart_cpu_grpo.yaml"
+            else []
+        )
+        + (
+            ["--out", str(args.out.resolve().relative_to(ROOT))]
+            if args.out.resolve() != ROOT / "benchmarks/demo"
             else []
         )
         + [
@@ -161,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
             )
             if v != d
         ]
-        + args.overrides
     )
     rows = []
     for seed in args.seeds:

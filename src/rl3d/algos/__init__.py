@@ -14,13 +14,14 @@ Names a recipe's `algorithm:` block can use (see `rl3d.algos.registry`):
     loss_agg_mode:  token-mean, seq-mean-token-sum, seq-mean-token-mean
     kl_estimator:   k1, k2, k3
     kl_controller:  fixed, adaptive
-    hooks:          greedy_baseline (ReMax), dynamic_sampling (DAPO), lagrangian (Safe-RLHF)
+    hooks:          greedy_baseline (ReMax), dynamic_sampling (DAPO), lagrangian (Safe-RLHF),
+                    gpg_rescale, gpg_threshold (GPG, `rl3d.algos.gpg`)
 
 `Algorithm(cfg)` puts one recipe's pieces together: the object the controller drives
 (`rl3d.algos.algorithm`).
 """
 
-from rl3d.algos import distill
+from rl3d.algos import distill, gpg
 from rl3d.algos.advantages import (
     Advantages,
     compute_advantages,
@@ -89,6 +90,7 @@ from rl3d.algos.value_loss import clipped_value_loss, explained_variance
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
     "distill",
+    "gpg",
     "HOOKS",
     "Algorithm",
     "AlgorithmHook",

@@ -6,14 +6,17 @@ here, selected by name from the recipe's `algorithm:` block:
 - the policy loss (`policy_loss`, `POLICY_LOSSES`): a registered preset's settings, with the
   recipe's own `clip_low` / `clip_high` / `dual_clip_c` / `loss_params.*` winning where it sets
   them;
-- hooks (`HOOKS`) at fixed points of the step: after each rollout round, which samples of a
-  round to keep (and how many rounds to try), what the estimator needs from the algorithm's
-  state, and after the update. An estimator names the hooks it needs
-  (`AlgorithmFamily.hooks`); `dynamic_sampling: true` adds DAPO's.
+- hooks (`HOOKS`) at fixed points of the step: at its start, after each rollout round, which
+  samples of a round to keep (and how many rounds to try), what the estimator needs from the
+  algorithm's state, after the advantages, and after the update. An estimator names the hooks
+  it needs (`AlgorithmFamily.hooks`), a policy loss those its settings ask for (its
+  `step_hooks`); `dynamic_sampling: true` adds DAPO's.
 
     ReMax       greedy_baseline    one greedy response per prompt, scored, as the baseline
     DAPO        dynamic_sampling   drop groups whose rewards are all equal, refill from new prompts
     Safe-RLHF   lagrangian         the cost multiplier: used by the advantages, stepped after
+    GPG         gpg_rescale        advantages times B / (B - M), M: samples of zero-spread groups
+                gpg_threshold      more rounds until (B - M) / B reaches a threshold
 
 `cfg` is the recipe's `rl3d.config.AlgorithmConfig` (not imported here: config checks names
 against these registries, so it imports algos and never the reverse).
@@ -55,7 +58,14 @@ class AlgorithmHook:
         """The samples of one rollout round this step trains on."""
         return batch
 
+    def begin_step(self) -> None:
+        """A training step's first rollout round is next."""
+
     def advantage_args(self) -> dict[str, Any]:
+        return {}
+
+    def after_advantages(self, batch: DataBatch) -> dict[str, float]:
+        """May change the step's advantages in `batch` (set in place); returns metrics."""
         return {}
 
     def after_update(self, batch: DataBatch) -> dict[str, float]:
@@ -202,6 +212,8 @@ class Algorithm:
     def __init__(self, cfg: Any):
         self.cfg, self.family = cfg, cfg.family
         names = [*self.family.hooks, *(["dynamic_sampling"] if cfg.dynamic_sampling else [])]
+        loss_hooks = getattr(_base(POLICY_LOSSES.get(cfg.policy_loss)), "step_hooks", None)
+        names += loss_hooks(loss_settings(cfg)) if loss_hooks else []
         self.hooks = [HOOKS.get(name)(cfg) for name in names]
         self.policy_loss = policy_loss_of(cfg)
 
@@ -214,6 +226,10 @@ class Algorithm:
             batch = hook.on_rollout(batch, prompts, rollout)
         return batch
 
+    def begin_step(self) -> None:
+        for hook in self.hooks:
+            hook.begin_step()
+
     def keep(self, batch: DataBatch) -> DataBatch:
         for hook in self.hooks:
             batch = hook.keep(batch)
@@ -223,9 +239,12 @@ class Algorithm:
         self, batch: DataBatch, *, kl_coef: float, max_response_length: int
     ) -> tuple[DataBatch, dict[str, float]]:
         extra = {k: v for h in self.hooks for k, v in h.advantage_args().items()}
-        return compute_advantage(
+        batch, metrics = compute_advantage(
             batch, self.cfg, kl_coef=kl_coef, max_response_length=max_response_length, **extra
         )
+        for hook in self.hooks:
+            metrics |= hook.after_advantages(batch)
+        return batch, metrics
 
     def after_update(self, batch: DataBatch) -> dict[str, float]:
         return {k: v for h in self.hooks for k, v in h.after_update(batch).items()}

@@ -201,20 +201,38 @@ def cispo_policy_loss(
     return finish(pg_losses_BT, metrics, logp_BT, old_logp_BT, adv_BT, mask_BT, **shared)
 
 
+def _gpg_step_hooks(settings: dict) -> list[str]:
+    """The step hooks (`rl3d.algos.gpg`) a recipe's GPG settings turn on."""
+    rescale = settings.get("gpg_rescale")
+    names = [] if rescale is False else ["gpg_rescale"]
+    return names + (["gpg_threshold"] if settings.get("gpg_threshold") is not None else [])
+
+
 def gpg_policy_loss(
-    *, logp_BT: Tensor, old_logp_BT: Tensor, adv_BT: Tensor, mask_BT: Tensor, **shared: object
+    *,
+    logp_BT: Tensor,
+    old_logp_BT: Tensor,
+    adv_BT: Tensor,
+    mask_BT: Tensor,
+    gpg_rescale: bool = True,
+    gpg_threshold: float | None = None,
+    **shared: object,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GPG (Chu et al. 2025, arXiv 2504.02546): the plain policy gradient, no ratio and no clip,
 
         L_t = -A_t * log pi(y_t)
 
     (exact on policy; with several updates per batch nothing corrects for staleness). GPG's
-    other changes are to the advantage (a group-mean baseline without the std, as
-    `norm_adv_by_std: false` gives, and a rescaling for batches with zero-advantage groups);
-    this is its loss only. Metrics: `finish`'s.
+    other changes are to the advantage, over the whole step's batch, so they run as step hooks
+    (`rl3d.algos.gpg`), not here: `gpg_rescale` (preset on) multiplies the advantages by
+    `B / (B - M)`, `gpg_threshold` rolls out more rounds until the valid share reaches it. Its
+    group baseline without the std is `norm_adv_by_std: false`. Metrics: `finish`'s.
     """
     logp_BT, old_logp_BT, adv_BT, _ = prepare(logp_BT, old_logp_BT, adv_BT, mask_BT, **shared)
     return finish(-adv_BT * logp_BT, {}, logp_BT, old_logp_BT, adv_BT, mask_BT, **shared)
+
+
+gpg_policy_loss.step_hooks = _gpg_step_hooks
 
 
 POLICY_LOSSES.register("gspo", gspo_policy_loss)

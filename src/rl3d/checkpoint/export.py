@@ -17,15 +17,9 @@ from rl3d.checkpoint.manifest import verify
 
 def run_model_config(run_dir: Path):
     """The `model` section of the run's resolved config (`rl3d.config.ModelConfig`)."""
-    from rl3d.config import ModelConfig
-    from rl3d.config.loader import RESOLVED_NAME, yaml_load
-    from rl3d.config.typed import from_dict
+    from rl3d.config.run_dir import run_model_section
 
-    path = run_dir / RESOLVED_NAME
-    if not path.is_file():
-        raise FileNotFoundError(f"{run_dir}: no {RESOLVED_NAME}: not an rl3d run directory")
-    data = yaml_load(path.read_text()) or {}
-    return from_dict(ModelConfig, data.get("model") or {}, prefix="model", source_of=lambda _: str(path))
+    return run_model_section(run_dir)
 
 
 def export_run(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rl3d.config.async_rollout import ROLLOUT_POOL, check_async_rollout
+from rl3d.config.distill import check_teacher_layout
 from rl3d.config.errors import ConfigError
 from rl3d.config.gpu import check_gpu_path
 from rl3d.config.reward_model import check_reward_models
@@ -134,6 +135,7 @@ def _check_roles(cfg: RL3DConfig, fail) -> None:
         )
     _check_reward_names(cfg, fail)
     check_reward_models(cfg, fail)
+    check_teacher_layout(cfg, fail)
     for name in cfg.roles:
         if name in BUILT_IN_NAMES:
             raise fail(f"roles.{name}", f"{name!r} is a built-in role; name the recipe's own role otherwise")

@@ -20,6 +20,10 @@ class PolicyLossParams:
     cov_lb: float | None = None  # clip_cov: covariance band's lower end (1.0)
     cov_ub: float | None = None  # clip_cov: covariance band's upper end (5.0)
     kl_cov_coef: float | None = None  # kl_cov: coefficient of |log r| on the selected tokens (1.0)
+    gpg_rescale: bool | None = None  # gpg: advantages times B / (B - M) over the batch (on)
+    # gpg: more rollout rounds until the share of samples in groups with a reward spread
+    # reaches this (the paper's beta_th, 0.6 in its ablation); None = off
+    gpg_threshold: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("tau_pos", "tau_neg"):
@@ -28,6 +32,8 @@ class PolicyLossParams:
                 raise FieldError(name, f"must be > 0, got {value}")
         if self.cov_ratio is not None and not 0 < self.cov_ratio <= 1:
             raise FieldError("cov_ratio", f"must be in (0, 1], got {self.cov_ratio}")
+        if self.gpg_threshold is not None and not 0 < self.gpg_threshold <= 1:
+            raise FieldError("gpg_threshold", f"must be in (0, 1], got {self.gpg_threshold}")
         if self.kl_cov_coef is not None and self.kl_cov_coef < 0:
             raise FieldError("kl_cov_coef", f"must be >= 0, got {self.kl_cov_coef}")
         if self.cov_lb is not None and self.cov_ub is not None and self.cov_lb >= self.cov_ub:

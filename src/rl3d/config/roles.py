@@ -111,12 +111,13 @@ BUILT_IN_ROLES: tuple[RoleSpec, ...] = (
     ),
     _learned_model("model", "reward"),
     _learned_model("cost_model", "cost"),
-    # on-policy distillation's teachers (algorithm.distill): forward only, on the actor's ranks
+    # on-policy distillation's teachers (algorithm.distill): forward only, colocated or own pool
     RoleSpec(
         "teacher",
         "rl3d.workers.teacher:TeacherWorker",
         "algorithm.distill",
         enabled=lambda cfg: cfg.algorithm.family.needs_teacher,
+        own_layout=lambda cfg: None if cfg.algorithm.distill.colocate else cfg.algorithm.distill.parallel,
         compute="compute_teacher_log_prob",
         compute_stage="teacher_logp",
     ),

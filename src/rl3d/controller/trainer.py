@@ -191,6 +191,7 @@ class RLTrainer:
         kept: list[DataBatch] = []
         num_kept = rounds = 0
         self.placement.begin_step(step)
+        algo.begin_step()
 
         def rollout(prompts: DataBatch, **sampling) -> DataBatch:  # a hook's extra generation
             return self.score(self.rollout(prompts, step=step, **sampling), {})

@@ -82,6 +82,9 @@ def preflight(
         from rl3d.config.reward_model import preflight_reward_models
 
         preflight_reward_models(check.cfg, check.fail, absent_ok=absent_ok)
+        from rl3d.config.run_dir import preflight_teachers
+
+        preflight_teachers(check.cfg, check.fail, absent_ok=absent_ok)
     if check_paths or device_gib is not None:
         from rl3d.launch.preflight_memory import check_memory
 

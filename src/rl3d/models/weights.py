@@ -1,7 +1,8 @@
 """Load weights into a built GPTModel on each rank, and save a live model's shards.
 
-`load_weights(model, spec, groups, src)` takes an HF directory or a Megatron weight directory
-(any tp, pp) and copies into this rank's parameters exactly its shard, one tensor at a time.
+`load_weights(model, spec, groups, src)` takes an HF directory, a Megatron weight directory
+or a training checkpoint's role directory (`rl3d.models.ckpt_source`), any tp, pp, and copies
+into this rank's parameters exactly its shard, one tensor at a time.
 `save_weights(model, spec, groups, dst, hf_config=...)` writes the Megatron weight directory
 of `rl3d.models.convert` from a live model (DP rank 0 of each shard writes its own file), which
 `mcore_to_hf` then turns into an HF directory.
@@ -55,7 +56,13 @@ def _open_source(src: str | Path, spec: ModelSpec, padded_vocab: int) -> Any:
         return reader
     if (src / "config.json").exists():
         return HFSource(src, spec, padded_vocab)
-    raise FileNotFoundError(f"{src} is neither an HF directory nor an rl3d Megatron weight directory")
+    from rl3d.models.ckpt_source import DistCheckpointSource, is_dist_checkpoint
+
+    if is_dist_checkpoint(src):  # a training checkpoint's role directory (step_N/actor)
+        return DistCheckpointSource(src, spec)
+    raise FileNotFoundError(
+        f"{src} is neither an HF directory, an rl3d Megatron weight directory nor a training checkpoint"
+    )
 
 
 def load_weights(

@@ -1,11 +1,14 @@
 """The `teacher` role of on-policy distillation: per-token log-probs of the student's samples
 under one or more frozen teachers (`algorithm.distill`, `rl3d.algos.distill`).
 
-Each teacher is an HF directory with the student's vocabulary; its shapes come from its own
-config.json, so a teacher may be larger than the student. Teachers run colocated on the actor's
-ranks, in the actor's layout, with the reference's micro-batching. With `teachers_by_source`
-every teacher scores the whole batch and each row keeps its own teacher's log-probs: simple,
-and as many forwards as teachers.
+Each teacher shares the student's vocabulary: an HF directory (shapes from its config.json, so
+a teacher may be larger than the student), or an rl3d run directory or one of its
+`checkpoints/step_N` (the actor's dist checkpoint, read in this role's layout whatever layout
+saved it; shapes from the run's model section). Teachers run colocated on the actor's ranks in
+the actor's layout, or in their own pool in `algorithm.distill.parallel`, with the reference's
+micro-batching (padded or packed, as the actor). With `teachers_by_source`
+each teacher runs its forward on its own rows only (rows of a source without its own teacher
+go to `teacher`), so a step costs one forward per row whatever the number of teachers.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import dataclasses
 
 import torch
 
+from rl3d.config.run_dir import teacher_weights
 from rl3d.models.bootstrap import MegatronGroups
-from rl3d.models.hub import resolve_model_path
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
-from rl3d.models.spec import ModelSpec, spec_in_dir
+from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
 from rl3d.workers.context import RoleContext
@@ -31,12 +34,18 @@ class TeacherWorker:
         self.cfg, self.groups = cfg, groups
         self.distill = distill = cfg.algorithm.distill
         self.teachers: dict[str, tuple[ModelSpec, MegatronRole]] = {}
+        layout, key = groups.layout, "actor.parallel" if distill.colocate else "algorithm.distill.parallel"
         for path in distill.paths():
-            spec = spec_in_dir(resolve_model_path(path))
+            spec, weights = teacher_weights(path)
             if spec.vocab_size != ctx.spec.vocab_size:
                 raise ValueError(
                     f"algorithm.distill: teacher {path} has vocab_size {spec.vocab_size}, "
                     f"the student {ctx.spec.vocab_size}: a teacher must share the student's vocabulary"
+                )
+            if spec.num_query_groups % layout.t or spec.num_layers % layout.p:
+                raise ValueError(
+                    f"{key}: tp={layout.t} must divide teacher {path}'s {spec.num_query_groups} KV heads "
+                    f"and pp={layout.p} its {spec.num_layers} layers"
                 )
             role = MegatronRole.from_config(
                 spec,
@@ -47,9 +56,10 @@ class TeacherWorker:
                 # the reference's micro-batching; offload around generation is the reference's own
                 batching=dataclasses.replace(_reference_batching(cfg), offload=[]),
                 total_steps=cfg.trainer.total_steps,
-                hf_path=resolve_model_path(path),
+                hf_path=weights,
             )
             self.teachers[path] = (spec, role)
+        self.rows_scored = dict.fromkeys(self.teachers, 0)  # rows each teacher has scored
 
     def dispatch_info(self) -> DispatchInfo:
         _, first = next(iter(self.teachers.values()))
@@ -71,13 +81,22 @@ class TeacherWorker:
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_teacher_log_prob(self, batch: DataBatch) -> DataBatch | None:
+        """Each teacher scores only the rows its `data_source` maps it to (`teacher_for`); every
+        stage runs every teacher's forward, so pipeline stages stay in step."""
         sources = batch["data_source"] if "data_source" in batch else [None] * len(batch)
         chosen = [self.distill.teacher_for(s) for s in sources]
         out = None
         for path, (spec, role) in self.teachers.items():
-            logp = self._logprobs(spec, role, batch)
-            if logp is None:
-                return None
-            rows = torch.tensor([c == path for c in chosen], device=logp.device)
-            out = logp if out is None else torch.where(rows[:, None], logp, out)
-        return DataBatch({"teacher_logp": out})
+            rows = [i for i, c in enumerate(chosen) if c == path]
+            if not rows:
+                continue
+            logp = self._logprobs(spec, role, batch.select(rows))
+            self.rows_scored[path] += len(rows)
+            if logp is None:  # not the last pipeline stage
+                continue
+            if out is None:
+                out = logp.new_zeros((len(batch), logp.shape[1]))
+            out[torch.tensor(rows, device=logp.device)] = logp
+        if out is None and self.groups.is_last_stage:  # no rows on this rank
+            out = torch.zeros(len(batch), batch["responses"].shape[1])
+        return None if out is None else DataBatch({"teacher_logp": out})
