@@ -10,7 +10,8 @@ request gets an error and adds nothing; the thread of a hung agent is left behin
 threads cannot be killed) and the rollout returns at the deadline.
 
 Each session's completions become training sequences (`rl3d.agents.sessions`); the trainer
-takes one per session (`rl3d.workers.generation`), with the session's reward.
+takes each as a row (`rl3d.workers.generation`, up to `max_rows_per_session`), all with the
+session's reward and its prompt's group.
 """
 
 from __future__ import annotations
@@ -48,6 +49,16 @@ class AgentOutcome:
 
     def sequences(self) -> list[TrainingSequence]:
         return training_sequences(self.completions)
+
+    def rows(self, max_rows: int) -> list[TrainingSequence]:
+        """The session's training rows, at most `max_rows`: its longest chain of turns first (the
+        last one on a tie), then each other sequence (completions that do not extend it: a side
+        question, the other choices of `n > 1`) in the order the agent asked for them."""
+        sequences = self.sequences()
+        if not sequences:
+            return []
+        main = max(reversed(sequences), key=lambda s: s.num_completions)  # max keeps the first
+        return [main, *(s for s in sequences if s is not main)][:max_rows]
 
 
 def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
@@ -133,13 +144,21 @@ def _turns(seq: TrainingSequence, decode: Callable[[list[int]], str]) -> list[di
 
 
 def agent_record(
-    out: AgentOutcome, seq: TrainingSequence | None, decode: Callable[[list[int]], str] | None = None
+    out: AgentOutcome,
+    seq: TrainingSequence | None,
+    decode: Callable[[list[int]], str] | None = None,
+    *,
+    rows: list[TrainingSequence] | None = None,
 ) -> dict[str, Any]:
-    """The trajectory record of the session's row (`seq`, its trained chain of turns): the
-    agent's reward and what it did, its turns (with `decode`: a reward function or hook that
-    reads the built-in loop's turns reads these alike), and the counts the multi-turn metrics
-    read (`rl3d.tools.trajectory`)."""
-    calls = sum(len((c.reply or {}).get("tool_calls") or []) for c in out.completions)
+    """The trajectory record of one of the session's rows (`seq`, a sequence of its turns;
+    `rows`: all the session's rows, default `[seq]`): the agent's reward and what it did
+    (`agent`, the same on every row of the session), the row's turns (with `decode`: a reward
+    function or hook that reads the built-in loop's turns reads these alike), and the row's
+    counts the multi-turn metrics read (`rl3d.tools.trajectory`)."""
+    rows = ([seq] if seq else []) if rows is None else rows
+    trained = sum(s.num_completions for s in rows)
+    mine = [out.completions[i] for i in seq.completions] if seq else []
+    calls = sum(len((c.reply or {}).get("tool_calls") or []) for c in mine)
     policy = sum(seq.mask) if seq else 0
     observed = len(seq.ids) - seq.prompt_length - policy if seq else 0
     return {
@@ -151,8 +170,9 @@ def agent_record(
             "timed_out": out.timed_out,
             "seconds": out.seconds,
             "calls": len(out.completions),
-            "turns": seq.num_completions if seq else 0,
-            "unused_completions": len(out.completions) - (seq.num_completions if seq else 0),
+            "turns": rows[0].num_completions if rows else 0,
+            "rows": len(rows),
+            "unused_completions": len(out.completions) - trained,
         },
         "turns": _turns(seq, decode) if seq and decode else [],
         "num_turns": seq.num_completions if seq else 0,
@@ -184,8 +204,11 @@ class AgentRollout:
         self.fn = cfg.resolve()
         self.chat = ChatFormat(tokenizer, tool_format=cfg.tool_format)
 
-    def run(self, samples: list[dict[str, Any]], defaults: Any) -> list[AgentOutcome]:
-        """Each sample's outcome; `defaults` (the rollout's `SamplingParams`) is what a request
+    def run(
+        self, samples: list[dict[str, Any]], defaults: Any, sessions: list[str] | None = None
+    ) -> list[AgentOutcome]:
+        """Each sample's outcome in its session (`sessions`: their ids, unique in the step;
+        default `sample-<i>`); `defaults` (the rollout's `SamplingParams`) is what a request
         gets for the fields it leaves out."""
         try:
             import openai
@@ -212,7 +235,7 @@ class AgentRollout:
             def make_client(session: str) -> Any:
                 return base.with_options(default_headers={"X-Session-Id": session})
 
-            sessions = [f"sample-{i}" for i in range(len(samples))]
+            sessions = sessions or [f"sample-{i}" for i in range(len(samples))]
             try:
                 return run_agents(
                     self.fn,
