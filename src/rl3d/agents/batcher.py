@@ -36,6 +36,8 @@ class Sample:
     logprobs: list[float]
     raw_logprobs: list[float]
     finish_reason: str
+    # per token, its most likely alternatives (token id, raw log-prob) when the request asked
+    top: list[list[tuple[int, float]]] | None = None
 
 
 @dataclass
@@ -131,9 +133,15 @@ class GenerateBatcher:
         self.stats.rows += len(out)
         ids, lps = out.responses(), out.token_logprobs()
         raws = out.token_logprobs(raw=True) if out.raw_logprobs is not None else lps
-        index = out.prompt_index.tolist()
+        index, tops = out.prompt_index.tolist(), out.token_top()
+        if params.top_logprobs and tops is None:
+            err = ValueError(f"the {type(self.engine).__name__} engine returns no top log-probs")
+            for r in requests:
+                r.future.set_exception(err)
+            return
         samples: list[list[Sample]] = [[] for _ in requests]
         for row in range(len(out)):
-            samples[index[row]].append(Sample(ids[row], lps[row], raws[row], out.finish_reasons[row]))
+            top = tops[row] if tops is not None else None
+            samples[index[row]].append(Sample(ids[row], lps[row], raws[row], out.finish_reasons[row], top))
         for request, mine in zip(requests, samples):
             request.future.set_result(mine)

@@ -178,7 +178,8 @@ def test_bad_requests_get_openai_errors():
         for kwargs, param in [
             ({"temperature": 5}, "temperature"),
             ({"stream": "yes"}, "stream"),
-            ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+            ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+            ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
             ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
         ]:
             args = {"model": "m", "messages": [{"role": "user", "content": "1="}]} | kwargs
