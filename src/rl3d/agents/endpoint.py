@@ -39,9 +39,13 @@ class AgentEndpoint:
         vocab_size: int,
         model_name: str = "rl3d-policy",
         request_timeout_s: float = 600.0,
+        parallel_tool_calls: bool = False,
     ):
         self.batcher, self.chat, self.defaults, self.vocab_size = batcher, chat, defaults, vocab_size
         self.model_name, self.request_timeout_s = model_name, request_timeout_s
+        # a reply that offers tools may make several calls (else it stops at the first close tag);
+        # a request's `parallel_tool_calls` overrides
+        self.parallel_tool_calls = parallel_tool_calls
         self.sessions = SessionLog()
 
     def models(self) -> dict[str, Any]:
@@ -96,9 +100,12 @@ class AgentEndpoint:
     def chat_completion(self, body: dict[str, Any], session: str) -> dict[str, Any]:
         messages = read_messages(body)
         tools, parse_calls = read_tools(body)
+        parallel = body.get("parallel_tool_calls", self.parallel_tool_calls)
+        if not isinstance(parallel, bool):
+            raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         sampling = read_sampling(body, self.defaults, chat=True)
         prompt_ids = self._chat_prompt(session, messages, tools)
-        samples, ends = self._generate(session, prompt_ids, sampling, parse_calls)
+        samples, ends = self._generate(session, prompt_ids, sampling, parse_calls and not parallel)
         choices, generated = [], 0
         for i, sample in enumerate(samples):
             kept, text = self._finish(sample, sampling, ends)

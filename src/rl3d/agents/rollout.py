@@ -225,6 +225,7 @@ class AgentRollout:
             max_batch_rows=cfg.max_batch_rows,
             batch_wait_s=cfg.batch_wait_ms / 1000,
             max_body_bytes=cfg.max_body_bytes,
+            parallel_tool_calls=cfg.parallel_tool_calls,
         )
         with server:
             # one client and connection pool; each session's copy only sets its header

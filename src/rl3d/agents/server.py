@@ -135,9 +135,11 @@ class AgentServer:
         batch_wait_s: float = 0.005,
         max_body_bytes: int = 4 << 20,
         model_name: str = "rl3d-policy",
+        parallel_tool_calls: bool = False,
     ):
         self.chat = chat or ChatFormat(tokenizer)
         self.defaults, self.model_name = defaults, model_name
+        self.parallel_tool_calls = parallel_tool_calls
         self.engine, self.max_batch_rows, self.batch_wait_s = engine, max_batch_rows, batch_wait_s
         self.max_body_bytes = max_body_bytes
         # ids the engine takes: the model's vocabulary (padded past the tokenizer's, and it may
@@ -162,8 +164,9 @@ class AgentServer:
             self.engine, max_rows=self.max_batch_rows, wait_s=self.batch_wait_s, seed=self.defaults.seed
         )
         self.endpoint = AgentEndpoint(
-            self.batcher, self.chat, self.defaults, vocab_size=self.vocab_size, model_name=self.model_name
-        )
+            self.batcher, self.chat, self.defaults, vocab_size=self.vocab_size, model_name=self.model_name,
+            parallel_tool_calls=self.parallel_tool_calls,
+        )  # fmt: skip
         httpd = _Server((HOST, 0), _Handler)  # port 0: the OS picks a free one, no race
         httpd.endpoint, httpd.max_body_bytes = self.endpoint, self.max_body_bytes
         threading.Thread(target=httpd.serve_forever, name="rl3d-agent-http", daemon=True).start()

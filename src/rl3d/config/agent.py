@@ -95,6 +95,10 @@ class AgentHookConfig:
     # training rows per session: its longest chain of turns, then completions that do not
     # extend it, each its own sample with the session's reward (1: the chain alone)
     max_rows_per_session: int = 1
+    # a reply that offers tools may make several calls (Qwen's blocks, Llama 3's JSON list);
+    # false: it stops at the first call's close tag, as the built-in loop does. A request's
+    # `parallel_tool_calls` overrides.
+    parallel_tool_calls: bool = False
 
     def __post_init__(self) -> None:
         for key in ("concurrency", "timeout_s", "max_batch_rows", "max_body_bytes", "max_rows_per_session"):
