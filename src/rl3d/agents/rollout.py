@@ -72,11 +72,33 @@ def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
     return float(value), info
 
 
-def _call(fn: Callable, client: Any, sample: dict[str, Any], box: dict[str, Any]) -> None:
+class LiveAgents:
+    """The samples whose agents are running (thread-safe); `len()` is how many."""
+
+    def __init__(self) -> None:
+        self._running: set[int] = set()
+        self._lock = threading.Lock()
+
+    def start(self, i: int) -> None:
+        with self._lock:
+            self._running.add(i)
+
+    def end(self, i: int) -> None:
+        with self._lock:
+            self._running.discard(i)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+
+def _call(fn: Callable, client: Any, sample: dict[str, Any], box: dict[str, Any], on_end: Callable) -> None:
     try:
         box["reward"], box["info"] = _as_reward(fn(client, sample))
     except Exception as err:
         box["error"] = f"{type(err).__name__}: {err}"
+    box["done"] = True
+    on_end()
 
 
 def run_agents(
@@ -88,32 +110,44 @@ def run_agents(
     *,
     concurrency: int,
     timeout_s: float,
+    live: LiveAgents | None = None,
 ) -> list[AgentOutcome]:
     """`fn(client, sample)` per sample in its session; returns when each has ended or run past
-    `timeout_s` from its own start."""
+    `timeout_s` from its own start. `live` tracks the agents running."""
+    live = LiveAgents() if live is None else live
     outcomes = [AgentOutcome(session) for session in sessions]
     waiting = deque(range(len(samples)))
-    running: dict[int, tuple[threading.Thread, float, dict[str, Any]]] = {}
+    running: dict[int, tuple[float, dict[str, Any]]] = {}  # sample -> (start, what its agent left)
+    ended = threading.Event()  # an agent returned: look now, not at the next poll
     while waiting or running:
         while waiting and len(running) < concurrency:
             i = waiting.popleft()
             box: dict[str, Any] = {}
             client = make_client(sessions[i])
+
+            def on_end(i: int = i) -> None:
+                live.end(i)
+                ended.set()
+
             thread = threading.Thread(
-                target=_call, args=(fn, client, samples[i], box), name=f"rl3d-agent-{i}", daemon=True
+                target=_call, args=(fn, client, samples[i], box, on_end), name=f"rl3d-agent-{i}", daemon=True
             )
-            running[i] = (thread, time.monotonic(), box)
+            running[i] = (time.monotonic(), box)
+            live.start(i)
             thread.start()
-        time.sleep(_POLL_S)
+        ended.wait(_POLL_S)
+        ended.clear()
         now = time.monotonic()
-        for i, (thread, start, box) in list(running.items()):
+        for i, (start, box) in list(running.items()):
             out = outcomes[i]
-            if thread.is_alive() and now - start <= timeout_s:
+            finished = "done" in box  # set last, before `ended`: is_alive may lag behind
+            if not finished and now - start <= timeout_s:
                 continue
             del running[i]
+            live.end(i)  # a hung agent's too: the endpoint stops waiting for it
             out.seconds = now - start
             out.completions = close_session(out.session)
-            if thread.is_alive():
+            if not finished:
                 out.timed_out = True
                 out.error = f"timed out after {timeout_s:g}s (rollout.agent.timeout_s)"
                 logger.warning("agent of session %s timed out after %.1fs: scored 0", out.session, timeout_s)
@@ -211,12 +245,13 @@ class AgentRollout:
         default `sample-<i>`); `defaults` (the rollout's `SamplingParams`) is what a request
         gets for the fields it leaves out."""
         try:
+            import httpx
             import openai
         except ImportError as err:
             raise ImportError("rollout.agent needs the openai package: pip install 'rl3d[agents]'") from err
         from rl3d.agents.server import AgentServer
 
-        cfg = self.cfg
+        cfg, live = self.cfg, LiveAgents()
         server = AgentServer(
             self.engine,
             self.tokenizer,
@@ -226,11 +261,18 @@ class AgentRollout:
             batch_wait_s=cfg.batch_wait_ms / 1000,
             max_body_bytes=cfg.max_body_bytes,
             parallel_tool_calls=cfg.parallel_tool_calls,
+            live_agents=live.__len__,
         )
         with server:
-            # one client and connection pool; each session's copy only sets its header
+            # one client and connection pool; each session's copy only sets its header. Plain
+            # HTTP to loopback: the pool needs no CA bundle, whose load costs ~0.1 s a rollout
+            pool = httpx.Client(verify=False, timeout=cfg.timeout_s)
             base = openai.OpenAI(
-                base_url=server.base_url, api_key="rl3d", max_retries=0, timeout=cfg.timeout_s
+                base_url=server.base_url,
+                api_key="rl3d",
+                max_retries=0,
+                timeout=cfg.timeout_s,
+                http_client=pool,
             )
 
             def make_client(session: str) -> Any:
@@ -246,6 +288,7 @@ class AgentRollout:
                     server.sessions.close,
                     concurrency=cfg.concurrency,
                     timeout_s=cfg.timeout_s,
+                    live=live,
                 )
             finally:
                 base.close()
