@@ -23,6 +23,22 @@ from rl3d.single_controller.batch import NOMINAL_ROWS, DataBatch
 PAD_GROUP = -1  # the uid of the padding rows: one group, equal scores, so no advantage either
 
 
+def one_row_per_sample(batch: DataBatch) -> DataBatch:
+    """An agent session's first row only (its chain of turns), for what counts samples rather
+    than trains on them (validation's means and pass@k); other batches as they are."""
+    records = batch["trajectory"] if "trajectory" in batch else None
+    if not records or not any("agent" in r for r in records):
+        return batch
+    seen: set[str] = set()
+    keep = []
+    for i, record in enumerate(records):
+        session = record.get("agent", {}).get("session", i)
+        if session not in seen:
+            seen.add(session)
+            keep.append(i)
+    return batch if len(keep) == len(batch) else batch.select(keep)
+
+
 def row_multiple(cfg: RL3DConfig) -> int:
     """The row counts every training role splits evenly are the multiples of this: each
     optimized role's mini-batches (as many as over the nominal samples) deal over its

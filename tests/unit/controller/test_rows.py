@@ -8,7 +8,7 @@ import torch
 from rl3d.algos.advantages import compute_advantages
 from rl3d.algos.core import scores_to_token_rewards
 from rl3d.config import load_config
-from rl3d.controller.rows import PAD_GROUP, fit_rows, row_multiple
+from rl3d.controller.rows import PAD_GROUP, fit_rows, one_row_per_sample, row_multiple
 from rl3d.single_controller.batch import NOMINAL_ROWS, DataBatch, mini_batch_rows
 from rl3d.single_controller.dispatch import MODES, Dispatch, DispatchInfo
 
@@ -87,3 +87,14 @@ def test_extra_rows_are_padded_to_what_the_layout_deals(cfg, extra, padded):
 def test_mini_batches_scale_with_the_rows():
     assert mini_batch_rows(8, {}, 48) == 8  # the nominal batch: the recipe's mini-batch
     assert mini_batch_rows(8, {NOMINAL_ROWS: 32}, 48) == 12  # 4 mini-batches, as over 32 samples
+
+
+def test_validation_counts_a_session_once():
+    batch = _rows([0, 0, 0, 1])
+    records = [{"agent": {"session": s}} for s in ("0-0", "0-0", "0-1", "1-0")]
+    batch.set("trajectory", records)
+    once = one_row_per_sample(batch)
+    assert [r["agent"]["session"] for r in once["trajectory"]] == ["0-0", "0-1", "1-0"]
+    assert torch.equal(once["score"], batch["score"][[0, 2, 3]])
+    plain = _rows([0, 0])
+    assert one_row_per_sample(plain) is plain  # not an agent rollout
