@@ -16,9 +16,9 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from types import SimpleNamespace
 
 from rl3d.agents import AgentRollout
+from rl3d.config.agent import AgentHookConfig
 from rl3d.data.tool_task import CALL_END_ID, CALL_ID, OBS_END_ID, TOOL_MULTIPLY, ToolTokenizer
 from rl3d.rollout import SamplingParams
 from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
@@ -77,10 +77,9 @@ def main() -> None:
     loop.close()
 
     served = CountingEngine(bigram_engine("tiny-llama-v32", script()))
-    cfg = SimpleNamespace(
-        resolve=lambda: __import__("rl3d.agents.examples", fromlist=["x"]).calculator_agent,
-        tool_format="qwen", concurrency=args.concurrency, timeout_s=60.0,
-        max_batch_rows=256, batch_wait_ms=args.batch_wait_ms, max_body_bytes=1 << 20,
+    cfg = AgentHookConfig(
+        fn="rl3d.agents.examples:calculator_agent", tool_format="qwen", concurrency=args.concurrency,
+        timeout_s=60.0, max_batch_rows=256, batch_wait_ms=args.batch_wait_ms, max_body_bytes=1 << 20,
     )  # fmt: skip
     rollout = AgentRollout(cfg, served, TOK)
     rows = [{"prompt": TOK.decode(p), "sample_index": j} for p in prompts for j in range(args.n)]

@@ -69,5 +69,19 @@ def test_sglang_adapter_push_generate_release(tmp_path):
         sampled = engine.generate(PROMPTS, SamplingParams(max_new_tokens=5, n=2, seed=1))
         assert sampled.prompt_index.tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
         assert (sampled.logprobs[sampled.mask()] <= 0).all()
+        # the agent endpoint's top_logprobs: each token's alternatives, most likely first, the
+        # sampled token among them with its very log-prob (the same original softmax)
+        top = engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, seed=2, top_logprobs=3))
+        assert top.top_ids.shape == (*top.response_ids.shape, 3)
+        hits = 0
+        for row, alternatives in enumerate(top.token_top()):
+            for step, alts in enumerate(alternatives):
+                lps = [lp for _, lp in alts]
+                assert lps == sorted(lps, reverse=True)
+                token = int(top.response_ids[row, step])
+                if token in [i for i, _ in alts]:
+                    assert dict(alts)[token] == pytest.approx(float(top.raw_logprobs[row, step]), abs=1e-6)
+                    hits += 1
+        assert hits > 0
     finally:
         engine.shutdown()

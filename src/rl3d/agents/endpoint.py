@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
@@ -40,9 +39,13 @@ class AgentEndpoint:
         vocab_size: int,
         model_name: str = "rl3d-policy",
         request_timeout_s: float = 600.0,
+        parallel_tool_calls: bool = False,
     ):
         self.batcher, self.chat, self.defaults, self.vocab_size = batcher, chat, defaults, vocab_size
         self.model_name, self.request_timeout_s = model_name, request_timeout_s
+        # a reply that offers tools may make several calls (else it stops at the first close tag);
+        # a request's `parallel_tool_calls` overrides
+        self.parallel_tool_calls = parallel_tool_calls
         self.sessions = SessionLog()
 
     def models(self) -> dict[str, Any]:
@@ -79,11 +82,9 @@ class AgentEndpoint:
             raise RequestError(f"generation failed: {err}", status=500) from err
         return samples, frozenset(ends)
 
-    def _finish(
-        self, sample: Sample, sampling: Sampling, ends: frozenset[int]
-    ) -> tuple[list[int], list[float], str, str]:
-        """(ids kept, their raw log-probs, the reply text, the finish reason): cut after a stop
-        string; an end token is kept in the ids but not in the text."""
+    def _finish(self, sample: Sample, sampling: Sampling, ends: frozenset[int]) -> tuple[Sample, str]:
+        """The sample as kept (cut after a stop string) and the reply text; an end token is kept
+        in the ids but not in the text."""
         ids, lps, finish = list(sample.response_ids), list(sample.raw_logprobs), sample.finish_reason
         body = ids[:-1] if finish == FINISH_STOP and ids and ids[-1] in ends else ids
         text = self.chat.decode(body)
@@ -92,18 +93,23 @@ class AgentEndpoint:
             at, s = min(hits)
             k = next(k for k in range(1, len(body) + 1) if s in self.chat.decode(body[:k]))
             ids, lps, text, finish = ids[:k], lps[:k], text[:at], FINISH_STOP
-        return ids, lps, text, finish
+        top = sample.top[: len(ids)] if sample.top is not None else None
+        return Sample(ids, sample.logprobs[: len(ids)], lps, finish, top), text
 
     # -- the two completion kinds ------------------------------------------------------------------
     def chat_completion(self, body: dict[str, Any], session: str) -> dict[str, Any]:
         messages = read_messages(body)
         tools, parse_calls = read_tools(body)
+        parallel = body.get("parallel_tool_calls", self.parallel_tool_calls)
+        if not isinstance(parallel, bool):
+            raise RequestError("parallel_tool_calls must be a boolean", param="parallel_tool_calls")
         sampling = read_sampling(body, self.defaults, chat=True)
         prompt_ids = self._chat_prompt(session, messages, tools)
-        samples, ends = self._generate(session, prompt_ids, sampling, parse_calls)
+        samples, ends = self._generate(session, prompt_ids, sampling, parse_calls and not parallel)
         choices, generated = [], 0
         for i, sample in enumerate(samples):
-            ids, lps, text, finish = self._finish(sample, sampling, ends)
+            kept, text = self._finish(sample, sampling, ends)
+            ids, lps, finish = kept.response_ids, kept.raw_logprobs, kept.finish_reason
             parsed = parse_tool_calls(text, self.chat.tool_format) if parse_calls else ParsedReply(text)
             reply: dict[str, Any] = {"role": "assistant", "content": parsed.content}
             if parsed.tool_calls:
@@ -114,7 +120,7 @@ class AgentEndpoint:
                 "index": i,
                 "message": reply,
                 "finish_reason": "tool_calls" if parsed.tool_calls else finish,
-                "logprobs": {"content": self._token_logprobs(ids, lps)} if sampling.logprobs else None,
+                "logprobs": {"content": self._token_logprobs(kept)} if sampling.logprobs else None,
             }
             choices.append(choice)
         return self._response("chat.completion", "chatcmpl", body, choices, len(prompt_ids), generated)
@@ -144,7 +150,8 @@ class AgentEndpoint:
         for prompt_ids in prompts:
             samples, ends = self._generate(session, prompt_ids, sampling, False)
             for sample in samples:
-                ids, lps, text, finish = self._finish(sample, sampling, ends)
+                kept, text = self._finish(sample, sampling, ends)
+                ids, lps, finish = kept.response_ids, kept.raw_logprobs, kept.finish_reason
                 self.sessions.add(session, Completion(prompt_ids, ids, lps, finish))
                 generated += len(ids)
                 logprobs = None
@@ -153,7 +160,9 @@ class AgentEndpoint:
                     logprobs = {
                         "tokens": tokens,
                         "token_logprobs": lps,
-                        "top_logprobs": None,
+                        "top_logprobs": [{self.chat.decode([t]): lp for t, lp in alts} for alts in kept.top]
+                        if kept.top is not None
+                        else None,
                         "text_offset": None,
                     }
                 choices.append(
@@ -176,12 +185,18 @@ class AgentEndpoint:
             return [q for p in prompt for q in self._text_prompts({"prompt": p, "add_special_tokens": add})]
         raise RequestError("prompt must be a string, a list of token ids, or a list of those", param="prompt")
 
-    def _token_logprobs(self, ids: Sequence[int], lps: Sequence[float]) -> list[dict[str, Any]]:
-        out = []
-        for t, lp in zip(ids, lps):
-            token = self.chat.decode([t])
-            out.append({"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []})
-        return out
+    def _token_entry(self, token_id: int, logprob: float) -> dict[str, Any]:
+        token = self.chat.decode([token_id])
+        return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+    def _token_logprobs(self, sample: Sample) -> list[dict[str, Any]]:
+        """OpenAI's `logprobs.content`: each generated token, its raw log-prob, and (when asked)
+        its most likely alternatives, most likely first."""
+        tops = sample.top or [[] for _ in sample.response_ids]
+        return [
+            self._token_entry(t, lp) | {"top_logprobs": [self._token_entry(a, alp) for a, alp in alts]}
+            for t, lp, alts in zip(sample.response_ids, sample.raw_logprobs, tops)
+        ]
 
     def _response(
         self, kind: str, prefix: str, body: dict, choices: list, prompt_tokens: int, generated: int

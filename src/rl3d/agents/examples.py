@@ -7,9 +7,9 @@ calculator as an OpenAI function tool on the `tool_multiply` task (`rl3d.data.to
       fn: rl3d.agents:agent_reward
 
 It asks for a reply with the tool offered, runs every call it gets on the calculator, sends
-the result back as a `role: tool` message and asks again, up to `MAX_TURNS` replies; the reward
-is the task's own score of the turns (`rl3d.data.tool_task.score_turns`). Nothing in it knows
-about rl3d's tokens: the endpoint keeps the trajectory token-exact.
+each result back as its own `role: tool` message and asks again, up to `MAX_TURNS` replies;
+the reward is the task's own score of the turns (`rl3d.data.tool_task.score_turns`). Nothing
+in it knows about rl3d's tokens: the endpoint keeps the trajectory token-exact.
 """
 
 from __future__ import annotations
@@ -39,13 +39,14 @@ def calculator_agent(client: Any, sample: dict[str, Any]) -> tuple[float, dict[s
         if not reply.tool_calls:
             turns.append((reply.content or "", None))
             break
-        call = reply.tool_calls[0]
-        try:
-            arguments = json.loads(call.function.arguments)
-            result = CALCULATOR.call(arguments).observation()
-            expression = str(arguments.get("expression", ""))
-        except (json.JSONDecodeError, KeyError, AttributeError) as err:
-            result, expression = f"[error] {err}", ""
-        messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
-        turns.append((f"{reply.content or ''}{CALL_TEXT}{expression}{CALL_END_TEXT}", result))
+        for k, call in enumerate(reply.tool_calls):  # each call answered by its own tool message
+            try:
+                arguments = json.loads(call.function.arguments)
+                result = CALCULATOR.call(arguments).observation()
+                expression = str(arguments.get("expression", ""))
+            except (json.JSONDecodeError, KeyError, AttributeError) as err:
+                result, expression = f"[error] {err}", ""
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+            said = (reply.content or "") if k == 0 else ""
+            turns.append((f"{said}{CALL_TEXT}{expression}{CALL_END_TEXT}", result))
     return score_turns(a, b, turns), {"turns": len(turns)}

@@ -125,14 +125,15 @@ def read_tools(body: dict) -> tuple[list | None, bool]:
 class Sampling:
     """A request's sampling as the engine's params, plus what the endpoint does around them."""
 
-    params: SamplingParams
+    params: SamplingParams  # top_logprobs: how many alternatives per token the reply lists
     stop: tuple[str, ...]
     logprobs: bool
 
 
 def read_sampling(body: dict, defaults: SamplingParams, *, chat: bool) -> Sampling:
     """`temperature`, `top_p`, `max_tokens` (clamped to the rollout's `max_new_tokens`), `n`,
-    `stop`, `seed`, `logprobs`; defaults are the rollout's."""
+    `stop`, `seed`, `logprobs` and `top_logprobs` (the legacy completions' `logprobs: k`);
+    defaults are the rollout's."""
     if not isinstance(body.get("stream", False), bool):
         raise RequestError("stream must be a boolean", param="stream")
     if body.get("echo"):
@@ -157,15 +158,12 @@ def read_sampling(body: dict, defaults: SamplingParams, *, chat: bool) -> Sampli
     else:
         top = _integer(body, "logprobs", 0, 5, None)
         logprobs = top is not None
-    if top:
-        raise RequestError(
-            "top log-probs of other tokens are not served: the rollout engine returns the sampled "
-            "token's log-prob (ask logprobs without top_logprobs)",
-            param="top_logprobs" if chat else "logprobs",
-        )
+    if top and not logprobs:
+        raise RequestError("top_logprobs needs logprobs: true", param="top_logprobs")
     params = dataclasses.replace(
-        defaults, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens, n=n, seed=seed
-    )
+        defaults, temperature=temperature, top_p=top_p, max_new_tokens=max_tokens, n=n, seed=seed,
+        top_logprobs=top or 0,
+    )  # fmt: skip
     return Sampling(params, tuple(stop), logprobs)
 
 

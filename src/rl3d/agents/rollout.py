@@ -10,7 +10,8 @@ request gets an error and adds nothing; the thread of a hung agent is left behin
 threads cannot be killed) and the rollout returns at the deadline.
 
 Each session's completions become training sequences (`rl3d.agents.sessions`); the trainer
-takes one per session (`rl3d.workers.generation`), with the session's reward.
+takes each as a row (`rl3d.workers.generation`, up to `max_rows_per_session`), all with the
+session's reward and its prompt's group.
 """
 
 from __future__ import annotations
@@ -49,6 +50,16 @@ class AgentOutcome:
     def sequences(self) -> list[TrainingSequence]:
         return training_sequences(self.completions)
 
+    def rows(self, max_rows: int) -> list[TrainingSequence]:
+        """The session's training rows, at most `max_rows`: its longest chain of turns first (the
+        last one on a tie), then each other sequence (completions that do not extend it: a side
+        question, the other choices of `n > 1`) in the order the agent asked for them."""
+        sequences = self.sequences()
+        if not sequences:
+            return []
+        main = max(reversed(sequences), key=lambda s: s.num_completions)  # max keeps the first
+        return [main, *(s for s in sequences if s is not main)][:max_rows]
+
 
 def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
     info: Any = {}
@@ -61,11 +72,33 @@ def _as_reward(value: Any) -> tuple[float, dict[str, Any]]:
     return float(value), info
 
 
-def _call(fn: Callable, client: Any, sample: dict[str, Any], box: dict[str, Any]) -> None:
+class LiveAgents:
+    """The samples whose agents are running (thread-safe); `len()` is how many."""
+
+    def __init__(self) -> None:
+        self._running: set[int] = set()
+        self._lock = threading.Lock()
+
+    def start(self, i: int) -> None:
+        with self._lock:
+            self._running.add(i)
+
+    def end(self, i: int) -> None:
+        with self._lock:
+            self._running.discard(i)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._running)
+
+
+def _call(fn: Callable, client: Any, sample: dict[str, Any], box: dict[str, Any], on_end: Callable) -> None:
     try:
         box["reward"], box["info"] = _as_reward(fn(client, sample))
     except Exception as err:
         box["error"] = f"{type(err).__name__}: {err}"
+    box["done"] = True
+    on_end()
 
 
 def run_agents(
@@ -77,32 +110,44 @@ def run_agents(
     *,
     concurrency: int,
     timeout_s: float,
+    live: LiveAgents | None = None,
 ) -> list[AgentOutcome]:
     """`fn(client, sample)` per sample in its session; returns when each has ended or run past
-    `timeout_s` from its own start."""
+    `timeout_s` from its own start. `live` tracks the agents running."""
+    live = LiveAgents() if live is None else live
     outcomes = [AgentOutcome(session) for session in sessions]
     waiting = deque(range(len(samples)))
-    running: dict[int, tuple[threading.Thread, float, dict[str, Any]]] = {}
+    running: dict[int, tuple[float, dict[str, Any]]] = {}  # sample -> (start, what its agent left)
+    ended = threading.Event()  # an agent returned: look now, not at the next poll
     while waiting or running:
         while waiting and len(running) < concurrency:
             i = waiting.popleft()
             box: dict[str, Any] = {}
             client = make_client(sessions[i])
+
+            def on_end(i: int = i) -> None:
+                live.end(i)
+                ended.set()
+
             thread = threading.Thread(
-                target=_call, args=(fn, client, samples[i], box), name=f"rl3d-agent-{i}", daemon=True
+                target=_call, args=(fn, client, samples[i], box, on_end), name=f"rl3d-agent-{i}", daemon=True
             )
-            running[i] = (thread, time.monotonic(), box)
+            running[i] = (time.monotonic(), box)
+            live.start(i)
             thread.start()
-        time.sleep(_POLL_S)
+        ended.wait(_POLL_S)
+        ended.clear()
         now = time.monotonic()
-        for i, (thread, start, box) in list(running.items()):
+        for i, (start, box) in list(running.items()):
             out = outcomes[i]
-            if thread.is_alive() and now - start <= timeout_s:
+            finished = "done" in box  # set last, before `ended`: is_alive may lag behind
+            if not finished and now - start <= timeout_s:
                 continue
             del running[i]
+            live.end(i)  # a hung agent's too: the endpoint stops waiting for it
             out.seconds = now - start
             out.completions = close_session(out.session)
-            if thread.is_alive():
+            if not finished:
                 out.timed_out = True
                 out.error = f"timed out after {timeout_s:g}s (rollout.agent.timeout_s)"
                 logger.warning("agent of session %s timed out after %.1fs: scored 0", out.session, timeout_s)
@@ -133,13 +178,21 @@ def _turns(seq: TrainingSequence, decode: Callable[[list[int]], str]) -> list[di
 
 
 def agent_record(
-    out: AgentOutcome, seq: TrainingSequence | None, decode: Callable[[list[int]], str] | None = None
+    out: AgentOutcome,
+    seq: TrainingSequence | None,
+    decode: Callable[[list[int]], str] | None = None,
+    *,
+    rows: list[TrainingSequence] | None = None,
 ) -> dict[str, Any]:
-    """The trajectory record of the session's row (`seq`, its trained chain of turns): the
-    agent's reward and what it did, its turns (with `decode`: a reward function or hook that
-    reads the built-in loop's turns reads these alike), and the counts the multi-turn metrics
-    read (`rl3d.tools.trajectory`)."""
-    calls = sum(len((c.reply or {}).get("tool_calls") or []) for c in out.completions)
+    """The trajectory record of one of the session's rows (`seq`, a sequence of its turns;
+    `rows`: all the session's rows, default `[seq]`): the agent's reward and what it did
+    (`agent`, the same on every row of the session), the row's turns (with `decode`: a reward
+    function or hook that reads the built-in loop's turns reads these alike), and the row's
+    counts the multi-turn metrics read (`rl3d.tools.trajectory`)."""
+    rows = ([seq] if seq else []) if rows is None else rows
+    trained = sum(s.num_completions for s in rows)
+    mine = [out.completions[i] for i in seq.completions] if seq else []
+    calls = sum(len((c.reply or {}).get("tool_calls") or []) for c in mine)
     policy = sum(seq.mask) if seq else 0
     observed = len(seq.ids) - seq.prompt_length - policy if seq else 0
     return {
@@ -151,8 +204,9 @@ def agent_record(
             "timed_out": out.timed_out,
             "seconds": out.seconds,
             "calls": len(out.completions),
-            "turns": seq.num_completions if seq else 0,
-            "unused_completions": len(out.completions) - (seq.num_completions if seq else 0),
+            "turns": rows[0].num_completions if rows else 0,
+            "rows": len(rows),
+            "unused_completions": len(out.completions) - trained,
         },
         "turns": _turns(seq, decode) if seq and decode else [],
         "num_turns": seq.num_completions if seq else 0,
@@ -184,16 +238,20 @@ class AgentRollout:
         self.fn = cfg.resolve()
         self.chat = ChatFormat(tokenizer, tool_format=cfg.tool_format)
 
-    def run(self, samples: list[dict[str, Any]], defaults: Any) -> list[AgentOutcome]:
-        """Each sample's outcome; `defaults` (the rollout's `SamplingParams`) is what a request
+    def run(
+        self, samples: list[dict[str, Any]], defaults: Any, sessions: list[str] | None = None
+    ) -> list[AgentOutcome]:
+        """Each sample's outcome in its session (`sessions`: their ids, unique in the step;
+        default `sample-<i>`); `defaults` (the rollout's `SamplingParams`) is what a request
         gets for the fields it leaves out."""
         try:
+            import httpx
             import openai
         except ImportError as err:
             raise ImportError("rollout.agent needs the openai package: pip install 'rl3d[agents]'") from err
         from rl3d.agents.server import AgentServer
 
-        cfg = self.cfg
+        cfg, live = self.cfg, LiveAgents()
         server = AgentServer(
             self.engine,
             self.tokenizer,
@@ -202,17 +260,25 @@ class AgentRollout:
             max_batch_rows=cfg.max_batch_rows,
             batch_wait_s=cfg.batch_wait_ms / 1000,
             max_body_bytes=cfg.max_body_bytes,
+            parallel_tool_calls=cfg.parallel_tool_calls,
+            live_agents=live.__len__,
         )
         with server:
-            # one client and connection pool; each session's copy only sets its header
+            # one client and connection pool; each session's copy only sets its header. Plain
+            # HTTP to loopback: the pool needs no CA bundle, whose load costs ~0.1 s a rollout
+            pool = httpx.Client(verify=False, timeout=cfg.timeout_s)
             base = openai.OpenAI(
-                base_url=server.base_url, api_key="rl3d", max_retries=0, timeout=cfg.timeout_s
+                base_url=server.base_url,
+                api_key="rl3d",
+                max_retries=0,
+                timeout=cfg.timeout_s,
+                http_client=pool,
             )
 
             def make_client(session: str) -> Any:
                 return base.with_options(default_headers={"X-Session-Id": session})
 
-            sessions = [f"sample-{i}" for i in range(len(samples))]
+            sessions = sessions or [f"sample-{i}" for i in range(len(samples))]
             try:
                 return run_agents(
                     self.fn,
@@ -222,6 +288,7 @@ class AgentRollout:
                     server.sessions.close,
                     concurrency=cfg.concurrency,
                     timeout_s=cfg.timeout_s,
+                    live=live,
                 )
             finally:
                 base.close()

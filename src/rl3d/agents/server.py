@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -33,11 +34,15 @@ from rl3d.rollout.base import RolloutEngine, SamplingParams
 logger = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"  # loopback only: the policy is served to agents on this machine
+_POLL_S = 0.01
 
 
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
+    # a reply goes out as two writes (headers, body): with Nagle's algorithm the second waits
+    # for the client's delayed ACK, 40 ms per request on Linux loopback
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the stdlib's name)
         logger.debug("agent endpoint: " + format, *args)
@@ -135,9 +140,13 @@ class AgentServer:
         batch_wait_s: float = 0.005,
         max_body_bytes: int = 4 << 20,
         model_name: str = "rl3d-policy",
+        parallel_tool_calls: bool = False,
+        live_agents: Callable[[], int] | None = None,
     ):
         self.chat = chat or ChatFormat(tokenizer)
         self.defaults, self.model_name = defaults, model_name
+        self.parallel_tool_calls = parallel_tool_calls
+        self.live_agents = live_agents  # how many agents are running (`GenerateBatcher.live`)
         self.engine, self.max_batch_rows, self.batch_wait_s = engine, max_batch_rows, batch_wait_s
         self.max_body_bytes = max_body_bytes
         # ids the engine takes: the model's vocabulary (padded past the tokenizer's, and it may
@@ -159,14 +168,18 @@ class AgentServer:
 
     def start(self) -> AgentServer:
         self.batcher = GenerateBatcher(
-            self.engine, max_rows=self.max_batch_rows, wait_s=self.batch_wait_s, seed=self.defaults.seed
-        )
+            self.engine, max_rows=self.max_batch_rows, wait_s=self.batch_wait_s, seed=self.defaults.seed,
+            live=self.live_agents,
+        )  # fmt: skip
         self.endpoint = AgentEndpoint(
-            self.batcher, self.chat, self.defaults, vocab_size=self.vocab_size, model_name=self.model_name
-        )
+            self.batcher, self.chat, self.defaults, vocab_size=self.vocab_size, model_name=self.model_name,
+            parallel_tool_calls=self.parallel_tool_calls,
+        )  # fmt: skip
         httpd = _Server((HOST, 0), _Handler)  # port 0: the OS picks a free one, no race
         httpd.endpoint, httpd.max_body_bytes = self.endpoint, self.max_body_bytes
-        threading.Thread(target=httpd.serve_forever, name="rl3d-agent-http", daemon=True).start()
+        # `shutdown` waits for the loop's next poll: the stdlib's 0.5 s would be paid every rollout
+        serve = lambda: httpd.serve_forever(poll_interval=_POLL_S)  # noqa: E731
+        threading.Thread(target=serve, name="rl3d-agent-http", daemon=True).start()
         self._httpd = httpd
         logger.info("agent endpoint at %s", self.base_url)
         return self

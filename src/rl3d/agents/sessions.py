@@ -44,11 +44,12 @@ class TrainingSequence:
     logprobs: list[float]
     num_completions: int = 1
     finish_reason: str = "stop"
+    completions: list[int] = field(default_factory=list)  # which of the session's, in order
 
 
 def training_sequences(completions: list[Completion]) -> list[TrainingSequence]:
     sequences: list[TrainingSequence] = []
-    for c in completions:
+    for i, c in enumerate(completions):
         seq = next(
             (
                 s
@@ -70,6 +71,7 @@ def training_sequences(completions: list[Completion]) -> list[TrainingSequence]:
         seq.mask += [1] * len(c.response_ids)
         seq.logprobs += c.logprobs
         seq.num_completions += 1
+        seq.completions.append(i)
         seq.finish_reason = c.finish_reason
     return sequences
 

@@ -3,7 +3,8 @@
 - ``qwen`` (Hermes, what Qwen2.5's template teaches): one block per call,
   ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
 - ``llama3`` (Llama 3.1-3.3's JSON tool calling): the whole message is one JSON object
-  ``{"name": ..., "parameters": {...}}``, optionally after ``<|python_tag|>``;
+  ``{"name": ..., "parameters": {...}}`` or a JSON list of them (several calls), optionally
+  after ``<|python_tag|>``;
 - ``auto``: ``qwen`` when the text holds its open tag, else ``llama3``.
 
 `parse_tool_calls` never raises: a call that cannot be read (bad JSON, no name, arguments not an
@@ -59,14 +60,7 @@ def _qwen_calls(text: str) -> tuple[str, list[ToolCall]] | None:
     return "".join(rest).strip(), calls
 
 
-def _llama3_call(text: str) -> ToolCall | None:
-    body = text.strip().removeprefix(_PYTHON_TAG).strip()
-    if not body.startswith("{"):
-        return None
-    try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
-        return None
+def _llama3_object(obj: Any) -> ToolCall | None:
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
     arguments = obj.get("parameters", obj.get("arguments", {}))
@@ -76,6 +70,19 @@ def _llama3_call(text: str) -> ToolCall | None:
         except (json.JSONDecodeError, RecursionError):
             return None
     return ToolCall(obj["name"], arguments) if isinstance(arguments, dict) else None
+
+
+def _llama3_calls(text: str) -> list[ToolCall] | None:
+    """The message as one call object, or a JSON list of them; None when any is malformed."""
+    body = text.strip().removeprefix(_PYTHON_TAG).strip()
+    if not body.startswith(("{", "[")):
+        return None
+    try:
+        obj = json.loads(body)
+    except (json.JSONDecodeError, RecursionError):
+        return None
+    calls = [_llama3_object(o) for o in (obj if isinstance(obj, list) else [obj])]
+    return calls if calls and all(c is not None for c in calls) else None
 
 
 def parse_tool_calls(text: str, fmt: str = "auto") -> ParsedReply:
@@ -88,10 +95,10 @@ def parse_tool_calls(text: str, fmt: str = "auto") -> ParsedReply:
             return ParsedReply(content)
         rest, calls = found
         return ParsedReply(rest or None, [openai_call(c.name, c.arguments) for c in calls])
-    call = _llama3_call(text)
-    if call is None:
+    calls = _llama3_calls(text)
+    if calls is None:
         return ParsedReply(content)
-    return ParsedReply(None, [openai_call(call.name, call.arguments)])
+    return ParsedReply(None, [openai_call(c.name, c.arguments) for c in calls])
 
 
 def call_arguments(call: dict[str, Any]) -> dict[str, Any] | str:
@@ -110,13 +117,15 @@ def call_arguments(call: dict[str, Any]) -> dict[str, Any] | str:
 def render_tool_calls(calls: list[dict[str, Any]], fmt: str, *, newlines: bool = True) -> str:
     """OpenAI tool calls as the text the model writes in format `fmt` (for chat templates that
     do not render `tool_calls` themselves)."""
+    if fmt == "llama3":  # one object, or a list of them for several calls
+        objects = [
+            {"name": c.get("function", {}).get("name", ""), "parameters": call_arguments(c)} for c in calls
+        ]
+        return json.dumps(objects[0] if len(objects) == 1 else objects) if objects else ""
     parts = []
     for call in calls:
         name = call.get("function", {}).get("name", "")
-        if fmt == "llama3":
-            parts.append(json.dumps({"name": name, "parameters": call_arguments(call)}))
-        else:
-            body = json.dumps({"name": name, "arguments": call_arguments(call)})
-            sep = "\n" if newlines else ""
-            parts.append(f"{QWEN_TAGS[0]}{sep}{body}{sep}{QWEN_TAGS[1]}")
+        body = json.dumps({"name": name, "arguments": call_arguments(call)})
+        sep = "\n" if newlines else ""
+        parts.append(f"{QWEN_TAGS[0]}{sep}{body}{sep}{QWEN_TAGS[1]}")
     return ("\n" if newlines else "").join(parts)

@@ -78,6 +78,7 @@ class AgentHookConfig:
             concurrency: 8            # agents running at once (threads)
             timeout_s: 120.0          # wall clock per sample; later = scored 0, session closed
             tool_format: auto         # tool-call text: qwen (<tool_call>...), llama3 (JSON), auto
+            max_rows_per_session: 1   # > 1: completions off the session's chain train too
 
     `client` is an `openai.OpenAI` pointed at the rollout's endpoint; `sample` the data row.
     The reward is the agent's (`reward.fn: rl3d.agents:agent_reward` reads it). Off (fn None)
@@ -91,9 +92,16 @@ class AgentHookConfig:
     batch_wait_ms: float = 5.0  # how long the endpoint gathers requests into one generate call
     max_batch_rows: int = 64  # samples generated together at most
     max_body_bytes: int = 4 << 20  # a larger request body is refused (HTTP 413)
+    # training rows per session: its longest chain of turns, then completions that do not
+    # extend it, each its own sample with the session's reward (1: the chain alone)
+    max_rows_per_session: int = 1
+    # a reply that offers tools may make several calls (Qwen's blocks, Llama 3's JSON list);
+    # false: it stops at the first call's close tag, as the built-in loop does. A request's
+    # `parallel_tool_calls` overrides.
+    parallel_tool_calls: bool = False
 
     def __post_init__(self) -> None:
-        for key in ("concurrency", "timeout_s", "max_batch_rows", "max_body_bytes"):
+        for key in ("concurrency", "timeout_s", "max_batch_rows", "max_body_bytes", "max_rows_per_session"):
             if getattr(self, key) <= 0:
                 raise FieldError(key, f"must be > 0, got {getattr(self, key)}")
         if self.batch_wait_ms < 0:

@@ -18,6 +18,7 @@ from rl3d.algos import response_stats
 from rl3d.config import RL3DConfig
 from rl3d.config.pools import role_pools
 from rl3d.controller.placement import round_seed, round_uids
+from rl3d.controller.rows import fit_rows
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
@@ -140,6 +141,9 @@ class RLTrainer:
         with t("generate"):
             batch = self.generate(step, metrics)
         self.hooks.call("on_rollout_end", step=step, batch=batch, metrics=metrics)
+        batch, num_rows = fit_rows(batch, cfg)  # more rows than prompts x n: padded to deal evenly
+        if len(batch) != num_rows:
+            metrics["generate/padding_rows"] = float(len(batch) - num_rows)
         source = old_logp_source(cfg)
         if source == "recompute":
             with t("old_logp"):
@@ -153,9 +157,10 @@ class RLTrainer:
             batch, adv_metrics = self.algorithm.advantages(
                 batch, kl_coef=self.kl_ctl.value, max_response_length=cfg.rollout.max_new_tokens
             )
-        metrics |= adv_metrics | response_stats(batch)
+        rows = batch.slice(0, num_rows)
+        metrics |= adv_metrics | response_stats(rows)
         if self.samples is not None:
-            self.samples.log(step, batch)
+            self.samples.log(step, rows)
         for stage, method, group in self.roles.stages("update"):
             with t(stage):
                 metrics |= group.call(method, batch) or {}
@@ -163,10 +168,10 @@ class RLTrainer:
             metrics |= self.roles.actor.call("update_actor", batch) or {}
         with t("reshard"):
             metrics |= self.publish_weights(step)
-        self.kl_ctl.update(current_kl=metrics.get("kl/actor_ref_k1", 0.0), num_steps=len(batch))
+        self.kl_ctl.update(current_kl=metrics.get("kl/actor_ref_k1", 0.0), num_steps=num_rows)
         metrics["kl/coef"] = float(self.kl_ctl.value)
-        metrics |= self.algorithm.after_update(batch)  # e.g. Safe-RLHF's multiplier steps
-        tokens = float(batch["attention_mask"].sum())
+        metrics |= self.algorithm.after_update(batch.slice(0, num_rows))  # e.g. Safe-RLHF's multiplier
+        tokens = float(rows["attention_mask"].sum())
         step_s = sum(t.seconds.values())
         metrics |= {f"time/{k}": v for k, v in t.seconds.items()} | {"time/step": step_s}
         metrics["perf/tokens_per_s"] = tokens / step_s if step_s else 0.0

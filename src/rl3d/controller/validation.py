@@ -44,6 +44,7 @@ from typing import Any
 
 from rl3d.config import RL3DConfig
 from rl3d.config.validation import SYNTHETIC_VAL_PROMPTS, validation_samples
+from rl3d.controller.rows import one_row_per_sample
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ class Validator:
                 seed_step = VAL_STEP_BASE + call
                 batch = self.rollout(prompts, step=seed_step, greedy=greedy)
                 call += 1
-                batch = self.score(batch, {})
+                batch = one_row_per_sample(self.score(batch, {}))  # an agent's extra rows: once
                 if greedy and lo == 0 and self.samples is not None:
                     self.samples.log(step, batch, split="val")
                 for key in SCORE_KEYS:

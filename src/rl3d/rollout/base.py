@@ -23,7 +23,9 @@ FINISH_REASONS = (FINISH_STOP, FINISH_LENGTH)
 class SamplingParams:
     """How to sample. `temperature=0` is greedy; `top_k=0` (or -1) and `top_p=1` disable those
     filters. `seed=None` draws a fresh seed (shared by all TP ranks); a fixed seed makes the
-    output reproducible. `n` samples are drawn per prompt."""
+    output reproducible. `n` samples are drawn per prompt. `top_logprobs=k > 0` also returns, for
+    each generated token, the k most likely tokens under the plain softmax and their log-probs
+    (engines that can: `RolloutBatch.top_ids`)."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -32,6 +34,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     n: int = 1
     seed: int | None = None
+    top_logprobs: int = 0
 
     def __post_init__(self) -> None:
         def bad(key: str, what: str) -> ValueError:
@@ -52,6 +55,8 @@ class SamplingParams:
             raise bad("max_new_tokens", "must be an integer >= 1")
         if not is_int(self.n) or self.n < 1:
             raise bad("n", "must be an integer >= 1")
+        if not is_int(self.top_logprobs) or self.top_logprobs < 0:
+            raise bad("top_logprobs", "must be an integer >= 0 (0 = none)")
         if self.seed is not None and (not is_int(self.seed) or self.seed < 0):
             raise bad("seed", "must be None or an integer >= 0")
         stops = self.stop_token_ids
@@ -81,6 +86,9 @@ class RolloutBatch:
     - `routing`: None, or (a mixture of experts, an engine recording routing) per row the experts
       each token of prompt + response was routed to, [prompt + response tokens, layers, top_k]
       (int16; int32 past 32767 experts), each token's ids in descending router probability.
+    - `top_ids` [N, L, k] int64 and `top_logprobs` [N, L, k] float32, or None: with
+      `SamplingParams.top_logprobs = k`, each step's k most likely tokens under the plain
+      softmax, most likely first, from the logits the token was sampled from.
     Padded positions of the log-prob tensors are 0.
     """
 
@@ -92,6 +100,8 @@ class RolloutBatch:
     raw_logprobs: torch.Tensor | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     routing: list[torch.Tensor] | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         n = self.response_ids.shape[0]
@@ -116,6 +126,16 @@ class RolloutBatch:
         if src is None:
             raise ValueError("this batch carries no raw log-probs")
         return [row[:n].tolist() for row, n in zip(src, self.lengths.tolist())]
+
+    def token_top(self) -> list[list[list[tuple[int, float]]]] | None:
+        """Per row, per generated token, its (token id, raw log-prob) alternatives, most likely
+        first; None without `top_ids`."""
+        if self.top_ids is None or self.top_logprobs is None:
+            return None
+        return [
+            [list(zip(ids.tolist(), lps.tolist())) for ids, lps in zip(row_ids[:n], row_lps[:n])]
+            for row_ids, row_lps, n in zip(self.top_ids, self.top_logprobs, self.lengths.tolist())
+        ]
 
     @classmethod
     def from_lists(

@@ -108,6 +108,15 @@ def sample_next(
     return tokens, logp, raw
 
 
+def top_logprobs(logits_BV: torch.Tensor, vocab_size: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `k` most likely tokens of each row under the plain (temperature-1) softmax, most
+    likely first: (log-probs [B, k] fp32, token ids [B, k] int64). The same softmax as
+    `sample_next`'s raw log-prob, so a sampled token in the top k has the very same value."""
+    z = logits_BV if logits_BV.shape[-1] == vocab_size else logits_BV[:, :vocab_size]
+    z = z if z.dtype == torch.float32 else z.float()
+    return torch.log_softmax(z, dim=-1).topk(min(k, vocab_size), dim=-1)
+
+
 def sample_generators(base_seed: int, sample_ids: Sequence[int]) -> list[torch.Generator]:
     """One CPU generator per sample, seeded from (base seed, global sample index)."""
     mask = (1 << 63) - 1

@@ -407,14 +407,21 @@ class SGLangRolloutEngine:
         if self.engine is not None:
             ids = [p for p in prompts for _ in range(params.n)]
             sampling = [to_sglang_sampling(params, i, self.eos_token_ids) for i in range(len(ids))]
-            outputs = self.engine.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
-            rows = [_parse_output(o) for o in outputs]
+            # the alternatives come from the same (original) log-probs as the sampled token's
+            outputs = self.engine.generate(
+                input_ids=ids, sampling_params=sampling, return_logprob=True,
+                top_logprobs_num=params.top_logprobs or None,  # None: SGLang's default, none
+            )  # fmt: skip
+            rows = [_parse_output(o, params.top_logprobs) for o in outputs]
         rows = self._from_rank0(rows)
         logprobs = [r[1] for r in rows]
-        return RolloutBatch.from_lists(
+        batch = RolloutBatch.from_lists(
             [r[0] for r in rows], logprobs, [r[2] for r in rows], [i // params.n for i in range(len(rows))],
             raw_logprobs=logprobs, pad_token_id=self.pad_token_id,
         )  # fmt: skip
+        if params.top_logprobs:
+            batch.top_ids, batch.top_logprobs = top_tensors([r[3] for r in rows], params.top_logprobs)
+        return batch
 
     def shutdown(self) -> None:
         if self.engine is not None:
@@ -428,8 +435,24 @@ def _check_ok(ret: Any, what: str) -> None:
         raise RuntimeError(f"SGLang {what} failed: {ret[1] if len(ret) > 1 else ret}")
 
 
-def _parse_output(output: dict[str, Any]) -> tuple[list[int], list[float], str]:
-    """(token ids, log-probs, finish reason) of one SGLang generate output."""
+def top_tensors(tops: list[list[list[tuple[int, float]]]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, per token, its (id, log-prob) alternatives as `RolloutBatch.top_ids` and
+    `top_logprobs` [rows, longest, k] (zeros past each row's tokens)."""
+    width = max((len(t) for t in tops), default=0)
+    ids = torch.zeros(len(tops), width, k, dtype=torch.int64)
+    lps = torch.zeros(len(tops), width, k, dtype=torch.float32)
+    for r, row in enumerate(tops):
+        for s, alts in enumerate(row):
+            ids[r, s, : len(alts)] = torch.tensor([a for a, _ in alts], dtype=torch.int64)
+            lps[r, s, : len(alts)] = torch.tensor([lp for _, lp in alts], dtype=torch.float32)
+    return ids, lps
+
+
+def _parse_output(
+    output: dict[str, Any], top_logprobs: int = 0
+) -> tuple[list[int], list[float], str, list[list[tuple[int, float]]]]:
+    """(token ids, log-probs, finish reason, each token's `top_logprobs` alternatives as
+    (id, log-prob), most likely first) of one SGLang generate output."""
     meta = output["meta_info"]
     reason = (meta.get("finish_reason") or {}).get("type")
     if reason not in (FINISH_STOP, FINISH_LENGTH):
@@ -439,4 +462,9 @@ def _parse_output(output: dict[str, Any]) -> tuple[list[int], list[float], str]:
     if [int(e[1]) for e in entries] != ids:
         raise RuntimeError(f"SGLang's log-probs are for tokens {[e[1] for e in entries]}, not {ids}")
     logprobs = [float(e[0]) for e in entries]
-    return ids, logprobs, reason
+    top: list[list[tuple[int, float]]] = []
+    if top_logprobs:  # (log-prob, token id, text) per alternative, per output token
+        top = [[(int(e[1]), float(e[0])) for e in (step or ())] for step in meta["output_top_logprobs"]]
+        if len(top) != len(ids):
+            raise RuntimeError(f"SGLang returned top log-probs for {len(top)} of {len(ids)} tokens")
+    return ids, logprobs, reason, top

@@ -52,7 +52,7 @@ from rl3d.rollout.model import (
     decode_forward,
     forward,
 )
-from rl3d.rollout.sampling import draw_uniforms, sample_generators, sample_next
+from rl3d.rollout.sampling import draw_uniforms, sample_generators, sample_next, top_logprobs
 
 logger = logging.getLogger(__name__)
 
@@ -190,6 +190,9 @@ class TorchRolloutEngine:
             raw_logprobs=torch.cat([c.raw_logprobs[:, :width] for c in chunks]).cpu(),
             routing=[r for c in chunks for r in c.routing] if self.record_routing else None,
         )
+        if params.top_logprobs:
+            batch.top_ids = torch.cat([c.top_ids[:, :width] for c in chunks]).cpu()
+            batch.top_logprobs = torch.cat([c.top_logprobs[:, :width] for c in chunks]).cpu()
         batch.metrics.update(self.stats.metrics())
         logger.debug("torch rollout: %d samples, %s", num_rows, self.stats)
         return batch
@@ -270,6 +273,10 @@ class TorchRolloutEngine:
             lengths=torch.full((num_rows,), num_new, dtype=torch.int64),
             finish_reasons=[FINISH_LENGTH] * num_rows,
         )
+        top_k = min(params.top_logprobs, self.spec.vocab_size)
+        if top_k:
+            out.top_ids = torch.zeros(num_rows, num_new, top_k, dtype=torch.int64, device=device)
+            out.top_logprobs = torch.zeros(num_rows, num_new, top_k, dtype=torch.float32, device=device)
         active = list(range(num_rows))  # row of the cache -> sample index within the chunk
         rows: slice | torch.Tensor = slice(None)  # the same, as an index into `out`'s rows
         for step in range(num_new):
@@ -280,6 +287,10 @@ class TorchRolloutEngine:
             out.ids[rows, step], out.raw_logprobs[rows, step] = tok, raw
             if not params.greedy:  # greedy: logp is 0, as `out.logprobs` already holds
                 out.logprobs[rows, step] = logp
+            if top_k:  # the alternatives, from the logits the token was sampled from
+                out.top_logprobs[rows, step], out.top_ids[rows, step] = top_logprobs(
+                    full_logits, self.spec.vocab_size, top_k
+                )
             done: list[bool] = []
             if len(stop_ids):
                 stopped = torch.isin(tok, stop_ids)
@@ -340,3 +351,5 @@ class _Chunk:
     lengths: torch.Tensor
     finish_reasons: list[str]
     routing: list[torch.Tensor] | None = None  # per row [prompt + response tokens, layers, k]
+    top_ids: torch.Tensor | None = None  # [rows, max_new_tokens, k] with SamplingParams.top_logprobs
+    top_logprobs: torch.Tensor | None = None

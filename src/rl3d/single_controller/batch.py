@@ -20,6 +20,16 @@ import torch
 PAD_VALUES = "pad_values"
 # batch-level info of a prompt batch: its longest prompt, so every share of it left-pads alike
 PROMPT_WIDTH = "prompt_width"
+# batch-level info of a step's batch with more rows than its nominal samples (prompts x n; an
+# agent's extra rows, padded by `rl3d.controller.rows`): mini-batches scale with it
+NOMINAL_ROWS = "nominal_rows"
+
+
+def mini_batch_rows(mini_batch_size: int, info: dict[str, Any], rows: int) -> int:
+    """The rows of one mini-batch of `mini_batch_size` samples in a batch of `rows` (all
+    data-parallel ranks): as many mini-batches as over the nominal samples."""
+    nominal = info.get(NOMINAL_ROWS)
+    return mini_batch_size if nominal is None else mini_batch_size * rows // nominal
 
 
 @dataclass

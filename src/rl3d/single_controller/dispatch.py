@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.batch import DataBatch, mini_batch_rows
 from rl3d.utils.partition import chunked_partition
 
 DISPATCH_ATTR = "__rl3d_dispatch__"
@@ -112,7 +112,8 @@ def _round_robin(batch: DataBatch, slot: Slot) -> DataBatch:
 
 def _token_shares(batch: DataBatch, slot: Slot) -> list[list[int]]:
     lengths = batch["attention_mask"].sum(1).tolist()
-    return chunked_partition(lengths, slot.size, min(slot.token_balance, len(batch)))
+    chunk = mini_batch_rows(slot.token_balance, batch.info, len(batch))
+    return chunked_partition(lengths, slot.size, min(chunk, len(batch)))
 
 
 def _dp_share(batch: DataBatch, slot: Slot) -> DataBatch:

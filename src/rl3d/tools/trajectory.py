@@ -30,7 +30,9 @@ def agent_metrics(trajectories: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Per agent session (a session may make several rows): `agent/errors` and `agent/timeouts`
     count the sessions that failed or ran out of time; `agent/calls_mean` the completions a
     session asked for, `agent/turns_mean` its longest chain of turns, `agent/seconds_mean` its
-    wall clock; `agent/unused_completions` the completions outside the trained chain of turns."""
+    wall clock; `agent/extra_rows` the rows beyond one per session (completions that do not
+    extend the session's chain, trained as their own samples), `agent/unused_completions` the
+    completions in none of the session's rows (past `rollout.agent.max_rows_per_session`)."""
     sessions = list({t["agent"]["session"]: t["agent"] for t in trajectories if "agent" in t}.values())
     n = max(len(sessions), 1)
     return {
@@ -39,5 +41,6 @@ def agent_metrics(trajectories: Sequence[dict[str, Any]]) -> dict[str, float]:
         "agent/calls_mean": sum(s["calls"] for s in sessions) / n,
         "agent/turns_mean": sum(s["turns"] for s in sessions) / n,
         "agent/seconds_mean": sum(s["seconds"] for s in sessions) / n,
+        "agent/extra_rows": float(sum(max(s.get("rows", 1) - 1, 0) for s in sessions)),
         "agent/unused_completions": float(sum(s.get("unused_completions", 0) for s in sessions)),
     }

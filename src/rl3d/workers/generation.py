@@ -105,12 +105,13 @@ class Generation:
         return batch.set(TRAJECTORY, [t.record() for t in trajectories])
 
     def _agent_rollout(self, prompts: DataBatch, params) -> DataBatch:
-        """The user's agent per sample (`params.n` per prompt, each its own session), one row
-        per session with the session's reward: its longest chain of turns that extend one
-        another (the trainer's batches hold prompts x n rows; completions outside that chain
-        are counted, `agent/unused_completions`, not trained). The chain's first prompt fills
-        the prompt columns (its head when longer) and the rest of it is response tokens outside
-        the loss, so every token is one the engine saw or generated."""
+        """The user's agent per sample (`params.n` per prompt, each its own session). A session
+        gives a row for its longest chain of turns that extend one another, then (up to
+        `rollout.agent.max_rows_per_session`) one per other sequence of its completions; every
+        row has the session's reward and its prompt's group (`uid`), so a prompt may have more
+        than `n` rows (`agent/extra_rows`). A sequence's first prompt fills the prompt columns
+        (its head when longer) and the rest of it is response tokens outside the loss, so every
+        token is one the engine saw or generated."""
         from rl3d.agents.rollout import agent_record
 
         fields = [k for k in prompts.meta if k != "uid"]
@@ -119,23 +120,26 @@ class Generation:
             for p in range(len(prompts))
             for j in range(params.n)
         ]
-        outcomes = self.agents.run(samples, params)
+        # ids unique in the step (the session metrics count sessions of every generation rank)
+        sessions = [f"{int(prompts['uid'][p])}-{j}" for p in range(len(prompts)) for j in range(params.n)]
+        outcomes = self.agents.run(samples, params, sessions)
         width = prompt_width(prompts)
+        decode = self.agents.chat.decode
         rows, heads, masks, records = [], [], [], []
-        for i, out in enumerate(outcomes):
+        for i, out in enumerate(outcomes):  # prompt-major: a prompt's rows stay together
             p = i // params.n
-            # the last of the longest chains: max keeps the first it meets
-            seq = max(reversed(out.sequences()), key=lambda s: s.num_completions, default=None)
-            if seq is None:  # no completion: the prompt alone, nothing in the loss
+            sequences = out.rows(self.agents.cfg.max_rows_per_session)
+            if not sequences:  # no completion: the prompt alone, nothing in the loss
                 heads.append(prompts["prompt_ids"][p])
                 rows.append((p, [], [], "length"))
                 masks.append([])
-            else:
+                records.append(agent_record(out, None, decode))
+            for seq in sequences:
                 k = min(seq.prompt_length, width)
                 heads.append(seq.ids[:k])
                 rows.append((p, seq.ids[k:], seq.logprobs[k:], seq.finish_reason))
                 masks.append(seq.mask[k:])
-            records.append(agent_record(out, seq, self.agents.chat.decode))
+                records.append(agent_record(out, seq, decode, rows=sequences))
         batch = rows_to_batch(prompts, rows, self.pad_token_id, prompt_ids=heads)
         for i, mask in enumerate(masks):
             batch["response_mask"][i, : len(mask)] = torch.tensor(mask, dtype=torch.long)

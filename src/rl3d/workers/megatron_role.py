@@ -42,7 +42,7 @@ from rl3d.models.packing import (
 from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
-from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.batch import DataBatch, mini_batch_rows
 from rl3d.utils.dtypes import torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -359,7 +359,7 @@ class MegatronRole:
 
         self.resident()
         dp = self.groups.layout.d
-        local_mini = mini_batch_size // dp
+        local_mini = mini_batch_rows(mini_batch_size, batch.info, len(batch) * dp) // dp
         metrics: list[dict] = []
         self.unwrapped().train()
         for _ in range(epochs):

@@ -6,6 +6,7 @@ to the engine's, batching, errors in OpenAI's shape."""
 import http.client
 import json
 import threading
+import time
 
 import pytest
 
@@ -132,6 +133,22 @@ def test_concurrent_requests_share_engine_calls():
     assert server.batcher.stats.requests == 6
 
 
+def test_requests_of_every_running_agent_go_at_once():
+    """When every running agent waits on a request, none can come before a reply: the batch
+    goes without waiting out `batch_wait_s` (30 s here), in one engine call."""
+    from rl3d.agents.batcher import GenerateBatcher
+
+    engine = RecordingEngine(bigram_engine("tiny-llama-v32", NEXT))
+    batcher = GenerateBatcher(engine, wait_s=30.0, live=lambda: 3)
+    params = SamplingParams(max_new_tokens=4, stop_token_ids=(EOS,), seed=1)
+    start = time.monotonic()
+    futures = [batcher.submit(TOK.encode(f"{i}="), params) for i in range(3)]
+    replies = [f.result(timeout=60) for f in futures]
+    batcher.close()
+    assert time.monotonic() - start < 10 and len(engine.calls) == 1
+    assert all(len(r) == 1 for r in replies)
+
+
 def test_malformed_call_text_comes_back_as_content():
     _, server = serve()
     with server:
@@ -178,7 +195,8 @@ def test_bad_requests_get_openai_errors():
         for kwargs, param in [
             ({"temperature": 5}, "temperature"),
             ({"stream": "yes"}, "stream"),
-            ({"top_logprobs": 3, "logprobs": True}, "top_logprobs"),
+            ({"top_logprobs": 3}, "top_logprobs"),  # without logprobs: true
+            ({"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
             ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0]"),
         ]:
             args = {"model": "m", "messages": [{"role": "user", "content": "1="}]} | kwargs

@@ -106,6 +106,66 @@ def test_sessions_become_rows_with_the_generated_ids(fused_tokenizer):
     assert agent_reward(Row()) == 2.0
 
 
+def two_questions_agent(client, sample):
+    """Two independent questions (neither extends the other); the reward is the sample's index."""
+    for word in ("hi", "go"):
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": word}])
+    return float(sample["sample_index"])
+
+
+@pytest.mark.parametrize("max_rows", [1, 2])
+def test_completions_off_the_chain_train_as_their_own_rows(fused_tokenizer, max_rows):
+    """Each of a session's sequences is a row (up to `max_rows_per_session`) with the session's
+    reward and its prompt's group; the rest are counted, not trained."""
+    from rl3d.workers.generation import TRAJECTORY, Generation
+
+    cfg = load_config(
+        RECIPE,
+        [
+            f"rollout.agent.fn={__name__}:two_questions_agent",
+            "rollout.stop_token_ids=[3]",
+            f"rollout.agent.max_rows_per_session={max_rows}",
+        ],
+    ).config
+    engine = bigram_engine(
+        "tiny-llama-v32", {ID["assistant"]: ID["a"], ID["a"]: ID["b"], ID["b"]: ID["<|im_end|>"]}
+    )
+    prompts = DataBatch(
+        {"uid": torch.tensor([10, 11])},
+        {
+            "prompt_ids": [[ID["hi"]], [ID["go"]]],
+            "prompt_text": ["hi", "go"],
+            "answer": [None, None],
+            "index": [0, 1],
+        },
+        {PROMPT_WIDTH: 4},
+    )
+    batch = (
+        Generation(cfg, engine, fused_tokenizer, pad_token_id=0)
+        .generate(prompts, step=1, gen_dp_rank=0)
+        .batch
+    )
+    records = batch[TRAJECTORY]
+    assert len(batch) == 8 * max_rows
+    assert batch["uid"].tolist() == [10] * 4 * max_rows + [11] * 4 * max_rows  # a prompt's rows together
+    sessions = [r["agent"]["session"] for r in records]
+    assert sessions == [f"{uid}-{j}" for uid in (10, 11) for j in range(4) for _ in range(max_rows)]
+    assert [r["reward"] for r in records] == [float(s.split("-")[1]) for s in sessions]
+    # the longest chain first (the last on a tie: the second question), then the other
+    words = [ID["go"], ID["hi"]][:max_rows] * 8
+    end = ID["<|im_end|>"]
+    for i in range(len(batch)):
+        ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+        assert ids[:6] == [ID["<|im_start|>"], ID["user"], words[i], end, ID["<|im_start|>"], ID["assistant"]]
+        mask = batch["response_mask"][i].bool()
+        assert batch["responses"][i][mask].tolist() == [ID["a"], ID["b"], end]
+        assert records[i]["num_turns"] == 1
+    stats = trajectory_metrics(records)
+    assert stats["agent/extra_rows"] == 8 * (max_rows - 1)
+    assert stats["agent/unused_completions"] == 8 * (2 - max_rows)
+    assert stats["agent/calls_mean"] == 2 and stats["agent/turns_mean"] == 1
+
+
 def test_failures_and_timeouts_score_zero_and_do_not_stall():
     def agent(client, sample):
         if sample == "raise":
@@ -141,6 +201,7 @@ def test_failures_and_timeouts_score_zero_and_do_not_stall():
         ("rollout.agent.timeout_s=0", "rollout.agent.timeout_s"),
         ("rollout.multi_turn.enabled=true", "rollout.agent.fn"),
         ("rollout.agent.tool_format=hermes", "rollout.agent.tool_format"),
+        ("rollout.agent.max_rows_per_session=0", "rollout.agent.max_rows_per_session"),
     ],
 )
 def test_bad_agent_settings_name_the_key(override, key):

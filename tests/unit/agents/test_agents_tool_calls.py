@@ -31,6 +31,16 @@ def test_llama3_json_call():
     assert _calls(parse_tool_calls('{"name": "f", "arguments": {}}', "auto")) == [("f", {})]
 
 
+def test_llama3_json_list_is_several_calls():
+    text = (
+        '[{"name": "calculator", "parameters": {"expression": "2*3"}}, {"name": "search", "parameters": {}}]'
+    )
+    reply = parse_tool_calls(text, "llama3")
+    assert reply.content is None
+    assert _calls(reply) == [("calculator", {"expression": "2*3"}), ("search", {})]
+    assert len({c["id"] for c in reply.tool_calls}) == 2
+
+
 @pytest.mark.parametrize(
     "text, fmt",
     [
@@ -40,6 +50,8 @@ def test_llama3_json_call():
         ('<tool_call>{"name": "f", "arguments": {}}', "qwen"),  # never closed
         ('{"name": "f", "parameters": 3}', "llama3"),
         ("{not json", "llama3"),
+        ('[{"name": "f", "parameters": {}}, {"parameters": {}}]', "llama3"),  # one call of the list unnamed
+        ("[]", "llama3"),
         ("The answer is 6.", "auto"),
     ],
 )
@@ -52,6 +64,7 @@ def test_rendered_calls_parse_back():
     calls = parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', "qwen").tool_calls
     for fmt in ("qwen", "llama3"):
         assert _calls(parse_tool_calls(render_tool_calls(calls, fmt), fmt)) == [("f", {"a": 1})]
+        assert _calls(parse_tool_calls(render_tool_calls(calls * 2, fmt), fmt)) == [("f", {"a": 1})] * 2
     assert (
         render_tool_calls(calls, "qwen", newlines=False)
         == '<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'

@@ -143,7 +143,8 @@ def test_version_check():
 
 
 class _GoodEngine:
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False): ...
+    def generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False,
+                 top_logprobs_num=None): ...  # fmt: skip
     def update_weights_from_tensor(self, named_tensors, load_format=None, flush_cache=True): ...
     def update_weights_from_distributed(self, names, dtypes, shapes, group_name="g", flush_cache=True): ...
     def init_weights_update_group(self, master_address, master_port, rank_offset, world_size, group_name,
