@@ -20,7 +20,11 @@ module remaps exactly those to the CPU, and nothing else:
    optimizer's checkpoint gather call `.cuda()`; inside exactly those calls a CPU tensor
    reports its CUDA type name and `.cuda()` is a no-op.
 5. In 0.19, the grad buffer reads `torch.cuda.current_stream` (covered by the module `torch`
-   of item 3: on CPU there is one stream and nothing to wait on).
+   of item 3: on CPU there is one stream and nothing to wait on). The mixture-of-experts
+   all-to-all token dispatcher makes a side `torch.cuda.Stream` for its device-to-host copies
+   and records an event on it: on CPU both are the one stream, with nothing to record. Its
+   router moves its weight to `torch.cuda.current_device()` and, with the router's aux-loss
+   tracker, allocates on "cuda" (item 3's remap).
 
 `activate()` is a no-op that returns False for a CUDA run, so a GPU run never sees a
 remap (tests/gpu asserts it). The rl3d test suite exercises these remaps on 0.16.1; the same
@@ -62,6 +66,10 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.dist_checkpointing.strategies.fully_parallel",
     "megatron.core.dist_checkpointing.strategies.async_utils",
     "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.experts",
 )
 
 _active = False
@@ -86,6 +94,16 @@ def check_version(version: str | None = None) -> str:
             raise RuntimeError(message)
         logger.warning(message)
     return version
+
+
+def define_missing_te_gemm() -> None:
+    """megatron-core 0.16's router reads `moe_utils.te_general_gemm`, which it binds only when
+    Transformer Engine imports; without TE that is a NameError. None is what it tests for, and
+    selects its torch matmul. Needed without TE on any device, so called by the builder."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
 
 
 def activate(device: str | None = None) -> bool:
@@ -208,10 +226,11 @@ def _remap_factory(fn: Any) -> Any:
 
 
 class _NullStream:
-    """The CPU's one stream: waiting on or recording into it has nothing to do."""
+    """The CPU's one stream: waiting on or recording into it has nothing to do. A recorded event
+    is a null stream too, so that synchronising on it does nothing."""
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+        return lambda *args, **kwargs: self
 
 
 class _CpuCuda:
@@ -228,6 +247,14 @@ class _CpuCuda:
     @staticmethod
     def current_stream(*args: Any, **kwargs: Any) -> _NullStream:
         return _NullStream()
+
+    @staticmethod
+    def Stream(*args: Any, **kwargs: Any) -> _NullStream:  # noqa: N802 - torch.cuda.Stream's name
+        return _NullStream()
+
+    @staticmethod
+    def stream(*args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
