@@ -22,6 +22,7 @@ from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPool
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
+from rl3d.config.moe import MoeConfig
 from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.sglang import SGLangConfig
@@ -82,9 +83,16 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    # Expert parallelism (a mixture of experts): each layer's experts split over ep of the dp
+    # ranks (rl3d.parallel.layout); must divide dp and the number of experts.
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        _positive(self, "tp", "pp", "dp")
+        _positive(self, "tp", "pp", "dp", "ep")
+        if self.dp % self.ep:
+            raise FieldError(
+                "ep", f"ep={self.ep} must divide dp={self.dp} (experts split over data-parallel ranks)"
+            )
 
     @property
     def world_size(self) -> int:
@@ -141,6 +149,7 @@ class TrainedRoleConfig:
     # In host memory (pinned on CUDA) while the colocated engine generates, back bit for bit
     # (rl3d.models.offload): params, grads (DDP's buffer), optimizer (fp32 masters, Adam states)
     offload: list[OffloadKind] = field(default_factory=list)
+    moe: MoeConfig = field(default_factory=MoeConfig)  # router losses (rl3d.config.moe)
 
     def __post_init__(self) -> None:
         _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size", "max_tokens_per_micro_batch")

@@ -73,6 +73,10 @@ def transformer_config(
     from megatron.core.transformer import TransformerConfig
 
     layers_per_stage(spec, groups.layout.p)
+    if groups.layout.ep > 1 and not spec.is_moe:
+        raise ValueError(f"expert parallelism ep={groups.layout.ep}: {spec.name} is dense (no experts)")
+    if spec.is_moe and spec.num_experts % groups.layout.ep:
+        raise ValueError(f"ep={groups.layout.ep} must divide the number of experts ({spec.num_experts})")
     on_cpu = groups.device.type == "cpu"
     fused = use_transformer_engine(
         groups.device, packed=packed
@@ -94,6 +98,7 @@ def transformer_config(
         attention_dropout=0.0,
         tensor_model_parallel_size=groups.layout.t,
         pipeline_model_parallel_size=groups.layout.p,
+        expert_model_parallel_size=groups.layout.ep,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -121,6 +126,13 @@ def transformer_config(
         if kwargs["moe_router_load_balancing_type"] == "none":
             kwargs["moe_router_load_balancing_type"] = "aux_loss"
     return TransformerConfig(**kwargs)
+
+
+def rank_param_names(spec: ModelSpec, groups: MegatronGroups, *, role: str = "actor") -> dict[str, str]:
+    """Global name -> this rank's name of every parameter it holds (its PP stage's, its EP rank's
+    experts)."""
+    layout = groups.layout
+    return stage_param_names(spec, layout.p, groups.pp_rank, role=role, ep=layout.ep, ep_rank=groups.ep_rank)
 
 
 def moe_config(spec: ModelSpec) -> dict[str, Any]:

@@ -24,7 +24,10 @@ module remaps exactly those to the CPU, and nothing else:
    all-to-all token dispatcher makes a side `torch.cuda.Stream` for its device-to-host copies
    and records an event on it: on CPU both are the one stream, with nothing to record. Its
    router moves its weight to `torch.cuda.current_device()` and, with the router's aux-loss
-   tracker, allocates on "cuda" (item 3's remap).
+   tracker, allocates on "cuda" (item 3's remap), as do the gathers of the tensor-parallel
+   mappings the expert-parallel dispatcher calls. Its split sizes reach `all_to_all_single` as
+   numpy arrays from a GPU, but stay tensors on CPU, which gloo's binding refuses: on CPU they
+   become numpy arrays too.
 
 `activate()` is a no-op that returns False for a CUDA run, so a GPU run never sees a
 remap (tests/gpu asserts it). The rl3d test suite exercises these remaps on 0.16.1; the same
@@ -70,6 +73,7 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.transformer.moe.router",
     "megatron.core.transformer.moe.moe_utils",
     "megatron.core.transformer.moe.experts",
+    "megatron.core.tensor_parallel.mappings",
 )
 
 _active = False
@@ -124,6 +128,7 @@ def activate(device: str | None = None) -> bool:
     for name in _DEVICE_LITERAL_MODULES:
         _patch_module_torch(name)
     _patch_l2_norm()
+    _patch_split_sizes()
     _patch_tensor_method_calls()
     _active = True
     logger.info("megatron-core CPU shim active")
@@ -299,6 +304,22 @@ def _l2_norm_fp64(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
     for tensor in tensor_lists[0]:
         total += tensor.detach().double().square().sum()
     return total.sqrt().reshape(1), None
+
+
+def _patch_split_sizes() -> None:
+    """The all-to-all dispatcher's split sizes: its `maybe_move_tensor_to_cpu(as_numpy=True)`
+    returns a GPU tensor's copy as a numpy array, which `all_to_all_single` takes as a list of
+    sizes, but leaves a CPU tensor a tensor, which it refuses; on CPU, numpy too."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    moved = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return moved(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
 
 
 def _patch_l2_norm() -> None:
