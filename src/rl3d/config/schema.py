@@ -23,6 +23,7 @@ from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - the
 from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
 from rl3d.config.moe import MoeConfig
+from rl3d.config.parallel import ParallelConfig
 from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.sglang import SGLangConfig
@@ -76,27 +77,6 @@ class ModelConfig:
     def label(self) -> str:
         """What to call the model in logs and manifests: its spec name, else its HF directory."""
         return self.name or str(self.hf_path)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ParallelConfig:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    # Expert parallelism (a mixture of experts): each layer's experts split over ep of the dp
-    # ranks (rl3d.parallel.layout); must divide dp and the number of experts.
-    ep: int = 1
-
-    def __post_init__(self) -> None:
-        _positive(self, "tp", "pp", "dp", "ep")
-        if self.dp % self.ep:
-            raise FieldError(
-                "ep", f"ep={self.ep} must divide dp={self.dp} (experts split over data-parallel ranks)"
-            )
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -108,6 +108,12 @@ def worker(rank, world, hf_dir, ep, aux, fed, out_dir):
         metrics.append(actor.update_actor(mine))
     hf_config = {**spec_to_config(spec), "model_type": "qwen3_moe"}
     save_weights(actor.role.model, spec, groups, out_dir, hf_config=hf_config)
+    from rl3d.models.dist_checkpoint import save_checkpoint
+
+    ckpt = f"{out_dir}-ckpt"
+    save_checkpoint(
+        ckpt, ddp=actor.role.ddp, optimizer=None, scheduler=None, groups=groups, iteration=UPDATES
+    )
     destroy_megatron()
     return local_experts, metrics
 
@@ -158,6 +164,13 @@ def test_ep2_update_equals_ep1(setup, tmp_path):
     )
     assert moved > 100 * TOL  # every expert and router moved
     assert diff <= TOL, diff
+    from rl3d.models.export import export_hf
+    from rl3d.models.spec import get_model_spec
+
+    exported = export_hf(tmp_path / "ep2-aux0.0-ckpt", get_model_spec("tiny-qwen3-moe"), tmp_path / "export")
+    exported = load_file(str(exported / "model.safetensors"))  # the training checkpoint at EP 2
+    assert sorted(exported) == sorted(weights_two)
+    assert all(torch.equal(exported[n], weights_two[n]) for n in exported)
     print(f"max |EP2 - EP1| over all weights after {UPDATES} updates: {diff:.2e}")
     for (_, metrics_one), (_, metrics_two) in zip(one, two):
         for m1, m2 in zip(metrics_one, metrics_two):
