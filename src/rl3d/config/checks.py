@@ -57,6 +57,16 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
             )
         if spec.num_layers % p:
             raise fail(f"{section}.parallel.pp", f"pp={p} must divide the model's {spec.num_layers} layers")
+        ep = pool.layout.ep
+        if ep > 1 and not spec.is_moe:
+            raise fail(
+                f"{section}.parallel.ep", f"ep={ep}: {spec.name} is dense (no experts to split); use ep 1"
+            )
+        if spec.is_moe and spec.num_experts % ep:
+            raise fail(
+                f"{section}.parallel.ep",
+                f"ep={ep} must divide the model's {spec.num_experts} experts ({spec.name})",
+            )
     try:
         GenerationLayout.from_training(
             ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g

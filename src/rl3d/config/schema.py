@@ -22,6 +22,8 @@ from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPool
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
+from rl3d.config.moe import MoeConfig
+from rl3d.config.parallel import ParallelConfig
 from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.sglang import SGLangConfig
@@ -78,20 +80,6 @@ class ModelConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParallelConfig:
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    def __post_init__(self) -> None:
-        _positive(self, "tp", "pp", "dp")
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-
-@dataclass(frozen=True, kw_only=True)
 class OptimConfig:
     lr: float = 1e-6
     weight_decay: float = 0.0
@@ -141,6 +129,7 @@ class TrainedRoleConfig:
     # In host memory (pinned on CUDA) while the colocated engine generates, back bit for bit
     # (rl3d.models.offload): params, grads (DDP's buffer), optimizer (fp32 masters, Adam states)
     offload: list[OffloadKind] = field(default_factory=list)
+    moe: MoeConfig = field(default_factory=MoeConfig)  # router losses (rl3d.config.moe)
 
     def __post_init__(self) -> None:
         _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size", "max_tokens_per_micro_batch")

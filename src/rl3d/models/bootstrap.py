@@ -39,6 +39,8 @@ class MegatronGroups:
     embedding_group: Any  # first and last PP stage (tied embeddings)
     pg_collection: Any  # megatron.core.process_groups_config.ProcessGroupCollection
     dp_group_gloo: Any = None  # the distributed optimizer's gloo twin of dp_group
+    ep_group: Any = None  # the layout.ep ranks splitting the experts (a MoE model's all-to-all)
+    expert_dp_group: Any = None  # the d / ep ranks holding the same experts
     # where this rank computes: the world's backend says (NCCL: this rank's bound GPU)
     device: torch.device = torch.device("cpu")
 
@@ -53,6 +55,10 @@ class MegatronGroups:
     @property
     def dp_rank(self) -> int:
         return self.coords.dp
+
+    @property
+    def ep_rank(self) -> int:
+        return self.coords.ep
 
     @property
     def is_first_stage(self) -> bool:
@@ -100,6 +106,7 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.t,
         pipeline_model_parallel_size=layout.p,
+        expert_model_parallel_size=layout.ep,  # expert tensor parallel: megatron's default, = t
         order="tp-cp-ep-dp-pp",
         create_gloo_process_groups=True,
         distributed_timeout_minutes=_world_timeout_s(device) / 60,
@@ -118,6 +125,8 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
         embedding_group=pgs.embd,
         pg_collection=pgs,
         dp_group_gloo=parallel_state.get_data_parallel_group_gloo(with_context_parallel=True),
+        ep_group=pgs.ep,
+        expert_dp_group=pgs.expt_dp,
         device=device,
     )
     _check_matches_layout(groups)
@@ -136,12 +145,16 @@ def _check_matches_layout(groups: MegatronGroups) -> None:
         "pp": _own_group(layout.pp_groups(), rank),
         "dp": _own_group(layout.dp_groups(), rank),
         "mp": _own_group(layout.model_parallel_groups(), rank),
+        "ep": _own_group(layout.ep_groups(), rank),
+        "expert_dp": _own_group(layout.expert_dp_groups(), rank),
     }
     actual = {
         "tp": _ranks(groups.tp_group),
         "pp": _ranks(groups.pp_group),
         "dp": _ranks(groups.dp_group),
         "mp": _ranks(groups.mp_group),
+        "ep": _ranks(groups.ep_group),
+        "expert_dp": _ranks(groups.expert_dp_group),
     }
     assert actual == expected, f"megatron's groups {actual} differ from layout {layout}: {expected}"
 

@@ -1,4 +1,5 @@
-"""Actor, critic and reference models on megatron-core's GPTModel (Llama / Qwen2 family).
+"""Actor, critic and reference models on megatron-core's GPTModel (Llama / Qwen2 / Qwen3 family,
+dense or a mixture of experts).
 
 `build_gpt(spec, groups, role=...)` builds this rank's PP stage and TP shard. The layer spec is
 Transformer Engine's when TE imports, CUDA is present and the role packs its sequences
@@ -17,6 +18,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+import rl3d.models.cpu_shim as cpu_shim
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.params import (  # noqa: F401  (re-exported)
     TE_NAMES,
@@ -71,6 +73,10 @@ def transformer_config(
     from megatron.core.transformer import TransformerConfig
 
     layers_per_stage(spec, groups.layout.p)
+    if groups.layout.ep > 1 and not spec.is_moe:
+        raise ValueError(f"expert parallelism ep={groups.layout.ep}: {spec.name} is dense (no experts)")
+    if spec.is_moe and spec.num_experts % groups.layout.ep:
+        raise ValueError(f"ep={groups.layout.ep} must divide the number of experts ({spec.num_experts})")
     on_cpu = groups.device.type == "cpu"
     fused = use_transformer_engine(
         groups.device, packed=packed
@@ -92,6 +98,7 @@ def transformer_config(
         attention_dropout=0.0,
         tensor_model_parallel_size=groups.layout.t,
         pipeline_model_parallel_size=groups.layout.p,
+        expert_model_parallel_size=groups.layout.ep,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
@@ -107,13 +114,59 @@ def transformer_config(
         persist_layer_norm=False,
         sequence_parallel=False,
     )
+    kwargs.update(moe_config(spec))
     if overrides.get("variable_seq_lengths"):
         # PP stages exchange each micro-batch's shape (packed rows differ in length). megatron
         # refuses that with its default MoE dispatcher even in a dense model; the MoE-only
         # setting below changes nothing else.
         kwargs["moe_token_dispatcher_type"] = "alltoall"
     kwargs.update(overrides)
+    if kwargs.get("moe_aux_loss_coeff"):
+        kwargs.setdefault("moe_router_load_balancing_type", "aux_loss")
+        if kwargs["moe_router_load_balancing_type"] == "none":
+            kwargs["moe_router_load_balancing_type"] = "aux_loss"
     return TransformerConfig(**kwargs)
+
+
+def rank_param_names(spec: ModelSpec, groups: MegatronGroups, *, role: str = "actor") -> dict[str, str]:
+    """Global name -> this rank's name of every parameter it holds (its PP stage's, its EP rank's
+    experts)."""
+    layout = groups.layout
+    return stage_param_names(spec, layout.p, groups.pp_rank, role=role, ep=layout.ep, ep_rank=groups.ep_rank)
+
+
+def moe_config(spec: ModelSpec) -> dict[str, Any]:
+    """TransformerConfig fields of q/k norm and a mixture of experts (none for a dense Llama).
+
+    Qwen's router takes a softmax over all experts, then the top k; with `norm_topk_prob` the k
+    probabilities are renormalised to sum 1, which is a softmax over the k largest logits:
+    megatron's default order (top-k, then softmax). Without it the probabilities stay the full
+    softmax's: megatron's `moe_router_pre_softmax`. Every token reaches its experts (no capacity,
+    nothing dropped); experts run one after another (SequentialMLP: no grouped GEMM, no TE).
+    No router loss: `moe_aux_loss_coeff` / `moe_z_loss_coeff` overrides add them (training).
+    """
+    out: dict[str, Any] = {"qk_layernorm": spec.qk_norm}
+    if not spec.is_moe:
+        return out
+    out.update(
+        num_moe_experts=spec.num_experts,
+        moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+        moe_router_topk=spec.moe_top_k,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not spec.moe_norm_topk_prob,
+        moe_router_dtype="fp32",
+        moe_grouped_gemm=False,
+        moe_token_dispatcher_type="alltoall",
+        moe_expert_capacity_factor=None,
+        moe_router_load_balancing_type="none",
+        moe_permute_fusion=False,
+    )
+    if spec.shared_expert_ffn_hidden_size:
+        out.update(
+            moe_shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size,
+            moe_shared_expert_gate=True,
+        )
+    return out
 
 
 def build_gpt(
@@ -139,11 +192,20 @@ def build_gpt(
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     layout = groups.layout
+    if spec.is_moe:
+        cpu_shim.define_missing_te_gemm()
     config = transformer_config(spec, groups, params_dtype=params_dtype, packed=packed, **config_overrides)
     if use_transformer_engine(groups.device, packed=packed):
-        layer_spec = specs.get_gpt_layer_with_transformer_engine_spec()
+        layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm
+        )
     else:
-        layer_spec = specs.get_gpt_layer_local_spec(normalization="RMSNorm")
+        layer_spec = specs.get_gpt_layer_local_spec(
+            num_experts=spec.num_experts or None,
+            moe_grouped_gemm=False,
+            qk_layernorm=spec.qk_norm,
+            normalization="RMSNorm",
+        )
     vocab = padded_vocab or padded_vocab_size(spec.vocab_size, layout.t)
     assert vocab >= spec.vocab_size and vocab % layout.t == 0, (vocab, spec.vocab_size, layout.t)
     tied = spec.tied_embeddings and role != "critic"

@@ -1,6 +1,6 @@
 """`rl3d convert`: HF <-> Megatron weights on CPU, no process groups, one tensor at a time.
 
-    rl3d convert hf2mcore --src HF_DIR --dst DIR --tp T --pp P
+    rl3d convert hf2mcore --src HF_DIR --dst DIR --tp T --pp P [--ep E]
     rl3d convert mcore2hf --src DIR --dst HF_DIR [--max-shard-size 5GB]
 
 Wiring (rl3d.cli): `add_convert_arguments(subparser)` then `run_convert(args) -> exit code`;
@@ -27,12 +27,15 @@ def parse_size(text: str) -> int:
 
 def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="direction", required=True, metavar="DIRECTION")
-    to_mcore = sub.add_parser("hf2mcore", help="HF directory -> Megatron weights sharded for (tp, pp)")
+    to_mcore = sub.add_parser("hf2mcore", help="HF directory -> Megatron weights sharded for (tp, pp, ep)")
     to_mcore.add_argument("--src", required=True, help="HF directory (config.json + *.safetensors)")
     to_mcore.add_argument("--dst", required=True, help="output Megatron weight directory")
     to_mcore.add_argument("--tp", type=int, default=1, help="tensor-parallel size (default 1)")
     to_mcore.add_argument("--pp", type=int, default=1, help="pipeline-parallel size (default 1)")
-    to_hf = sub.add_parser("mcore2hf", help="Megatron weights (any tp, pp) -> HF directory")
+    to_mcore.add_argument(
+        "--ep", type=int, default=1, help="expert-parallel size, dividing the experts (default 1)"
+    )
+    to_hf = sub.add_parser("mcore2hf", help="Megatron weights (any tp, pp, ep) -> HF directory")
     to_hf.add_argument("--src", required=True, help="Megatron weight directory (rl3d_meta.json)")
     to_hf.add_argument("--dst", required=True, help="output HF directory")
     to_hf.add_argument(
@@ -45,10 +48,12 @@ def run_convert(args: argparse.Namespace) -> int:
 
     try:
         if args.direction == "hf2mcore":
-            if args.tp < 1 or args.pp < 1:
-                raise ValueError(f"--tp and --pp must be positive, got tp={args.tp} pp={args.pp}")
-            meta = hf_to_mcore(args.src, args.dst, tp=args.tp, pp=args.pp)
-            print(f"wrote {args.dst}: {meta.model_type} as tp={meta.tp} pp={meta.pp}")
+            if args.tp < 1 or args.pp < 1 or args.ep < 1:
+                raise ValueError(
+                    f"--tp, --pp and --ep must be positive, got tp={args.tp} pp={args.pp} ep={args.ep}"
+                )
+            meta = hf_to_mcore(args.src, args.dst, tp=args.tp, pp=args.pp, ep=args.ep)
+            print(f"wrote {args.dst}: {meta.model_type} as tp={meta.tp} pp={meta.pp} ep={meta.ep}")
         else:
             mcore_to_hf(args.src, args.dst, max_shard_bytes=args.max_shard_size)
             print(f"wrote HF directory {args.dst}")

@@ -2,10 +2,15 @@
 
 Megatron weight directory (what `rl3d convert hf2mcore` writes, `load_weights` reads):
 
-    DIR/rl3d_meta.json                       format, tp, pp, padded_vocab, model_type, spec, HF config
+    DIR/rl3d_meta.json                       format, tp, pp, ep, padded_vocab, model_type, spec,
+                                             HF config
     DIR/mp_rank_{tp:02d}_{pp:03d}/model.safetensors
                                              the TP shard `tp` of PP stage `pp`, stage-local names
                                              (`decoder.layers.{local}.…`, see rl3d.models.builder)
+    DIR/mp_rank_{tp:02d}_{pp:03d}_{ep:03d}/model.safetensors
+                                             with expert parallelism (ep > 1): EP rank `ep`'s file
+                                             holds its experts (EP-local indices) and a copy of
+                                             every other parameter, so each rank reads one file
     DIR/hf_extra/                            the HF directory's other files (config, tokenizer, …)
 
 Tensors keep the HF checkpoint's dtype, so HF -> Megatron -> HF is bit for bit. The embedding
@@ -43,8 +48,10 @@ _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".index.json", ".msgp
 _VOCAB_PARAMS = (EMBEDDING, OUTPUT_LAYER)
 
 
-def shard_dir_name(tp_rank: int, pp_rank: int) -> str:
-    return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}"
+def shard_dir_name(tp_rank: int, pp_rank: int, ep_rank: int | None = None) -> str:
+    """A shard's directory; `ep_rank` only when the directory is expert-parallel (ep > 1)."""
+    suffix = "" if ep_rank is None else f"_{ep_rank:03d}"
+    return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}{suffix}"
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,10 @@ class McoreMeta:
     model_type: str
     spec: ModelSpec
     hf_config: dict[str, Any]
+    ep: int = 1
+
+    def shard_dir(self, tp_rank: int, pp_rank: int, ep_rank: int = 0) -> str:
+        return shard_dir_name(tp_rank, pp_rank, ep_rank if self.ep > 1 else None)
 
     def write(self, directory: Path) -> None:
         record = {"format": FORMAT, **asdict(self)}
@@ -96,60 +107,76 @@ def atomic_output(dst: Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _stage_of(spec: ModelSpec, p: int) -> dict[str, tuple[int, str]]:
-    """Global name -> (pp_rank, stage-local name)."""
-    out = {}
+def _stage_of(spec: ModelSpec, p: int, ep: int = 1) -> dict[str, list[tuple[int, int, str]]]:
+    """Global name -> every (pp_rank, ep_rank, rank-local name) holding it: one place for an
+    expert, each EP rank of its stage for any other parameter."""
+    out: dict[str, list[tuple[int, int, str]]] = {}
     for pp_rank in range(p):
-        for global_name, local in stage_param_names(spec, p, pp_rank).items():
-            out[global_name] = (pp_rank, local)
+        for ep_rank in range(ep):
+            for global_name, local in stage_param_names(spec, p, pp_rank, ep=ep, ep_rank=ep_rank).items():
+                out.setdefault(global_name, []).append((pp_rank, ep_rank, local))
     return out
+
+
+def check_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int = 1) -> None:
+    """A ValueError unless (tp, pp, ep) shards `spec`."""
+    layers_per_stage(spec, pp)
+    ffn = spec.moe_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size
+    if spec.num_query_groups % tp or ffn % tp or spec.shared_expert_ffn_hidden_size % tp:
+        raise ValueError(f"tp={tp} must divide the KV heads ({spec.num_query_groups}) and the ffn size")
+    if ep > 1 and not spec.is_moe:
+        raise ValueError(f"ep={ep}: {spec.name} is dense (no experts to split); use ep=1")
+    if spec.is_moe and spec.num_experts % ep:
+        raise ValueError(f"ep={ep} must divide the number of experts ({spec.num_experts})")
 
 
 def _meta_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int) -> McoreMeta:
-    """Convert an HF directory (config.json + safetensors) into Megatron weights for (tp, pp)."""
+def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int, ep: int = 1) -> McoreMeta:
+    """Convert an HF directory (config.json + safetensors) into Megatron weights for (tp, pp, ep)."""
     src, dst = Path(src), Path(dst)
     try:
         hf_config = json.loads((src / "config.json").read_text())
     except ValueError as err:
         raise ValueError(f"{src / 'config.json'}: not valid JSON ({err})") from None
     spec = spec_from_hf_config(hf_config)
-    layers_per_stage(spec, pp)
-    if spec.num_query_groups % tp or spec.ffn_hidden_size % tp:
-        raise ValueError(f"tp={tp} must divide the KV heads ({spec.num_query_groups}) and the ffn size")
-    meta = McoreMeta(tp, pp, padded_vocab_size(spec.vocab_size, tp), hf_config["model_type"], spec, hf_config)
+    check_layout(spec, tp=tp, pp=pp, ep=ep)
+    meta = McoreMeta(
+        tp, pp, padded_vocab_size(spec.vocab_size, tp), hf_config["model_type"], spec, hf_config, ep=ep
+    )
     maps = tensor_maps(spec, meta.padded_vocab)
-    stages = _stage_of(spec, pp)
+    stages = _stage_of(spec, pp, ep)
     with atomic_output(dst) as out:
         _write_mcore(src, out, meta, maps, stages)
-    logger.info("wrote %s: %s as tp=%d pp=%d", dst, spec.name, tp, pp)
+    logger.info("wrote %s: %s as tp=%d pp=%d ep=%d", dst, spec.name, tp, pp, ep)
     return meta
 
 
 def _write_mcore(src: Path, dst: Path, meta: McoreMeta, maps: list[TensorMap], stages: dict) -> None:
-    spec, tp, pp = meta.spec, meta.tp, meta.pp
+    spec, tp = meta.spec, meta.tp
     with ShardedReader(src) as reader:
-        plans: dict[tuple[int, int], list] = {(r, s): [] for r in range(tp) for s in range(pp)}
+        plans: dict[tuple[int, int, int], list] = {
+            (r, s, e): [] for r in range(tp) for s in range(meta.pp) for e in range(meta.ep)
+        }
         for tmap in maps:
-            pp_rank, local = stages[tmap.mcore]
             full = _meta_tensor(tmap.shape, reader.dtype(tmap.hf[0]))
-            for r in range(tp):
-                shard = shard_for_tp(full, tmap.kind, tp, r)
-                plans[(r, pp_rank)].append((local, shard.dtype, tuple(shard.shape)))
+            for pp_rank, ep_rank, local in stages[tmap.mcore]:
+                for r in range(tp):
+                    shard = shard_for_tp(full, tmap.kind, tp, r)
+                    plans[(r, pp_rank, ep_rank)].append((local, shard.dtype, tuple(shard.shape)))
         writers = {
-            key: StreamingWriter(dst / shard_dir_name(*key) / "model.safetensors", plan)
+            key: StreamingWriter(dst / meta.shard_dir(*key) / "model.safetensors", plan)
             for key, plan in plans.items()
         }
         for tmap in maps:
-            pp_rank, local = stages[tmap.mcore]
             tensors = [reader.get(name) for name in tmap.hf]
             try:
                 full = tmap.to_mcore(tensors)
-                for r in range(tp):
-                    writers[(r, pp_rank)].write(local, shard_for_tp(full, tmap.kind, tp, r))
+                for pp_rank, ep_rank, local in stages[tmap.mcore]:
+                    for r in range(tp):
+                        writers[(r, pp_rank, ep_rank)].write(local, shard_for_tp(full, tmap.kind, tp, r))
             except (RuntimeError, AssertionError) as err:  # a tensor of the wrong shape or dtype
                 shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(tmap.hf, tensors))
                 raise ValueError(f"{src}: tensor {shapes}: does not fit {spec.name}'s {tmap.mcore}") from err
@@ -173,29 +200,29 @@ class McoreReader:
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory)
         self.meta = McoreMeta.read(directory)
-        self._stages = _stage_of(self.meta.spec, self.meta.pp)
+        self._stages = _stage_of(self.meta.spec, self.meta.pp, self.meta.ep)
         self._kinds = {m.mcore: m.kind for m in tensor_maps(self.meta.spec, self.meta.padded_vocab)}
-        self._readers: dict[tuple[int, int], ShardedReader] = {}
+        self._readers: dict[tuple[int, int, int], ShardedReader] = {}
 
-    def _reader(self, tp_rank: int, pp_rank: int) -> ShardedReader:
-        key = (tp_rank, pp_rank)
+    def _reader(self, tp_rank: int, pp_rank: int, ep_rank: int) -> ShardedReader:
+        key = (tp_rank, pp_rank, ep_rank)
         if key not in self._readers:
-            self._readers[key] = ShardedReader(self.directory / shard_dir_name(*key))
+            self._readers[key] = ShardedReader(self.directory / self.meta.shard_dir(*key))
         return self._readers[key]
 
     def dtype(self, name: str) -> torch.dtype:
-        pp_rank, local = self._stages[name]
-        return self._reader(0, pp_rank).dtype(local)
+        pp_rank, ep_rank, local = self._stages[name][0]
+        return self._reader(0, pp_rank, ep_rank).dtype(local)
 
     def full(self, name: str) -> torch.Tensor:
-        pp_rank, local = self._stages[name]
-        shards = [self._reader(r, pp_rank).get(local) for r in range(self.meta.tp)]
+        pp_rank, ep_rank, local = self._stages[name][0]
+        shards = [self._reader(r, pp_rank, ep_rank).get(local) for r in range(self.meta.tp)]
         return merge_tp_shards(shards, self._kinds[name])
 
     def shard(self, name: str, tp: int, tp_rank: int, padded_vocab: int) -> torch.Tensor:
         if tp == self.meta.tp and padded_vocab == self.meta.padded_vocab:
-            pp_rank, local = self._stages[name]
-            return self._reader(tp_rank, pp_rank).get(local)  # only this rank's file is read
+            pp_rank, ep_rank, local = self._stages[name][0]
+            return self._reader(tp_rank, pp_rank, ep_rank).get(local)  # only this rank's file is read
         full = self.full(name)
         if name in _VOCAB_PARAMS:
             full = _repad(full, self.meta.spec.vocab_size, padded_vocab)

@@ -20,7 +20,14 @@ module remaps exactly those to the CPU, and nothing else:
    optimizer's checkpoint gather call `.cuda()`; inside exactly those calls a CPU tensor
    reports its CUDA type name and `.cuda()` is a no-op.
 5. In 0.19, the grad buffer reads `torch.cuda.current_stream` (covered by the module `torch`
-   of item 3: on CPU there is one stream and nothing to wait on).
+   of item 3: on CPU there is one stream and nothing to wait on). The mixture-of-experts
+   all-to-all token dispatcher makes a side `torch.cuda.Stream` for its device-to-host copies
+   and records an event on it: on CPU both are the one stream, with nothing to record. Its
+   router moves its weight to `torch.cuda.current_device()` and, with the router's aux-loss
+   tracker, allocates on "cuda" (item 3's remap), as do the gathers of the tensor-parallel
+   mappings the expert-parallel dispatcher calls. Its split sizes reach `all_to_all_single` as
+   numpy arrays from a GPU, but stay tensors on CPU, which gloo's binding refuses: on CPU they
+   become numpy arrays too.
 
 `activate()` is a no-op that returns False for a CUDA run, so a GPU run never sees a
 remap (tests/gpu asserts it). The rl3d test suite exercises these remaps on 0.16.1; the same
@@ -62,6 +69,11 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.dist_checkpointing.strategies.fully_parallel",
     "megatron.core.dist_checkpointing.strategies.async_utils",
     "megatron.core.dist_checkpointing.exchange_utils",
+    "megatron.core.transformer.moe.token_dispatcher",
+    "megatron.core.transformer.moe.router",
+    "megatron.core.transformer.moe.moe_utils",
+    "megatron.core.transformer.moe.experts",
+    "megatron.core.tensor_parallel.mappings",
 )
 
 _active = False
@@ -88,6 +100,16 @@ def check_version(version: str | None = None) -> str:
     return version
 
 
+def define_missing_te_gemm() -> None:
+    """megatron-core 0.16's router reads `moe_utils.te_general_gemm`, which it binds only when
+    Transformer Engine imports; without TE that is a NameError. None is what it tests for, and
+    selects its torch matmul. Needed without TE on any device, so called by the builder."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
 def activate(device: str | None = None) -> bool:
     """Remap megatron-core's CUDA-only calls to CPU; True if the remaps are (now) in place.
 
@@ -106,6 +128,7 @@ def activate(device: str | None = None) -> bool:
     for name in _DEVICE_LITERAL_MODULES:
         _patch_module_torch(name)
     _patch_l2_norm()
+    _patch_split_sizes()
     _patch_tensor_method_calls()
     _active = True
     logger.info("megatron-core CPU shim active")
@@ -208,10 +231,11 @@ def _remap_factory(fn: Any) -> Any:
 
 
 class _NullStream:
-    """The CPU's one stream: waiting on or recording into it has nothing to do."""
+    """The CPU's one stream: waiting on or recording into it has nothing to do. A recorded event
+    is a null stream too, so that synchronising on it does nothing."""
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+        return lambda *args, **kwargs: self
 
 
 class _CpuCuda:
@@ -228,6 +252,14 @@ class _CpuCuda:
     @staticmethod
     def current_stream(*args: Any, **kwargs: Any) -> _NullStream:
         return _NullStream()
+
+    @staticmethod
+    def Stream(*args: Any, **kwargs: Any) -> _NullStream:  # noqa: N802 - torch.cuda.Stream's name
+        return _NullStream()
+
+    @staticmethod
+    def stream(*args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
@@ -272,6 +304,22 @@ def _l2_norm_fp64(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
     for tensor in tensor_lists[0]:
         total += tensor.detach().double().square().sum()
     return total.sqrt().reshape(1), None
+
+
+def _patch_split_sizes() -> None:
+    """The all-to-all dispatcher's split sizes: its `maybe_move_tensor_to_cpu(as_numpy=True)`
+    returns a GPU tensor's copy as a numpy array, which `all_to_all_single` takes as a list of
+    sizes, but leaves a CPU tensor a tensor, which it refuses; on CPU, numpy too."""
+    from megatron.core.transformer.moe import token_dispatcher
+
+    moved = token_dispatcher.maybe_move_tensor_to_cpu
+
+    def to_cpu(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and not tensor.is_cuda:
+            return tensor.numpy()
+        return moved(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
 
 
 def _patch_l2_norm() -> None:

@@ -4,8 +4,10 @@
 
 The checkpoint is megatron's dist checkpoint (`rl3d.models.dist_checkpoint`, torch_dist format):
 every parameter is stored as one global tensor (TP shards at their offsets, the layers stacked
-along a leading axis), so torch.distributed.checkpoint reads it with no process group and no
-knowledge of the (t, p, d) that wrote it. `DistCheckpointReader` reads one layer's slice of
+along a leading axis, a mixture of experts' expert weights along a second one by global expert
+index, whatever the expert parallelism that saved them), so torch.distributed.checkpoint reads
+it with no process group and no knowledge of the (t, p, d) that wrote it.
+`DistCheckpointReader` reads one layer's (and expert's) slice of
 one parameter at a time (peak memory: the largest single tensor), and the HF writer of
 `rl3d.models.convert` turns the Megatron tensors into HF ones with the same maps as
 `rl3d convert mcore2hf`. Tensors keep the checkpoint's dtype, so HF -> train at lr 0 -> export
@@ -27,7 +29,7 @@ from typing import Any
 import torch
 
 from rl3d.models.convert import HF_EXTRA, META_NAME, atomic_output, copy_extras, write_hf_weights
-from rl3d.models.params import EMBEDDING, TE_NAMES
+from rl3d.models.params import EMBEDDING, EXPERT_PREFIX, TE_NAMES
 from rl3d.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
@@ -39,8 +41,9 @@ HF_SUBDIR = "hf"  # a checkpoint's HF export with `checkpoint.save_hf` (step_N/h
 _LAYER_KEYS = {suffix: (te_suffix, suffix) for suffix, te_suffix in TE_NAMES.items()}
 
 
-def _slice_planner(key: str, layer: int | None, storage: Any) -> Any:
-    """A load planner that reads only `layer`'s slice of the stacked tensor `key`."""
+def _slice_planner(key: str, index: tuple[int, ...], storage: Any) -> Any:
+    """A load planner that reads only the slice `index` (leading stacked axes: layer, then
+    expert) of the tensor `key`; all of it when `index` is empty."""
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
     from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
     from torch.distributed.checkpoint.planner import LoadPlan
@@ -48,11 +51,9 @@ def _slice_planner(key: str, layer: int | None, storage: Any) -> Any:
 
     class SlicePlanner(DefaultLoadPlanner):
         def create_local_plan(self) -> LoadPlan:
-            size = storage.size
-            offsets = (
-                torch.Size([0] * len(size)) if layer is None else torch.Size([layer] + [0] * (len(size) - 1))
-            )
-            sizes = size if layer is None else torch.Size([1, *size[1:]])
+            size, n = storage.size, len(index)
+            offsets = torch.Size([*index] + [0] * (len(size) - n))
+            sizes = torch.Size([1] * n + list(size[n:]))
             chunk = ChunkStorageMetadata(offsets=offsets, sizes=sizes)
             return LoadPlan(create_read_items_for_chunk_list(key, storage, [chunk]))
 
@@ -87,11 +88,17 @@ class DistCheckpointReader:
             raise ValueError(f"{self.directory}: no tensor {key!r} in the checkpoint (another model?)")
         return storage
 
-    def _locate(self, name: str) -> tuple[str, int | None]:
-        """The checkpoint key holding global parameter `name`, and its layer index (stacked)."""
+    def _locate(self, name: str) -> tuple[str, tuple[int, ...]]:
+        """The checkpoint key holding global parameter `name`, and its index along the stacked
+        axes: (layer,), or (layer, expert) for an expert's weight, whose global expert index
+        megatron stacks after the layer's."""
         if not name.startswith("decoder.layers."):
-            return name, None
+            return name, ()
         _, _, index, suffix = name.split(".", 3)
+        expert = ()
+        if suffix.startswith(EXPERT_PREFIX):
+            number, rest = suffix[len(EXPERT_PREFIX) :].split(".", 1)
+            suffix, expert = f"mlp.experts.experts.{rest}", (int(number),)
         for candidate in _LAYER_KEYS.get(suffix, (suffix,)):
             key = f"decoder.layers.{candidate}"
             if key in self._tensors:
@@ -101,7 +108,7 @@ class DistCheckpointReader:
                         f"{self.directory}: {key} stacks {size[0]} layers, {self.spec.name} has "
                         f"{self.spec.num_layers}"
                     )
-                return key, int(index)
+                return key, (int(index), *expert)
         raise ValueError(f"{self.directory}: no tensor for {name} in the checkpoint (another model?)")
 
     def dtype(self, name: str) -> torch.dtype:
@@ -111,19 +118,20 @@ class DistCheckpointReader:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint import FileSystemReader
 
-        key, layer = self._locate(name)
+        key, index = self._locate(name)
         storage = self._storage(key)
-        shape = storage.size if layer is None else torch.Size([1, *storage.size[1:]])
-        out = torch.empty(shape, dtype=storage.properties.dtype)
+        out = torch.empty(
+            torch.Size([1] * len(index) + list(storage.size[len(index) :])), dtype=storage.properties.dtype
+        )
         with warnings.catch_warnings():  # "assuming ... a single process": yes, by design
             warnings.simplefilter("ignore", UserWarning)
             dcp.load(
                 {key: out},
                 storage_reader=FileSystemReader(str(self.directory)),
-                planner=_slice_planner(key, layer, storage),
+                planner=_slice_planner(key, index, storage),
                 no_dist=True,
             )
-        return out if layer is None else out[0]
+        return out.reshape(storage.size[len(index) :])
 
 
 def _sharded_backend(directory: Path) -> str | None:

@@ -17,6 +17,7 @@ from rl3d.models.params import megatron_params
 from rl3d.models.spec import (  # noqa: F401  (re-exported: the HF config side of the mapping)
     SUPPORTED_MODEL_TYPES,
     ModelSpec,
+    hf_model_type,
     spec_from_hf_config,
 )
 from rl3d.ops.layouts import (
@@ -41,8 +42,9 @@ class TensorMap:
 
 
 def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
-    """A `transformers` config (LlamaConfig, or Qwen2Config when the spec has a QKV bias)."""
-    from transformers import LlamaConfig, Qwen2Config
+    """A `transformers` config of `spec`'s family (`hf_model_type`): LlamaConfig, Qwen2Config,
+    Qwen3Config, Qwen3MoeConfig or Qwen2MoeConfig."""
+    from transformers import LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=spec.vocab_size,
@@ -56,8 +58,29 @@ def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
         tie_word_embeddings=spec.tied_embeddings,
         rope_theta=spec.rope_theta,
     )
+    model_type = hf_model_type(spec)
+    if spec.qk_norm:
+        common.update(head_dim=spec.head_dim, attention_bias=False)
+    if spec.is_moe:
+        common.update(
+            num_experts=spec.num_experts,
+            moe_intermediate_size=spec.moe_ffn_hidden_size,
+            num_experts_per_tok=spec.moe_top_k,
+            norm_topk_prob=spec.moe_norm_topk_prob,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    if model_type == "qwen2_moe":
+        common.update(shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size)
     common.update(extra)
-    return Qwen2Config(**common) if spec.qkv_bias else LlamaConfig(**common)
+    configs = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "qwen3": Qwen3Config,
+        "qwen3_moe": Qwen3MoeConfig,
+        "qwen2_moe": Qwen2MoeConfig,
+    }
+    return configs[model_type](**common)
 
 
 def _pad_rows(padded: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:

@@ -1,18 +1,29 @@
 """The GPT model's parameter inventory, by shape only (no tensors): the one list of its names.
 
 Names are megatron-core GPTModel's (local layer spec, checked against 0.16.1) for the Llama /
-Qwen2 family. The builder, the 3D-HybridEngine planner and the torch rollout engine all read
-the names, shapes and shard kinds from here. A *global* name uses the PP-global layer index;
-on a rank, `decoder.layers.{i}` uses the stage-local index (`stage_param_names`):
+Qwen2 / Qwen3 family, dense or a mixture of experts. The builder, the 3D-HybridEngine planner
+and the torch rollout engine all read the names, shapes and shard kinds from here. A *global*
+name uses the PP-global layer index; on a rank, `decoder.layers.{i}` uses the stage-local index
+(`stage_param_names`):
 
     embedding.word_embeddings.weight                           VOCAB      [V_pad, h]
     decoder.layers.{i}.input_layernorm.weight                  REPLICATED [h]
     decoder.layers.{i}.self_attention.linear_proj.weight       ROW        [h, nh hd]
     decoder.layers.{i}.self_attention.linear_qkv.weight        QKV        [(nh + 2 ng) hd, h]
     decoder.layers.{i}.self_attention.linear_qkv.bias          QKV        [(nh + 2 ng) hd]  (Qwen2)
+    decoder.layers.{i}.self_attention.q_layernorm.weight       REPLICATED [hd]   (q/k norm: Qwen3)
+    decoder.layers.{i}.self_attention.k_layernorm.weight       REPLICATED [hd]   (q/k norm: Qwen3)
     decoder.layers.{i}.pre_mlp_layernorm.weight                REPLICATED [h]
-    decoder.layers.{i}.mlp.linear_fc1.weight                   SWIGLU_FC1 [2 f, h]
-    decoder.layers.{i}.mlp.linear_fc2.weight                   ROW        [h, f]
+    decoder.layers.{i}.mlp.linear_fc1.weight                   SWIGLU_FC1 [2 f, h]   (dense)
+    decoder.layers.{i}.mlp.linear_fc2.weight                   ROW        [h, f]     (dense)
+    decoder.layers.{i}.mlp.router.weight                       REPLICATED [E, h]     (MoE)
+    decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight
+                                                               SWIGLU_FC1 [2 fe, h]  (MoE)
+    decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight
+                                                               ROW        [h, fe]    (MoE)
+    decoder.layers.{i}.mlp.shared_experts.gate_weight          REPLICATED [1, h]     (Qwen2-MoE)
+    decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight    SWIGLU_FC1 [2 fs, h]  (Qwen2-MoE)
+    decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight    ROW        [h, fs]    (Qwen2-MoE)
     decoder.final_layernorm.weight                             REPLICATED [h]
     output_layer.weight                                        VOCAB      [V_pad, h] (untied only;
                                                                critic: REPLICATED [1, h])
@@ -20,7 +31,16 @@ on a rank, `decoder.layers.{i}` uses the stage-local index (`stage_param_names`)
 Each parameter also names the Hugging Face (Llama/Qwen2/Mistral) tensors it is made of
 (`ParamInfo.hf`): `model.embed_tokens.weight`, `model.layers.{i}.self_attn.{q,k,v}_proj.weight`
 (one fused QKV), `model.layers.{i}.mlp.{gate,up}_proj.weight` (one fused fc1), ...,
-`model.norm.weight`, `lm_head.weight`. `rl3d.models.hf_mapping` converts between the two.
+`model.norm.weight`, `lm_head.weight`; a mixture of experts' `mlp.gate.weight` (router),
+`mlp.experts.{e}.{gate,up,down}_proj.weight` and Qwen2-MoE's `mlp.shared_expert.*_proj.weight`
+and `mlp.shared_expert_gate.weight` (the hub's per-expert layout, which `save_pretrained` writes).
+`rl3d.models.hf_mapping` converts between the two.
+
+Experts (megatron's SequentialMLP, `moe_grouped_gemm: false`): a global name uses the global
+expert index `e`; with expert parallelism of size `ep`, EP rank `k` holds experts
+`k E/ep .. (k+1) E/ep - 1` as `local_experts.{e - k E/ep}` (`stage_param_names(..., ep=,
+ep_rank=)`).
+`ParamInfo.expert` is the global expert index (None for every other parameter).
 
 With tied embeddings and p > 1 the last stage also holds a copy of the embedding as
 `output_layer.weight` (megatron keeps the two in sync); it is not a separate global parameter.
@@ -58,6 +78,15 @@ PROJ_WEIGHT = "self_attention.linear_proj.weight"
 MLP_NORM = "pre_mlp_layernorm.weight"
 FC1_WEIGHT = "mlp.linear_fc1.weight"
 FC2_WEIGHT = "mlp.linear_fc2.weight"
+Q_NORM = "self_attention.q_layernorm.weight"
+K_NORM = "self_attention.k_layernorm.weight"
+ROUTER = "mlp.router.weight"
+EXPERT_FC1 = "mlp.experts.local_experts.{e}.linear_fc1.weight"
+EXPERT_FC2 = "mlp.experts.local_experts.{e}.linear_fc2.weight"
+SHARED_GATE = "mlp.shared_experts.gate_weight"
+SHARED_FC1 = "mlp.shared_experts.linear_fc1.weight"
+SHARED_FC2 = "mlp.shared_experts.linear_fc2.weight"
+EXPERT_PREFIX = "mlp.experts.local_experts."
 
 
 @dataclass(frozen=True)
@@ -83,17 +112,40 @@ LAYER_PARAMS = (
     ),
     LayerParam(QKV_WEIGHT, ShardKind.QKV, 2, tuple(f"self_attn.{x}_proj.weight" for x in "qkv")),
     LayerParam(QKV_BIAS, ShardKind.QKV, 3, tuple(f"self_attn.{x}_proj.bias" for x in "qkv")),
+    LayerParam(Q_NORM, ShardKind.REPLICATED, 4, ("self_attn.q_norm.weight",)),
+    LayerParam(K_NORM, ShardKind.REPLICATED, 5, ("self_attn.k_norm.weight",)),
     LayerParam(PROJ_WEIGHT, ShardKind.ROW, 1, ("self_attn.o_proj.weight",)),
     LayerParam(
         MLP_NORM,
         ShardKind.REPLICATED,
-        4,
+        6,
         ("post_attention_layernorm.weight",),
         te_suffix="mlp.linear_fc1.layer_norm_weight",
     ),
-    LayerParam(FC1_WEIGHT, ShardKind.SWIGLU_FC1, 5, ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
-    LayerParam(FC2_WEIGHT, ShardKind.ROW, 6, ("mlp.down_proj.weight",)),
+    LayerParam(FC1_WEIGHT, ShardKind.SWIGLU_FC1, 7, ("mlp.gate_proj.weight", "mlp.up_proj.weight")),
+    LayerParam(FC2_WEIGHT, ShardKind.ROW, 8, ("mlp.down_proj.weight",)),
+    # A mixture of experts' MLP; each expert template ("{e}") stands for num_experts parameters.
+    LayerParam(ROUTER, ShardKind.REPLICATED, 7, ("mlp.gate.weight",)),
+    LayerParam(
+        EXPERT_FC1,
+        ShardKind.SWIGLU_FC1,
+        8,
+        ("mlp.experts.{e}.gate_proj.weight", "mlp.experts.{e}.up_proj.weight"),
+    ),
+    LayerParam(EXPERT_FC2, ShardKind.ROW, 8, ("mlp.experts.{e}.down_proj.weight",)),
+    # SharedExpertMLP registers its gate before its linears.
+    LayerParam(SHARED_GATE, ShardKind.REPLICATED, 9, ("mlp.shared_expert_gate.weight",)),
+    LayerParam(
+        SHARED_FC1,
+        ShardKind.SWIGLU_FC1,
+        10,
+        ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),
+    ),
+    LayerParam(SHARED_FC2, ShardKind.ROW, 11, ("mlp.shared_expert.down_proj.weight",)),
 )
+_DENSE_MLP = (FC1_WEIGHT, FC2_WEIGHT)
+_MOE_MLP = (ROUTER, EXPERT_FC1, EXPERT_FC2)
+_SHARED_EXPERT = (SHARED_GATE, SHARED_FC1, SHARED_FC2)
 TE_NAMES = {p.suffix: p.te_suffix for p in LAYER_PARAMS if p.te_suffix}
 
 
@@ -120,6 +172,7 @@ class ParamInfo:
     tied_copy: bool = False  # output layer of a tied model: exists only when pipelined
     heads: tuple[int, int, int] | None = None  # QKV only: (num_heads, num_query_groups, head_dim)
     hf: tuple[str, ...] = ()  # the HF tensors it is made of (none: the critic's value head)
+    expert: int | None = None  # a routed expert's weight: its global expert index
 
     @property
     def numel(self) -> int:
@@ -138,38 +191,80 @@ def layer_param_name(layer: int, suffix: str) -> str:
 
 
 def layer_suffixes(spec: ModelSpec, *, registered_order: bool = False) -> tuple[LayerParam, ...]:
-    """The parameters every decoder layer of `spec` has, in forward (or megatron's) order."""
-    params = [p for p in LAYER_PARAMS if p.suffix != QKV_BIAS or spec.qkv_bias]
+    """The parameters every decoder layer of `spec` has, in forward (or megatron's) order; an
+    expert template ("{e}") stands for each of the layer's experts."""
+    absent = set(_DENSE_MLP if spec.is_moe else _MOE_MLP)
+    if not spec.shared_expert_ffn_hidden_size:
+        absent |= set(_SHARED_EXPERT)
+    if not spec.qkv_bias:
+        absent.add(QKV_BIAS)
+    if not spec.qk_norm:
+        absent |= {Q_NORM, K_NORM}
+    params = [p for p in LAYER_PARAMS if p.suffix not in absent]
     if registered_order:
         params.sort(key=lambda p: p.registered)
     return tuple(params)
 
 
-def layer_params(spec: ModelSpec, layer: int, *, registered_order: bool = False) -> list[ParamInfo]:
-    """Decoder layer `layer`'s parameters, in forward (or megatron's) order."""
+def _layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     h, f, hd = spec.hidden_size, spec.ffn_hidden_size, spec.head_dim
     nq, ng = spec.num_attention_heads, spec.num_query_groups
     qkv_rows = (nq + 2 * ng) * hd
-    shapes = {
+    fe, fs = spec.moe_ffn_hidden_size, spec.shared_expert_ffn_hidden_size
+    return {
         INPUT_NORM: (h,),
         QKV_WEIGHT: (qkv_rows, h),
         QKV_BIAS: (qkv_rows,),
+        Q_NORM: (hd,),
+        K_NORM: (hd,),
         PROJ_WEIGHT: (h, nq * hd),
         MLP_NORM: (h,),
         FC1_WEIGHT: (2 * f, h),
         FC2_WEIGHT: (h, f),
+        ROUTER: (spec.num_experts, h),
+        EXPERT_FC1: (2 * fe, h),
+        EXPERT_FC2: (h, fe),
+        SHARED_GATE: (1, h),
+        SHARED_FC1: (2 * fs, h),
+        SHARED_FC2: (h, fs),
     }
-    return [
-        ParamInfo(
-            layer_param_name(layer, p.suffix),
+
+
+def layer_params(spec: ModelSpec, layer: int, *, registered_order: bool = False) -> list[ParamInfo]:
+    """Decoder layer `layer`'s parameters, in forward (or megatron's) order; experts as megatron
+    registers them (expert 0's fc1 and fc2, then expert 1's, ...), with global expert indices."""
+    shapes = _layer_shapes(spec)
+    nq, ng, hd = spec.num_attention_heads, spec.num_query_groups, spec.head_dim
+    prefix = HF_LAYER.format(layer)
+
+    def info(p: LayerParam, expert: int | None = None) -> ParamInfo:
+        fill = {} if expert is None else {"e": expert}
+        return ParamInfo(
+            layer_param_name(layer, p.suffix.format(**fill)),
             p.kind,
             shapes[p.suffix],
             layer,
             heads=(nq, ng, hd) if p.kind is ShardKind.QKV else None,
-            hf=tuple(HF_LAYER.format(layer) + s for s in p.hf),
+            hf=tuple(prefix + s.format(**fill) for s in p.hf),
+            expert=expert,
         )
-        for p in layer_suffixes(spec, registered_order=registered_order)
-    ]
+
+    out = []
+    suffixes = layer_suffixes(spec, registered_order=registered_order)
+    experts = [p for p in suffixes if p.suffix in (EXPERT_FC1, EXPERT_FC2)]
+    for p in suffixes:
+        if p.suffix == EXPERT_FC1:
+            out += [info(q, e) for e in range(spec.num_experts) for q in experts]
+        elif p.suffix != EXPERT_FC2:
+            out.append(info(p))
+    return out
+
+
+def expert_owner(spec: ModelSpec, expert: int, ep: int) -> tuple[int, int]:
+    """(EP rank, EP-local index) of global expert `expert` under expert parallelism `ep`."""
+    if spec.num_experts % ep:
+        raise ValueError(f"model {spec.name}: {spec.num_experts} experts do not split into ep={ep} ranks")
+    return divmod(expert, spec.num_experts // ep)
 
 
 def model_params(spec: ModelSpec, *, train_tp: int) -> list[ParamInfo]:
@@ -248,8 +343,11 @@ def local_layer_index(spec: ModelSpec, p: int, global_index: int) -> tuple[int, 
     return divmod(global_index, layers_per_stage(spec, p))
 
 
-def stage_param_names(spec: ModelSpec, p: int, pp_rank: int, *, role: str = "actor") -> dict[str, str]:
-    """Global name -> stage-local name of the parameters PP stage `pp_rank` owns.
+def stage_param_names(
+    spec: ModelSpec, p: int, pp_rank: int, *, role: str = "actor", ep: int = 1, ep_rank: int = 0
+) -> dict[str, str]:
+    """Global name -> rank-local name of the parameters PP stage `pp_rank` (and, with expert
+    parallelism `ep`, EP rank `ep_rank`) owns: stage-local layer, EP-local expert index.
 
     The tied output copy on the last stage (p > 1) is left out: it is not a global parameter.
     """
@@ -259,6 +357,11 @@ def stage_param_names(spec: ModelSpec, p: int, pp_rank: int, *, role: str = "act
         if pp_rank not in stages_of(param, spec.num_layers, p):
             continue
         local = param.name
+        if param.expert is not None:
+            owner, index = expert_owner(spec, param.expert, ep)
+            if owner != ep_rank:
+                continue
+            local = local.replace(f"{EXPERT_PREFIX}{param.expert}.", f"{EXPERT_PREFIX}{index}.", 1)
         if param.layer >= 0:
             local = local.replace(f"layers.{param.layer}.", f"layers.{param.layer - lo}.", 1)
         names[param.name] = local

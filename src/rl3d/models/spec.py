@@ -5,8 +5,8 @@ scaled-down shapes such as `llama2-70b-shape-1/64`, which keep a model's layer p
 (hidden, ffn and vocab divided by 64; layers and head counts kept) for measured benchmarks.
 
 A run's spec is `spec_of(cfg.model)`: the registry's for `model.name`, or the shapes in
-`model.hf_path`'s config.json when the name is unset (a user's own Llama/Qwen2/Mistral); with
-both, they must agree.
+`model.hf_path`'s config.json when the name is unset (a user's own Llama, Qwen2, Mistral, Qwen3,
+Qwen3-MoE or Qwen2-MoE); with both, they must agree.
 """
 
 from __future__ import annotations
@@ -156,6 +156,57 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             norm_eps=1e-6,
             max_position_embeddings=512,
         ),
+        # q/k norm and a head width (32) that is not hidden / heads (16), tied like Qwen3's small models
+        ModelSpec(
+            "tiny-qwen3",
+            2,
+            64,
+            160,
+            4,
+            2,
+            256,
+            tied_embeddings=True,
+            kv_channels=32,
+            qk_norm=True,
+            rope_theta=1e6,
+            norm_eps=1e-6,
+            max_position_embeddings=512,
+        ),
+        ModelSpec(
+            "tiny-qwen3-moe",
+            2,
+            64,
+            128,
+            4,
+            2,
+            256,
+            kv_channels=32,
+            qk_norm=True,
+            num_experts=8,
+            moe_ffn_hidden_size=32,
+            moe_top_k=2,
+            rope_theta=1e6,
+            norm_eps=1e-6,
+            max_position_embeddings=512,
+        ),
+        ModelSpec(
+            "tiny-qwen2-moe",
+            2,
+            64,
+            128,
+            8,
+            2,
+            256,
+            qkv_bias=True,
+            num_experts=8,
+            moe_ffn_hidden_size=32,
+            moe_top_k=2,
+            moe_norm_topk_prob=False,
+            shared_expert_ffn_hidden_size=48,
+            rope_theta=1e6,
+            norm_eps=1e-6,
+            max_position_embeddings=512,
+        ),
     ]
 }
 
@@ -190,7 +241,19 @@ def get_model_spec(name: str) -> ModelSpec:
     return MODEL_SPECS[name]
 
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")  # one tensor layout: Llama's names
+# Llama's tensor layout, plus q/k norm (qwen3, qwen3_moe) and mixture-of-experts MLPs (*_moe).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "qwen3_moe", "qwen2_moe")
+_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
+_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
+
+
+def hf_model_type(spec: ModelSpec) -> str:
+    """The HF model_type whose tensor layout and forward pass `spec` is."""
+    if spec.is_moe:
+        return "qwen3_moe" if spec.qk_norm else "qwen2_moe"
+    if spec.qk_norm:
+        return "qwen3"
+    return "qwen2" if spec.qkv_bias else "llama"
 
 
 def _rope_theta(cfg: dict[str, Any]) -> float:
@@ -200,6 +263,31 @@ def _rope_theta(cfg: dict[str, Any]) -> float:
     if rope_type != "default":
         raise ValueError(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
     return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+
+
+def _moe_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
+    """The mixture-of-experts fields of a *_moe config: every layer sparse, a softmax top-k router."""
+    if cfg.get("decoder_sparse_step", 1) != 1:
+        raise ValueError(
+            f"{model_type}: decoder_sparse_step {cfg['decoder_sparse_step']} is not supported "
+            "(every layer must be a mixture of experts: 1)"
+        )
+    if cfg.get("mlp_only_layers"):
+        raise ValueError(
+            f"{model_type}: mlp_only_layers {cfg['mlp_only_layers']} is not supported "
+            "(every layer must be a mixture of experts: [])"
+        )
+    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
+    if not num_experts:
+        raise ValueError(f"{model_type}: num_experts is missing")
+    shared = cfg.get("shared_expert_intermediate_size", 0) if model_type == "qwen2_moe" else 0
+    return dict(
+        num_experts=num_experts,
+        moe_ffn_hidden_size=cfg["moe_intermediate_size"],
+        moe_top_k=cfg["num_experts_per_tok"],
+        moe_norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        shared_expert_ffn_hidden_size=shared or 0,
+    )
 
 
 def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
@@ -215,14 +303,18 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         raise ValueError(f"{model_type}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
     if cfg.get("use_sliding_window"):
         raise ValueError(f"{model_type}: sliding-window attention is not supported")
+    if model_type == "qwen2_moe" and cfg.get("qkv_bias") is False:
+        raise ValueError("qwen2_moe: qkv_bias false is not supported")
     max_positions = cfg.get("max_position_embeddings", 4096)
     if model_type == "mistral" and cfg.get("sliding_window"):
         # full attention equals Mistral's sliding window on sequences no longer than the window
         max_positions = min(max_positions, cfg["sliding_window"])
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    if head_dim * heads != cfg["hidden_size"]:
+    qk_norm = model_type in _QK_NORM_TYPES
+    if head_dim * heads != cfg["hidden_size"] and not qk_norm:
         raise ValueError(f"{model_type}: head_dim {head_dim} x {heads} heads != hidden_size")
+    moe = _moe_fields(model_type, cfg) if model_type.endswith("_moe") else {}
     return ModelSpec(
         name=name or f"hf-{model_type}",
         num_layers=cfg["num_hidden_layers"],
@@ -232,10 +324,13 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         num_query_groups=cfg.get("num_key_value_heads") or heads,
         vocab_size=cfg["vocab_size"],
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2",
+        qkv_bias=model_type in _QKV_BIAS_TYPES,
         rope_theta=_rope_theta(cfg),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_positions,
+        kv_channels=head_dim if head_dim * heads != cfg["hidden_size"] else 0,
+        qk_norm=qk_norm,
+        **moe,
     )
 
 
@@ -252,6 +347,13 @@ MATCHED_FIELDS = (
     "qkv_bias",
     "rope_theta",
     "norm_eps",
+    "head_dim",
+    "qk_norm",
+    "num_experts",
+    "moe_ffn_hidden_size",
+    "moe_top_k",
+    "moe_norm_topk_prob",
+    "shared_expert_ffn_hidden_size",
 )
 
 

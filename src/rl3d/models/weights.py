@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from rl3d.models.bootstrap import MegatronGroups
-from rl3d.models.builder import stage_param_names
+from rl3d.models.builder import rank_param_names
 from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader, shard_dir_name
 from rl3d.models.hf_mapping import tensor_maps
 from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param
@@ -76,7 +76,7 @@ def load_weights(
     layout = groups.layout
     padded = model.vocab_size
     params = dict(model.named_parameters())
-    names = stage_param_names(spec, layout.p, groups.pp_rank, role=role)
+    names = rank_param_names(spec, groups, role=role)
     source = _open_source(src, spec, padded)
     loaded = set()
     try:
@@ -108,16 +108,18 @@ def save_weights(
     model = unwrap_model(model)
     layout, dst = groups.layout, Path(dst)
     params = dict(model.named_parameters())
-    if groups.dp_rank == 0:
-        names = stage_param_names(spec, layout.p, groups.pp_rank)
+    if groups.dp_rank < layout.ep:  # the first replica of every expert shard
+        names = rank_param_names(spec, groups)
         tensors = {
             local: local_param(params, local).detach().to("cpu").contiguous() for local in names.values()
         }
-        out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank)
+        out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank, groups.ep_rank if layout.ep > 1 else None)
         out.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     if groups.rank == 0:
-        meta = McoreMeta(layout.t, layout.p, model.vocab_size, hf_config["model_type"], spec, hf_config)
+        meta = McoreMeta(
+            layout.t, layout.p, model.vocab_size, hf_config["model_type"], spec, hf_config, ep=layout.ep
+        )
         meta.write(dst)
         (dst / HF_EXTRA).mkdir(exist_ok=True)
         (dst / HF_EXTRA / "config.json").write_text(json.dumps(hf_config, indent=2))

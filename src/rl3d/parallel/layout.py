@@ -6,6 +6,11 @@ objects once (see `rl3d.parallel.groups`) and handed to whatever needs them.
 Training layout `p-t-d` uses megatron-core's default rank order (tp fastest, then dp, then pp):
     rank = tp + t * (dp + d * pp)
 
+Expert parallelism `ep` (megatron's order tp-cp-ep-dp-pp, expert tensor parallel = t) splits each
+layer's experts over `ep` ranks carved out of the data-parallel ones: dp = ep_rank + ep * edp,
+so `ep` divides `d`. Dense weights stay replicated over all `d` ranks; an expert's weights over
+the `d / ep` expert-data-parallel ranks (same ep_rank).
+
 Generation layout `p_g-t_g-d_g-d` (HybridFlow, EuroSys'25, section 5.3). With r = t/t_g and
 s = p/p_g, each training TP rank i = a*r + b and PP stage j = c*s + e, where a is the generation
 TP rank, c the generation PP stage, and (b, e) the position inside the micro data-parallel group.
@@ -25,24 +30,29 @@ def _check_positive(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class RankCoords:
-    """A rank's coordinates in the training grid."""
+    """A rank's coordinates in the training grid (`ep`: its expert-parallel rank, dp mod ep)."""
 
     pp: int
     dp: int
     tp: int
+    ep: int = 0
 
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """Megatron training layout: `p` pipeline stages x `t` tensor ranks x `d` data replicas."""
+    """Megatron training layout: `p` pipeline stages x `t` tensor ranks x `d` data replicas, the
+    experts of a mixture of experts split over `ep` of the data-parallel ranks."""
 
     p: int
     t: int
     d: int
+    ep: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("p", "t", "d"):
+        for name in ("p", "t", "d", "ep"):
             _check_positive(name, getattr(self, name))
+        if self.d % self.ep:
+            raise ValueError(f"expert parallelism ep={self.ep} must divide the data-parallel size d={self.d}")
 
     @property
     def world_size(self) -> int:
@@ -58,7 +68,25 @@ class ParallelLayout:
         tp = rank % self.t
         dp = (rank // self.t) % self.d
         pp = rank // (self.t * self.d)
-        return RankCoords(pp=pp, dp=dp, tp=tp)
+        return RankCoords(pp=pp, dp=dp, tp=tp, ep=dp % self.ep)
+
+    def ep_groups(self) -> list[list[int]]:
+        """The `ep` ranks that split one layer's experts: consecutive DP indices."""
+        return [
+            [self.rank_of(pp=pp, dp=edp * self.ep + e, tp=tp) for e in range(self.ep)]
+            for pp in range(self.p)
+            for edp in range(self.d // self.ep)
+            for tp in range(self.t)
+        ]
+
+    def expert_dp_groups(self) -> list[list[int]]:
+        """The `d / ep` ranks holding the same experts (their gradients are averaged)."""
+        return [
+            [self.rank_of(pp=pp, dp=edp * self.ep + e, tp=tp) for edp in range(self.d // self.ep)]
+            for pp in range(self.p)
+            for e in range(self.ep)
+            for tp in range(self.t)
+        ]
 
     def tp_groups(self) -> list[list[int]]:
         return [
@@ -89,7 +117,7 @@ class ParallelLayout:
         ]
 
     def __str__(self) -> str:
-        return f"{self.p}-{self.t}-{self.d}"
+        return f"{self.p}-{self.t}-{self.d}" + (f" ep={self.ep}" if self.ep > 1 else "")
 
 
 @dataclass(frozen=True)

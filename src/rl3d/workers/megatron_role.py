@@ -31,6 +31,7 @@ import torch.distributed as dist
 from rl3d.config import ModelConfig
 from rl3d.config import OptimConfig as OptimSection
 from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.builder import rank_param_names
 from rl3d.models.packing import (
     PACKED,
     pack_rows,
@@ -39,7 +40,7 @@ from rl3d.models.packing import (
     per_sequence_rope,
     unpack_response,
 )
-from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
+from rl3d.models.params import OUTPUT_LAYER, local_param
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import DataBatch, mini_batch_rows
@@ -83,6 +84,7 @@ class MegatronRole:
         response_outputs: bool = False,
         recompute: str = "none",
         offload: tuple[str, ...] = (),
+        moe_overrides: dict[str, float] | None = None,
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -100,6 +102,8 @@ class MegatronRole:
                 "recompute_method": "uniform",
                 "recompute_num_layers": 1,
             }
+        if spec.is_moe and optim is not None:  # router losses train the router: trained roles only
+            overrides |= moe_overrides or {}
         self.model = build_gpt(
             spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
         )
@@ -124,6 +128,11 @@ class MegatronRole:
         from rl3d.models.offload import Offload
 
         self.offload = Offload(self.ddp, self.optimizer, kinds=offload, device=groups.device)
+        self.expert_load = None
+        if spec.is_moe and self.trainable:
+            from rl3d.models.moe_metrics import ExpertLoad
+
+            self.expert_load = ExpertLoad(self.model, spec)
 
     def to_host(self) -> int:
         """Move `offload`'s kinds to host memory (around generation); the bytes freed."""
@@ -170,6 +179,7 @@ class MegatronRole:
             max_tokens_per_micro_batch=None if batching is None else batching.max_tokens_per_micro_batch,
             recompute=getattr(batching, "recompute", "none"),  # trained roles' sections only
             offload=tuple(getattr(batching, "offload", ())),  # not on reward-model sections
+            moe_overrides=moe.transformer_overrides() if (moe := getattr(batching, "moe", None)) else None,
         )
 
     def unwrapped(self) -> torch.nn.Module:
@@ -362,6 +372,8 @@ class MegatronRole:
         local_mini = mini_batch_rows(mini_batch_size, batch.info, len(batch) * dp) // dp
         metrics: list[dict] = []
         self.unwrapped().train()
+        if self.expert_load is not None:
+            self.expert_load.reset()
         for _ in range(epochs):
             for mini in batch.chunks_of(local_mini):
                 micro, _ = self._microbatches(mini, micro_batch_size)
@@ -394,6 +406,10 @@ class MegatronRole:
                     if grad_norm is not None:
                         metrics.append({"grad_norm": float(grad_norm)})
                     metrics.append({"skipped_steps": float(self.skipped.total)})
+        if self.expert_load is not None:
+            load = self.expert_load.collect(self.groups)  # collective: every rank of the role
+            if self.groups.is_last_stage:
+                metrics.append(load)
         return metrics
 
     def _perf(self, micro: list[DataBatch]) -> dict[str, float]:
@@ -424,7 +440,7 @@ class MegatronRole:
     def _shards_by_global(self) -> dict[str, torch.Tensor]:
         layout = self.groups.layout
         local = dict(self.unwrapped().named_parameters())
-        names = stage_param_names(self.spec, layout.p, self.groups.pp_rank, role=self.role)
+        names = rank_param_names(self.spec, self.groups, role=self.role)
         shards = {g: local_param(local, n).data for g, n in names.items()}
         if self.spec.tied_embeddings and layout.p > 1 and self.groups.is_last_stage:
             shards[OUTPUT_LAYER] = local[OUTPUT_LAYER].data  # megatron's synced copy

@@ -195,6 +195,12 @@ class ActorRolloutWorker(_LogProbMixin):
     def reshard(self) -> dict[str, float]:
         """Training layout -> generation layout, loaded into the engine. An engine that holds its
         own copy of the weights (SGLang) gets it now, and the resharded buffer is freed at once."""
+        if self.groups.layout.ep > 1:
+            # each rank holds only its experts; the transition plans every expert on every rank
+            raise NotImplementedError(
+                f"actor.parallel.ep={self.groups.layout.ep}: moving expert-parallel weights to the "
+                "rollout engine is not supported yet (training and conversion are); use ep 1"
+            )
         if self.engine is None:
             self.start_engine([])
         self.release_generation()  # the previous policy's KV cache and buffer, if still held

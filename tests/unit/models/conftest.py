@@ -46,3 +46,19 @@ def tiny_hf_dirs(tmp_path_factory):
         dirs[name] = root / name
     torch.manual_seed(0)
     return dirs
+
+
+MOE_FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe")
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_hf_dirs(tmp_path_factory):
+    """HF directories of random tiny Qwen3 (q/k norm, tied), Qwen3-MoE and Qwen2-MoE (shared
+    expert), fp32, in the hub's per-expert layout (`save_pretrained`)."""
+    from rl3d.testing.tiny_hf import save_tiny_hf_model
+
+    root = tmp_path_factory.mktemp("hf-moe")
+    for name in MOE_FAMILIES:
+        save_tiny_hf_model(name, root / name, seed=11)
+    torch.manual_seed(0)
+    return {name: root / name for name in MOE_FAMILIES}

@@ -89,3 +89,14 @@ def test_groups_partition_the_world_and_agree_with_coords(gen):
         gen.coords(r).dp_g for r in range(world) if gen.coords(r).tp_g == 0 and gen.coords(r).pp_g == 0
     )
     assert dp_g == list(range(gen.d_g * gen.train.d))
+
+
+def test_expert_parallel_groups_follow_megatrons_tp_ep_dp_pp_order():
+    layout = ParallelLayout(p=2, t=2, d=4, ep=2)
+    assert layout.coords(layout.rank_of(pp=1, dp=3, tp=1)).ep == 1
+    assert layout.ep_groups()[:3] == [[0, 2], [1, 3], [4, 6]]  # consecutive DP ranks, per TP rank
+    assert layout.expert_dp_groups()[:2] == [[0, 4], [1, 5]]  # same experts: DP stride ep
+    assert sorted(r for g in layout.ep_groups() for r in g) == list(range(layout.world_size))
+    assert str(layout) == "2-2-4 ep=2" and str(ParallelLayout(1, 1, 2)) == "1-1-2"
+    with pytest.raises(ValueError, match="ep=3 must divide the data-parallel size d=4"):
+        ParallelLayout(p=1, t=1, d=4, ep=3)
