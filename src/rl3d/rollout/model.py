@@ -101,6 +101,7 @@ class LayerWeights(NamedTuple):
     mlp_norm: torch.Tensor
     fc1: list[torch.Tensor]
     fc2: list[torch.Tensor]
+    lora: Any = None  # rl3d.rollout.lora_engine.LayerLora: adapters applied beside the base
 
 
 class DecodeLayer(NamedTuple):
@@ -121,6 +122,7 @@ class ShardedWeights:
     tp_size: int
     tp_rank: int
     pieces: dict[str, list[torch.Tensor]]
+    lora: list[Any] | None = None  # per layer, adapters the forward applies (`LayerLora`)
     layers: list[LayerWeights] = field(default_factory=list, repr=False)
     decode_layers: list[DecodeLayer] = field(default_factory=list, repr=False)
     output_t: list[torch.Tensor] = field(default_factory=list, repr=False)
@@ -184,6 +186,7 @@ class ShardedWeights:
                     mlp_norm=of[MLP_NORM][0],
                     fc1=fc1,
                     fc2=fc2,
+                    lora=self.lora[i] if self.lora else None,
                 )
             )
         self.decode_layers = [
@@ -325,6 +328,9 @@ def forward(
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw.input_norm, spec.norm_eps)
         groups = [F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd) for wq, b in zip(lw.qkv, lw.qkv_bias)]
+        lo = lw.lora
+        if lo is not None:
+            groups = lo.add_qkv(h, groups)
         qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
         qk = apply_rope(qkv[:, :, :, : hpg + 1], cos, sin)  # the queries and the key of each group
         q = qk[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
@@ -336,14 +342,21 @@ def forward(
         k_all, v_all = (k, v) if start == 0 else cache.read(i, B, end)
         attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask_B1TL, enable_gqa=True)
         attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
-        x = x + tp.all_reduce(_row_parallel(attn, lw.proj))
+        proj = _row_parallel(attn, lw.proj)
+        x = x + tp.all_reduce(proj if lo is None else lo.add_proj(attn, proj))
         h = rms_norm(x, lw.mlp_norm, spec.norm_eps)
-        mlp = None
-        for fc1, fc2 in zip(lw.fc1, lw.fc2):  # piece i of fc2 consumes exactly piece i's activations
-            gate, up = F.linear(h, fc1).chunk(2, dim=-1)
-            part = F.linear(F.silu(gate) * up, fc2)
+        mlp = low = None
+        ha = None if lo is None else lo.fc1_down(h)
+        # piece j of fc2 consumes exactly piece j's activations
+        for j, (fc1, fc2) in enumerate(zip(lw.fc1, lw.fc2)):
+            gate_up = F.linear(h, fc1) if lo is None else lo.add_fc1(ha, F.linear(h, fc1), j)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            part = F.linear(act, fc2)
             mlp = part if mlp is None else mlp + part
-        x = x + tp.all_reduce(mlp)
+            if lo is not None:
+                low = lo.fc2_down(low, act, j)
+        x = x + tp.all_reduce(mlp if lo is None else lo.add_fc2(low, mlp))
     last = rms_norm(x[:, -1], w.pieces[FINAL_NORM][0], spec.norm_eps)
     logits = [F.linear(last, o) for o in w.output_pieces()]
     return torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0]
@@ -375,6 +388,9 @@ def decode_forward(
     for i, (lw, lt) in enumerate(zip(w.layers, w.decode_layers)):
         h = _rms_norm_2d(x, lw.input_norm, spec.norm_eps)
         groups = [_mm(h, wq, b) for wq, b in zip(lt.qkv_t, lw.qkv_bias)]
+        lo = lw.lora
+        if lo is not None:
+            groups = lo.add_qkv(h, groups)
         qkv = torch.cat(groups, dim=1) if len(groups) > 1 else groups[0]  # [B, G*(hpg+2)*hd], whole groups
         # RoPE on queries and key (value: cos 1, sin 0)
         swapped = qkv.index_select(1, swap_index).view(B, -1, hpg + 2, hd)  # [x2, x1] per head
@@ -383,14 +399,22 @@ def decode_forward(
         # the heads of a KV group are one batched matmul against that group's keys [B*G, hd, L]
         scores = torch.baddbmm(bias_N1L, qkv[:, :, :hpg].reshape(-1, hpg, hd), keys_T[i], alpha=scale)
         attn = torch.bmm(torch.softmax(scores, dim=-1), values[i]).view(B, -1)  # [B, H*hd], piece order
-        x = x + tp.all_reduce(_row_parallel_t(attn, lt.proj_t))
+        proj = _row_parallel_t(attn, lt.proj_t)
+        x = x + tp.all_reduce(proj if lo is None else lo.add_proj(attn, proj))
         h = _rms_norm_2d(x, lw.mlp_norm, spec.norm_eps)
-        mlp = None
-        for fc1, fc2 in zip(lt.fc1_t, lt.fc2_t):  # piece i of fc2 consumes exactly piece i's activations
+        mlp = low = None
+        ha = None if lo is None else lo.fc1_down(h)
+        # piece j of fc2 consumes exactly piece j's activations
+        for j, (fc1, fc2) in enumerate(zip(lt.fc1_t, lt.fc2_t)):
             gate_up, half = torch.mm(h, fc1), fc1.shape[1] // 2  # = chunk(2, dim=-1), one op less
-            part = torch.mm(F.silu(gate_up[:, :half]) * gate_up[:, half:], fc2)
+            if lo is not None:
+                gate_up = lo.add_fc1(ha, gate_up, j)
+            act = F.silu(gate_up[:, :half]) * gate_up[:, half:]
+            part = torch.mm(act, fc2)
             mlp = part if mlp is None else mlp + part
-        x = x + tp.all_reduce(mlp)
+            if lo is not None:
+                low = lo.fc2_down(low, act, j)
+        x = x + tp.all_reduce(mlp if lo is None else lo.add_fc2(low, mlp))
     last = _rms_norm_2d(x, w.pieces[FINAL_NORM][0], spec.norm_eps)
     logits = [torch.mm(last, o) for o in w.output_t]
     return torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0]

@@ -36,6 +36,7 @@ import torch
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.kv_cache import KVCache
+from rl3d.rollout.lora_engine import EngineLora
 from rl3d.rollout.model import (
     RopeTable,
     ShardedWeights,
@@ -80,13 +81,16 @@ class TorchRolloutEngine:
         max_batch_rows: int = 256,
         pad_token_id: int = 0,
         dtype: torch.dtype | None = None,
+        lora_mode: str = "apply",
     ):
         if max_batch_rows < 1:
             raise ValueError(f"rollout.max_batch_rows must be >= 1, got {max_batch_rows}")
         self.spec, self.max_batch_rows, self.pad_token_id = spec, max_batch_rows, pad_token_id
         self.dtype = dtype  # None: the weights' own (the training dtype); else a cast copy
         self.tp = TPComm(group)
-        self.weights: ShardedWeights | None = None
+        self.weights: ShardedWeights | None = None  # what the forward runs: the base, or base + adapters
+        self.base_weights: ShardedWeights | None = None
+        self.lora = EngineLora(lora_mode)
         self.weight_copy_bytes = 0  # bytes of the cast copy `load_weights` made (0: read in place)
         self.cache: KVCache | None = None
         self._rope_table: RopeTable | None = None
@@ -118,17 +122,34 @@ class TorchRolloutEngine:
             )
         if w.spec != self.spec:
             raise ValueError(f"weights are for model {w.spec.name}, the engine runs {self.spec.name}")
-        self.weights = w
+        self.base_weights = w
+        self.weights = self.lora.weights(w)  # adapters loaded earlier apply to the new base
         self.tp.device = w.device
         if self.cache is None or (self.cache.dtype, self.cache.device) != (w.dtype, w.device):
             self.cache = KVCache(self.spec.num_layers, w.kv_heads(), self.spec.head_dim,
                                  dtype=w.dtype, device=w.device)  # fmt: skip
 
+    def load_lora(self, tensors: Mapping[str, torch.Tensor], config: Any) -> None:
+        """Use these LoRA adapters from now on, over the base weights already loaded.
+        `tensors`: PEFT's saved names -> whole (t=1) lora_A / lora_B tensors; `config`: a PEFT
+        `LoraConfig` or adapter_config.json's dict (see `rl3d.rollout.lora`). Every rank of the
+        generation-TP group passes the same whole tensors and keeps only its own slices."""
+        if self.base_weights is None:
+            raise RuntimeError("torch rollout engine: load_weights() the base before load_lora()")
+        self.lora.load(self.spec, tensors, config)
+        self.weights = self.lora.weights(self.base_weights)
+
+    def clear_lora(self) -> None:
+        """Generate with the base weights alone again."""
+        self.lora.clear()
+        self.weights = self.base_weights
+
     def release_memory(self) -> None:
         """Drop the KV cache, the RoPE table and the references to the weights (the trainer owns them)."""
         if self.cache is not None:
             self.cache.release()
-        self.weights = self._rope_table = None
+        self.lora.release()
+        self.weights = self.base_weights = self._rope_table = None
 
     def resume_memory(self) -> None:
         """Re-allocate the KV cache at its previous size; load weights again before generating."""

@@ -1,0 +1,198 @@
+"""LoRA adapters as the rollout engines receive them, in Megatron's layout.
+
+Adapters cross every boundary as PEFT saves them for the HF model (`save_pretrained`'s
+adapter_model.safetensors and adapter_config.json): whole (t=1) tensors named
+`base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight` [r, in] and
+`...lora_B.weight` [out, r], with r, lora_alpha (scaling = alpha / r, or alpha / sqrt(r) with
+rsLoRA) in the config. Targets: q_proj k_proj v_proj o_proj gate_proj up_proj down_proj.
+
+Here they become one low-rank pair per Megatron parameter, delta W = b @ a with the scaling
+folded into b: the fused QKV stacks the q, k and v factors (a = [A_q; A_k; A_v], b = each
+module's B in its own columns, rows interleaved per query group as the base is), the fused
+SwiGLU fc1 likewise ([gate; up]). Sharding follows the base layer: column-parallel QKV and fc1
+split b's rows exactly as the base's rows are split; row-parallel linear_proj and linear_fc2
+split a's input columns, so the partial products add up over the TP group as the base's do.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rl3d.models.params import FC1_WEIGHT, FC2_WEIGHT, PROJ_WEIGHT, QKV_WEIGHT, layer_param_name
+from rl3d.models.spec import ModelSpec
+from rl3d.ops.layouts import ShardKind, fc1_hf_to_megatron, qkv_hf_to_megatron, shard_for_tp
+
+# PEFT module name -> the Megatron layer parameter it adapts
+LORA_TARGETS = {
+    "q_proj": QKV_WEIGHT,
+    "k_proj": QKV_WEIGHT,
+    "v_proj": QKV_WEIGHT,
+    "o_proj": PROJ_WEIGHT,
+    "gate_proj": FC1_WEIGHT,
+    "up_proj": FC1_WEIGHT,
+    "down_proj": FC2_WEIGHT,
+}
+PARAM_KINDS = {
+    QKV_WEIGHT: ShardKind.QKV,
+    PROJ_WEIGHT: ShardKind.ROW,
+    FC1_WEIGHT: ShardKind.SWIGLU_FC1,
+    FC2_WEIGHT: ShardKind.ROW,
+}
+PEFT_NAME = re.compile(
+    r"^(?:base_model\.model\.)?model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.\w+)?\.weight$"
+)
+
+
+def peft_name(layer: int, module: str, factor: str) -> str:
+    """PEFT's saved name of one factor ("A" or "B") of `module` in decoder layer `layer`."""
+    block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+    return f"base_model.model.model.layers.{layer}.{block}.{module}.lora_{factor}.weight"
+
+
+def module_shape(spec: ModelSpec, module: str) -> tuple[int, int]:
+    """(out, in) of an HF projection."""
+    h, f = spec.hidden_size, spec.ffn_hidden_size
+    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_query_groups * spec.head_dim
+    return {
+        "q_proj": (q, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj": (f, h),
+        "up_proj": (f, h),
+        "down_proj": (h, f),
+    }[module]
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    """What the engines need of a PEFT `LoraConfig` / adapter_config.json."""
+
+    rank: int
+    alpha: float
+    target_modules: tuple[str, ...]
+    use_rslora: bool = False
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / (self.rank**0.5 if self.use_rslora else self.rank)
+
+    @classmethod
+    def from_peft(cls, config: Any) -> AdapterConfig:
+        """From a PEFT `LoraConfig`, the dict of adapter_config.json, or an AdapterConfig."""
+        if isinstance(config, AdapterConfig):
+            return config
+        get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
+        for key in ("rank_pattern", "alpha_pattern"):
+            if get(key):
+                raise ValueError(f"LoRA adapter config: {key} (per-module ranks) is not supported")
+        if get("use_dora"):
+            raise ValueError("LoRA adapter config: use_dora (DoRA) is not supported")
+        if get("bias", "none") != "none":
+            raise ValueError(f"LoRA adapter config: bias={get('bias')!r} is not supported (only 'none')")
+        targets = get("target_modules") or ()
+        targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets))
+        unknown = [t for t in targets if t not in LORA_TARGETS]
+        if unknown:
+            raise ValueError(
+                f"LoRA adapter config: target_modules {unknown} unknown; known: {list(LORA_TARGETS)}"
+            )
+        rank = get("r")
+        if not isinstance(rank, int) or rank < 1:
+            raise ValueError(f"LoRA adapter config: r must be a positive integer, got {rank!r}")
+        return cls(rank, float(get("lora_alpha", rank)), targets, bool(get("use_rslora", False)))
+
+
+@dataclass(frozen=True)
+class LowRank:
+    """One Megatron parameter's adapter: delta W = b @ a, a [k, in], b [out, k] (scaled)."""
+
+    name: str
+    kind: ShardKind
+    a: torch.Tensor
+    b: torch.Tensor
+
+    def delta(self) -> torch.Tensor:
+        return self.b @ self.a
+
+    def piece(self, tp_size: int, tp_rank: int, num_pieces: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a, b) of piece j of generation-TP shard `tp_rank` of `tp_size` made of `num_pieces`
+        training shards: piece j is training shard tp_rank * num_pieces + j of t_g * num_pieces."""
+        t, index = tp_size * num_pieces, tp_rank * num_pieces + j
+        if self.kind is ShardKind.ROW:
+            return shard_for_tp(self.a, self.kind, t, index), self.b
+        return self.a, shard_for_tp(self.b, self.kind, t, index)
+
+
+def parse_adapters(
+    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], config: Any
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """(layer, module) -> (A [r, in], B [out, r]) from PEFT's saved tensors, checked against `spec`."""
+    config = AdapterConfig.from_peft(config)
+    found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        m = PEFT_NAME.match(name)
+        if m is None or m.group(2) not in LORA_TARGETS:
+            raise ValueError(
+                f"LoRA adapter tensor {name!r} is not a PEFT lora_A/lora_B of {list(LORA_TARGETS)}"
+            )
+        layer, module, factor = int(m.group(1)), m.group(2), m.group(3)
+        if layer >= spec.num_layers:
+            raise ValueError(f"LoRA adapter tensor {name!r}: {spec.name} has {spec.num_layers} layers")
+        found.setdefault((layer, module), {})[factor] = t
+    out = {}
+    for (layer, module), ab in sorted(found.items()):
+        if set(ab) != {"A", "B"}:
+            raise ValueError(f"LoRA adapter: {module} of layer {layer} has lora_{''.join(ab)} only")
+        rows, cols = module_shape(spec, module)
+        a, b = ab["A"], ab["B"]
+        if a.shape != (config.rank, cols) or b.shape != (rows, config.rank):
+            raise ValueError(
+                f"LoRA adapter {peft_name(layer, module, 'A')}: A {tuple(a.shape)}, B {tuple(b.shape)}; "
+                f"expected A ({config.rank}, {cols}), B ({rows}, {config.rank}) for r={config.rank}"
+            )
+        out[(layer, module)] = (a, b)
+    return out
+
+
+def megatron_low_rank(
+    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], config: Any
+) -> dict[str, LowRank]:
+    """Global Megatron parameter name -> its adapter as one (fused) low-rank pair."""
+    scaling = AdapterConfig.from_peft(config).scaling
+    adapters = parse_adapters(spec, tensors, config)
+    by_param: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
+    for (layer, module), ab in adapters.items():
+        by_param.setdefault(layer_param_name(layer, LORA_TARGETS[module]), {})[module] = ab
+    out = {}
+    for name, modules in by_param.items():
+        suffix = name.split(".", 3)[3]
+        kind = PARAM_KINDS[suffix]
+        # the fused parameter's modules in their fused order; absent ones get zero rows
+        order = [m for m in LORA_TARGETS if LORA_TARGETS[m] == suffix]
+        present = [m for m in order if m in modules]
+        a = torch.cat([modules[m][0] for m in present], dim=0)
+        k, cols, parts = a.shape[0], 0, []
+        for m in order:
+            b_m = modules[m][1] if m in modules else None
+            rows = module_shape(spec, m)[0]
+            wide = a.new_zeros(rows, k)
+            if b_m is not None:
+                wide[:, cols : cols + b_m.shape[1]] = b_m * scaling
+                cols += b_m.shape[1]
+            parts.append(wide)
+        if kind is ShardKind.QKV:
+            b = qkv_hf_to_megatron(
+                *parts, num_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups
+            )
+        elif kind is ShardKind.SWIGLU_FC1:
+            b = fc1_hf_to_megatron(*parts)
+        else:
+            b = parts[0]
+        out[name] = LowRank(name, kind, a, b)
+    return out
