@@ -23,21 +23,13 @@ from typing import Any
 
 import torch
 
+from rl3d.models.lora_names import ALL_LINEAR, FUSED, TARGETS, peft_key, resolve_targets, scaling_of
 from rl3d.models.params import FC1_WEIGHT, FC2_WEIGHT, PROJ_WEIGHT, QKV_WEIGHT, layer_param_name
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, fc1_hf_to_megatron, qkv_hf_to_megatron, shard_for_tp
 
-# PEFT module name -> the Megatron layer parameter it adapts
-LORA_TARGETS = {
-    "q_proj": QKV_WEIGHT,
-    "k_proj": QKV_WEIGHT,
-    "v_proj": QKV_WEIGHT,
-    "o_proj": PROJ_WEIGHT,
-    "gate_proj": FC1_WEIGHT,
-    "up_proj": FC1_WEIGHT,
-    "down_proj": FC2_WEIGHT,
-}
-PARAM_KINDS = {
+LORA_TARGETS = tuple(TARGETS)  # q_proj k_proj v_proj o_proj gate_proj up_proj down_proj
+PARAM_KINDS = {  # the adapted Megatron layer parameters and how TP splits them
     QKV_WEIGHT: ShardKind.QKV,
     PROJ_WEIGHT: ShardKind.ROW,
     FC1_WEIGHT: ShardKind.SWIGLU_FC1,
@@ -48,10 +40,9 @@ PEFT_NAME = re.compile(
 )
 
 
-def peft_name(layer: int, module: str, factor: str) -> str:
-    """PEFT's saved name of one factor ("A" or "B") of `module` in decoder layer `layer`."""
-    block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
-    return f"base_model.model.model.layers.{layer}.{block}.{module}.lora_{factor}.weight"
+def param_suffix(module: str) -> str:
+    """The Megatron layer parameter (after "decoder.layers.{i}.") that `module` adapts."""
+    return TARGETS[module].linear + ".weight"
 
 
 def module_shape(spec: ModelSpec, module: str) -> tuple[int, int]:
@@ -80,13 +71,16 @@ class AdapterConfig:
 
     @property
     def scaling(self) -> float:
-        return self.alpha / (self.rank**0.5 if self.use_rslora else self.rank)
+        return scaling_of(self.rank, self.alpha, self.use_rslora)
 
     @classmethod
     def from_peft(cls, config: Any) -> AdapterConfig:
-        """From a PEFT `LoraConfig`, the dict of adapter_config.json, or an AdapterConfig."""
+        """From a PEFT `LoraConfig`, the dict of adapter_config.json, `actor.lora`'s config
+        (`rl3d.config.lora.LoraConfig`), or an AdapterConfig."""
         if isinstance(config, AdapterConfig):
             return config
+        if hasattr(config, "rank") and hasattr(config, "targets"):  # actor.lora
+            return cls(config.rank, float(config.alpha), config.targets, config.use_rslora)
         get = config.get if isinstance(config, Mapping) else lambda k, d=None: getattr(config, k, d)
         for key in ("rank_pattern", "alpha_pattern"):
             if get(key):
@@ -96,8 +90,8 @@ class AdapterConfig:
         if get("bias", "none") != "none":
             raise ValueError(f"LoRA adapter config: bias={get('bias')!r} is not supported (only 'none')")
         targets = get("target_modules") or ()
-        targets = (targets,) if isinstance(targets, str) else tuple(sorted(targets))
-        unknown = [t for t in targets if t not in LORA_TARGETS]
+        targets = (targets,) if isinstance(targets, str) else tuple(targets)
+        unknown = [t for t in targets if t not in LORA_TARGETS and t != ALL_LINEAR]
         if unknown:
             raise ValueError(
                 f"LoRA adapter config: target_modules {unknown} unknown; known: {list(LORA_TARGETS)}"
@@ -105,7 +99,8 @@ class AdapterConfig:
         rank = get("r")
         if not isinstance(rank, int) or rank < 1:
             raise ValueError(f"LoRA adapter config: r must be a positive integer, got {rank!r}")
-        return cls(rank, float(get("lora_alpha", rank)), targets, bool(get("use_rslora", False)))
+        alpha = float(get("lora_alpha", rank))
+        return cls(rank, alpha, resolve_targets(targets), bool(get("use_rslora", False)))
 
 
 @dataclass(frozen=True)
@@ -153,7 +148,7 @@ def parse_adapters(
         a, b = ab["A"], ab["B"]
         if a.shape != (config.rank, cols) or b.shape != (rows, config.rank):
             raise ValueError(
-                f"LoRA adapter {peft_name(layer, module, 'A')}: A {tuple(a.shape)}, B {tuple(b.shape)}; "
+                f"LoRA adapter {peft_key(layer, module, 'A')}: A {tuple(a.shape)}, B {tuple(b.shape)}; "
                 f"expected A ({config.rank}, {cols}), B ({rows}, {config.rank}) for r={config.rank}"
             )
         out[(layer, module)] = (a, b)
@@ -168,13 +163,13 @@ def megatron_low_rank(
     adapters = parse_adapters(spec, tensors, config)
     by_param: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
     for (layer, module), ab in adapters.items():
-        by_param.setdefault(layer_param_name(layer, LORA_TARGETS[module]), {})[module] = ab
+        by_param.setdefault(layer_param_name(layer, param_suffix(module)), {})[module] = ab
     out = {}
     for name, modules in by_param.items():
         suffix = name.split(".", 3)[3]
         kind = PARAM_KINDS[suffix]
         # the fused parameter's modules in their fused order; absent ones get zero rows
-        order = [m for m in LORA_TARGETS if LORA_TARGETS[m] == suffix]
+        order = FUSED[suffix.removesuffix(".weight")]
         present = [m for m in order if m in modules]
         a = torch.cat([modules[m][0] for m in present], dim=0)
         k, cols, parts = a.shape[0], 0, []

@@ -6,34 +6,17 @@ exactly what the engine receives. The engine's per-token log-probs (prefill and 
 equal the reference's within 1e-5 in fp32, in both the apply and the merge mode.
 """
 
-import json
-
 import pytest
 import torch
 from test_rollout_torch_engine import PROMPTS, hf_reference, megatron_model, reference_logprobs
 
+from rl3d.models.lora_names import peft_key as peft_name
 from rl3d.rollout import SamplingParams, TorchRolloutEngine
-from rl3d.rollout.lora import LORA_TARGETS, AdapterConfig, megatron_low_rank, module_shape, peft_name
+from rl3d.rollout.lora import LORA_TARGETS, AdapterConfig, megatron_low_rank, module_shape
+from rl3d.testing.lora import peft_adapter
 
 LOGPROB_TOL = 1e-5  # fp32
 TARGETS = list(LORA_TARGETS)
-
-
-def peft_adapter(model, tmp_path, *, rank=8, alpha=16, targets=TARGETS, seed=0):
-    """Wrap `model` with peft LoRA (random nonzero A and B), save it, read the saved files back."""
-    from peft import LoraConfig, get_peft_model
-    from safetensors.torch import load_file
-
-    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0)
-    peft_model = get_peft_model(model, config).eval()
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in peft_model.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.2 * torch.randn(p.shape, generator=gen))
-    peft_model.save_pretrained(tmp_path)
-    tensors = load_file(tmp_path / "adapter_model.safetensors")
-    return peft_model, tensors, json.loads((tmp_path / "adapter_config.json").read_text())
 
 
 def worst_logprob_error(batch, model, prompts=PROMPTS):
