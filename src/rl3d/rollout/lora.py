@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rl3d.models.lora_names import ALL_LINEAR, FUSED, TARGETS, peft_key, resolve_targets, scaling_of
+from rl3d.models.lora_shapes import factor_shapes
 from rl3d.models.params import FC1_WEIGHT, FC2_WEIGHT, PROJ_WEIGHT, QKV_WEIGHT, layer_param_name
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, fc1_hf_to_megatron, qkv_hf_to_megatron, shard_for_tp
@@ -43,21 +44,6 @@ PEFT_NAME = re.compile(
 def param_suffix(module: str) -> str:
     """The Megatron layer parameter (after "decoder.layers.{i}.") that `module` adapts."""
     return TARGETS[module].linear + ".weight"
-
-
-def module_shape(spec: ModelSpec, module: str) -> tuple[int, int]:
-    """(out, in) of an HF projection."""
-    h, f = spec.hidden_size, spec.ffn_hidden_size
-    q, kv = spec.num_attention_heads * spec.head_dim, spec.num_query_groups * spec.head_dim
-    return {
-        "q_proj": (q, h),
-        "k_proj": (kv, h),
-        "v_proj": (kv, h),
-        "o_proj": (h, q),
-        "gate_proj": (f, h),
-        "up_proj": (f, h),
-        "down_proj": (h, f),
-    }[module]
 
 
 @dataclass(frozen=True)
@@ -111,6 +97,7 @@ class LowRank:
     kind: ShardKind
     a: torch.Tensor
     b: torch.Tensor
+    shard: tuple[int, int] = (0, 1)  # (index, count): TP shard of the whole the factors are
 
     def delta(self) -> torch.Tensor:
         return self.b @ self.a
@@ -118,16 +105,21 @@ class LowRank:
     def piece(self, tp_size: int, tp_rank: int, num_pieces: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(a, b) of piece j of generation-TP shard `tp_rank` of `tp_size` made of `num_pieces`
         training shards: piece j is training shard tp_rank * num_pieces + j of t_g * num_pieces."""
-        t, index = tp_size * num_pieces, tp_rank * num_pieces + j
+        held, count = self.shard
+        assert tp_size % count == 0, (self.shard, tp_size)
+        per = tp_size * num_pieces // count  # pieces of the whole in the shard held here
+        index = tp_rank * num_pieces + j - held * per
+        assert 0 <= index < per, f"piece {j} of rank {tp_rank}/{tp_size} is outside shard {self.shard}"
         if self.kind is ShardKind.ROW:
-            return shard_for_tp(self.a, self.kind, t, index), self.b
-        return self.a, shard_for_tp(self.b, self.kind, t, index)
+            return shard_for_tp(self.a, self.kind, per, index), self.b
+        return self.a, shard_for_tp(self.b, self.kind, per, index)
 
 
 def parse_adapters(
-    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], config: Any
+    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], config: Any, num_shards: int = 1
 ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
-    """(layer, module) -> (A [r, in], B [out, r]) from PEFT's saved tensors, checked against `spec`."""
+    """(layer, module) -> (A [r, in], B [out, r]) from PEFT's saved tensors (or their TP shards
+    of `num_shards`, as the adapter transition delivers them), checked against `spec`."""
     config = AdapterConfig.from_peft(config)
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for name, t in tensors.items():
@@ -144,23 +136,26 @@ def parse_adapters(
     for (layer, module), ab in sorted(found.items()):
         if set(ab) != {"A", "B"}:
             raise ValueError(f"LoRA adapter: {module} of layer {layer} has lora_{''.join(ab)} only")
-        rows, cols = module_shape(spec, module)
+        shape_a, shape_b = factor_shapes(spec, module, config.rank, num_shards)
         a, b = ab["A"], ab["B"]
-        if a.shape != (config.rank, cols) or b.shape != (rows, config.rank):
+        if a.shape != shape_a or b.shape != shape_b:
             raise ValueError(
                 f"LoRA adapter {peft_key(layer, module, 'A')}: A {tuple(a.shape)}, B {tuple(b.shape)}; "
-                f"expected A ({config.rank}, {cols}), B ({rows}, {config.rank}) for r={config.rank}"
+                f"expected A {shape_a}, B {shape_b} for r={config.rank}"
+                + (f" (TP shards of {num_shards})" if num_shards > 1 else "")
             )
         out[(layer, module)] = (a, b)
     return out
 
 
 def megatron_low_rank(
-    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], config: Any
+    spec: ModelSpec, tensors: Mapping[str, torch.Tensor], config: Any, shard: tuple[int, int] = (0, 1)
 ) -> dict[str, LowRank]:
-    """Global Megatron parameter name -> its adapter as one (fused) low-rank pair."""
+    """Global Megatron parameter name -> its adapter as one (fused) low-rank pair. `tensors` are
+    whole, or TP shard `shard` = (index, count) of each factor (a generation rank's, from the
+    adapter transition): the fused pair is then that TP shard of the whole one."""
     scaling = AdapterConfig.from_peft(config).scaling
-    adapters = parse_adapters(spec, tensors, config)
+    adapters = parse_adapters(spec, tensors, config, num_shards=shard[1])
     by_param: dict[str, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
     for (layer, module), ab in adapters.items():
         by_param.setdefault(layer_param_name(layer, param_suffix(module)), {})[module] = ab
@@ -175,19 +170,18 @@ def megatron_low_rank(
         k, cols, parts = a.shape[0], 0, []
         for m in order:
             b_m = modules[m][1] if m in modules else None
-            rows = module_shape(spec, m)[0]
+            rows = factor_shapes(spec, m, 1, shard[1])[1][0]
             wide = a.new_zeros(rows, k)
             if b_m is not None:
                 wide[:, cols : cols + b_m.shape[1]] = b_m * scaling
                 cols += b_m.shape[1]
             parts.append(wide)
         if kind is ShardKind.QKV:
-            b = qkv_hf_to_megatron(
-                *parts, num_heads=spec.num_attention_heads, num_query_groups=spec.num_query_groups
-            )
+            heads, groups = spec.num_attention_heads // shard[1], spec.num_query_groups // shard[1]
+            b = qkv_hf_to_megatron(*parts, num_heads=heads, num_query_groups=groups)
         elif kind is ShardKind.SWIGLU_FC1:
             b = fc1_hf_to_megatron(*parts)
         else:
             b = parts[0]
-        out[name] = LowRank(name, kind, a, b)
+        out[name] = LowRank(name, kind, a, b, shard)
     return out

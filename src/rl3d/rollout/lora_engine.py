@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from rl3d.models.params import FC1_WEIGHT, FC2_WEIGHT, PROJ_WEIGHT, QKV_WEIGHT, layer_param_name
-from rl3d.ops.layouts import ShardKind
+from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
 from rl3d.rollout.lora import LowRank, megatron_low_rank
 from rl3d.rollout.model import ShardedWeights
 
@@ -115,6 +115,16 @@ def layer_loras(base: ShardedWeights, factors: Mapping[str, LowRank]) -> list[La
     return out
 
 
+def generation_shards(weights: Any) -> dict[str, torch.Tensor]:
+    """Name -> this rank's generation-TP shard, from `GenerationWeights` (pieces joined: the
+    adapter factors are plain row- or column-split tensors, whose consecutive shards concatenate)."""
+    kinds = {name: p.kind for name, p in weights.params.items()}
+    out = {name: merge_tp_shards(list(pieces), kinds[name]) for name, pieces in weights.pieces.items()}
+    for name, full in weights.full.items():
+        out[name] = shard_for_tp(full, kinds[name], weights.gen_tp, weights.gen_tp_rank)
+    return out
+
+
 class EngineLora:
     """The adapters of one engine: `weights(base)` is what the forward should run."""
 
@@ -138,8 +148,14 @@ class EngineLora:
         base = self._merged_base.pieces
         return sum(p.nbytes for n, ps in self._merged.pieces.items() for p in ps if ps is not base[n])
 
-    def load(self, spec: Any, tensors: Mapping[str, torch.Tensor], config: Any) -> None:
-        self.factors = megatron_low_rank(spec, tensors, config)
+    def load(self, spec: Any, tensors: Any, config: Any) -> None:
+        """`tensors`: PEFT's whole factors, or the `GenerationWeights` the adapter transition
+        (`rl3d.hybrid_engine.lora_plan`) gave this rank: its generation-TP shard of each factor."""
+        if isinstance(tensors, Mapping):
+            self.factors = megatron_low_rank(spec, tensors, config)
+        else:
+            shard = (tensors.gen_tp_rank, tensors.gen_tp)
+            self.factors = megatron_low_rank(spec, generation_shards(tensors), config, shard)
 
     def clear(self) -> None:
         self.factors = None

@@ -129,11 +129,12 @@ class TorchRolloutEngine:
             self.cache = KVCache(self.spec.num_layers, w.kv_heads(), self.spec.head_dim,
                                  dtype=w.dtype, device=w.device)  # fmt: skip
 
-    def load_lora(self, tensors: Mapping[str, torch.Tensor], config: Any) -> None:
+    def load_lora(self, tensors: Any, config: Any) -> None:
         """Use these LoRA adapters from now on, over the base weights already loaded.
-        `tensors`: PEFT's saved names -> whole (t=1) lora_A / lora_B tensors; `config`: a PEFT
-        `LoraConfig` or adapter_config.json's dict (see `rl3d.rollout.lora`). Every rank of the
-        generation-TP group passes the same whole tensors and keeps only its own slices."""
+        `tensors`: PEFT's saved names -> whole (t=1) lora_A / lora_B tensors, which every rank of
+        the generation-TP group passes and slices itself; or the `GenerationWeights` the adapter
+        transition (`rl3d.hybrid_engine.lora_plan.lora_params`) gave this rank. `config`: a PEFT
+        `LoraConfig`, adapter_config.json's dict or `actor.lora` (see `rl3d.rollout.lora`)."""
         if self.base_weights is None:
             raise RuntimeError("torch rollout engine: load_weights() the base before load_lora()")
         self.lora.load(self.spec, tensors, config)

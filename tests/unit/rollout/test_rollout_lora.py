@@ -11,8 +11,9 @@ import torch
 from test_rollout_torch_engine import PROMPTS, hf_reference, megatron_model, reference_logprobs
 
 from rl3d.models.lora_names import peft_key as peft_name
+from rl3d.models.lora_shapes import module_shape
 from rl3d.rollout import SamplingParams, TorchRolloutEngine
-from rl3d.rollout.lora import LORA_TARGETS, AdapterConfig, megatron_low_rank, module_shape
+from rl3d.rollout.lora import LORA_TARGETS, AdapterConfig, megatron_low_rank
 from rl3d.testing.lora import peft_adapter
 
 LOGPROB_TOL = 1e-5  # fp32
