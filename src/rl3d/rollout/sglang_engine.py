@@ -61,6 +61,7 @@ import torch.distributed as dist
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.model import TPComm
+from rl3d.rollout.sglang_lora import check_lora_update, peft_config_dict, sglang_lora_server_args
 from rl3d.rollout.sglang_weights import (
     check_sglang,
     env_changes,
@@ -173,6 +174,7 @@ class SGLangRolloutEngine:
         dtype: str = "bfloat16",
         seed: int | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        lora: Any = None,
     ):
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"rollout.sglang.update_mode={update_mode!r}; known: {', '.join(UPDATE_MODES)}")
@@ -188,6 +190,8 @@ class SGLangRolloutEngine:
         self._released: list[str] = []
         self._update_group: Any = None
         self._update_group_name = ""
+        self._lora_name: str | None = None  # the adapter requests use (None: the base alone)
+        self._lora_version = 0
         self.engine = None
         self.launch_env: dict[str, Any] = {}
         if not deterministic:
@@ -207,6 +211,8 @@ class SGLangRolloutEngine:
                 dtype=dtype,
                 seed=seed,
             )
+            if lora is not None:  # adapters of this rank and these targets can be loaded later
+                kwargs.update(sglang_lora_server_args(lora))
             kwargs.update(engine_kwargs or {})
             logger.info("launching SGLang %s engine: %s", sglang.__version__, kwargs)
             self.engine = self._launch(sglang, kwargs)
@@ -394,6 +400,37 @@ class SGLangRolloutEngine:
             self.engine.flush_cache()
         self._barrier()
 
+    def load_lora(self, tensors: Mapping[str, torch.Tensor], config: Any) -> None:
+        """Use these LoRA adapters (PEFT's names -> whole tensors, from rank 0 of the group)
+        over the base weights SGLang holds; the previous adapters are unloaded. The engine must
+        have been built with `lora=` (see `rl3d.rollout.sglang_lora`)."""
+        if not isinstance(tensors, Mapping):
+            raise TypeError("the SGLang engine takes whole PEFT adapter tensors (a name -> tensor mapping)")
+        if self.engine is not None:
+            self._unload_lora()
+            self._lora_version += 1
+            name = f"rl3d-lora-{self._lora_version}"
+            ret = self.engine.load_lora_adapter_from_tensors(
+                lora_name=name, tensors=dict(tensors), config_dict=peft_config_dict(config)
+            )
+            check_lora_update(ret, "load_lora_adapter_from_tensors")
+            self._lora_name = name
+            self.engine.flush_cache()  # cached prefixes were computed without these adapters
+        self._barrier()
+
+    def clear_lora(self) -> None:
+        """Generate with the base weights alone again."""
+        if self.engine is not None:
+            self._unload_lora()
+            self.engine.flush_cache()
+        self._barrier()
+
+    def _unload_lora(self) -> None:
+        if self._lora_name is not None:
+            ret = self.engine.unload_lora_adapter(lora_name=self._lora_name)
+            check_lora_update(ret, "unload_lora_adapter")
+            self._lora_name = None
+
     def generate(self, prompts_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
         """`logprobs` and `raw_logprobs` both hold SGLang's log-probs of the plain softmax
         (SGLANG_RETURN_ORIGINAL_LOGPROB): it returns one kind only."""
@@ -407,7 +444,10 @@ class SGLangRolloutEngine:
         if self.engine is not None:
             ids = [p for p in prompts for _ in range(params.n)]
             sampling = [to_sglang_sampling(params, i, self.eos_token_ids) for i in range(len(ids))]
-            outputs = self.engine.generate(input_ids=ids, sampling_params=sampling, return_logprob=True)
+            lora = None if self._lora_name is None else [self._lora_name] * len(ids)
+            outputs = self.engine.generate(
+                input_ids=ids, sampling_params=sampling, return_logprob=True, lora_path=lora
+            )
             rows = [_parse_output(o) for o in outputs]
         rows = self._from_rank0(rows)
         logprobs = [r[1] for r in rows]
