@@ -1,6 +1,7 @@
 """LoRA in the torch rollout engine: apply vs merge, side by side, in one run.
 
     python benchmarks/lora_engine.py [--models tiny-llama,smollm2-135m] [--ranks 8,16,64] [--json PATH]
+        [--device cuda --dtype bfloat16]
 
 Per model and adapter rank (all seven projections adapted): the per-step update time (median of
 `engine.load_lora` over --repeats fresh adapters: parse + fuse + slice, and for merge the
@@ -8,7 +9,8 @@ W_base + b @ a rebuild), the decode tokens/s of greedy generation (--batch promp
 --prompt-len tokens, --new-tokens each) for the base alone, apply and merge, and the ratios
 merge / apply. Then the drift of the alternative merge (W += delta, next step W -= delta, in
 place) after --drift-steps steps, in fp32 and bf16, on the model's targeted weights, against the
-rebuild the engine does (exactly W_base + delta every step). One torch thread.
+rebuild the engine does (exactly W_base + delta every step). One torch thread on CPU. A model
+from the shape registry (llama2-7b, ...) gets random weights made on --device.
 """
 
 from __future__ import annotations
@@ -27,31 +29,36 @@ from rl3d.rollout import SamplingParams, TorchRolloutEngine
 from rl3d.rollout.lora import megatron_low_rank
 
 
-def model_weights(name: str):
+def model_weights(name: str, device: str, dtype: torch.dtype):
     if name.startswith("smollm2"):
         from rl3d.testing.real_model import megatron_tensors, real_model_dir
 
-        return megatron_tensors(real_model_dir(name))
+        spec, full = megatron_tensors(real_model_dir(name))
+        return spec, {k: v.to(device, dtype) for k, v in full.items()}
     from rl3d.hybrid_engine.params import model_params
-    from rl3d.hybrid_engine.weights import full_model
     from rl3d.models.spec import get_model_spec
 
     spec = get_model_spec(name)
-    full = full_model(model_params(spec, train_tp=1), seed=0, dtype=torch.float32)
-    full = {k: (1 + 0.1 * v) if k.endswith("norm.weight") else 0.15 * v for k, v in full.items()}
-    if spec.tied_embeddings:
-        full.pop("output_layer.weight")
+    gen = torch.Generator(device=device).manual_seed(0)
+    full = {}
+    for p in model_params(spec, train_tp=1):
+        if p.tied_copy:
+            continue
+        x = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32)
+        scale = 0.15 if spec.hidden_size < 512 else 0.02  # far from uniform next-token odds
+        full[p.name] = (1 + 0.1 * x if p.name.endswith("norm.weight") else scale * x).to(dtype)
     return spec, full
 
 
-def random_adapter(spec, rank: int, seed: int, scale: float = 0.02):
-    gen = torch.Generator().manual_seed(seed)
+def random_adapter(spec, rank: int, seed: int, scale: float = 0.02, device: str = "cpu"):
+    gen = torch.Generator(device=device).manual_seed(seed)
     tensors = {}
     for layer in range(spec.num_layers):
         for module in LORA_TARGETS:
             out, inp = module_shape(spec, module)
-            tensors[peft_key(layer, module, "A")] = scale * torch.randn(rank, inp, generator=gen)
-            tensors[peft_key(layer, module, "B")] = scale * torch.randn(out, rank, generator=gen)
+            for factor, shape in (("A", (rank, inp)), ("B", (out, rank))):
+                x = torch.randn(shape, generator=gen, device=device)
+                tensors[peft_key(layer, module, factor)] = scale * x
     return tensors, {"r": rank, "lora_alpha": 2 * rank, "target_modules": list(LORA_TARGETS)}
 
 
@@ -62,26 +69,37 @@ def decode_tokens_per_s(engine, args) -> float:
     engine.generate(prompts, SamplingParams(max_new_tokens=2, temperature=0.0))  # warm-up
     best = float("inf")
     for _ in range(args.gen_repeats):
+        sync(args.device)
         start = time.perf_counter()
         engine.generate(prompts, params)
+        sync(args.device)
         best = min(best, time.perf_counter() - start)
     return engine.stats.generated_tokens / best
 
 
 def update_seconds(engine, spec, rank, args) -> float:
-    adapters = [random_adapter(spec, rank, seed) for seed in range(args.repeats + 1)]
+    adapters = [random_adapter(spec, rank, seed, device=args.device) for seed in range(args.repeats + 1)]
     engine.load_lora(*adapters[0])  # the merge buffers are allocated once, at the first load
     times = []
     for tensors, config in adapters[1:]:
+        sync(args.device)
         start = time.perf_counter()
         engine.load_lora(tensors, config)
+        sync(args.device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def drift(spec, weights, rank, steps, dtype) -> dict[str, float]:
     """Max |W - (W_base + delta_last)| after `steps` in-place merge/unmerge steps, vs the rebuild."""
-    factors = [megatron_low_rank(spec, *random_adapter(spec, rank, s, scale=0.05)) for s in range(steps)]
+    device = next(iter(weights.values())).device
+    adapters = (random_adapter(spec, rank, s, scale=0.05, device=str(device)) for s in range(steps))
+    factors = [megatron_low_rank(spec, *adapter) for adapter in adapters]
     names = list(factors[0])
     base = {n: weights[n].to(dtype) for n in names}
     inplace = {n: b.clone() for n, b in base.items()}
@@ -112,11 +130,13 @@ def main(argv=None) -> int:
     p.add_argument("--gen-repeats", type=int, default=2)
     p.add_argument("--drift-steps", type=int, default=100)
     p.add_argument("--json", default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", help="the engine's weights (drift: fp32 and bf16)")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     rows, drifts = [], []
     for name in args.models.split(","):
-        spec, weights = model_weights(name)
+        spec, weights = model_weights(name, args.device, getattr(torch, args.dtype))
         base_tps = decode_tokens_per_s(TorchRolloutEngine(spec, weights), args)
         for rank in map(int, args.ranks.split(",")):
             row = {"model": name, "rank": rank, "base_tok_s": base_tps}
@@ -143,6 +163,8 @@ def main(argv=None) -> int:
                 f"{d['in_place_max_err']:.3g}, rebuilt from the base {d['rebuild_max_err']:.3g}",
                 flush=True,
             )
+    if args.device.startswith("cuda"):
+        print(f"device {torch.cuda.get_device_name()}, weights {args.dtype}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "drift": drifts, "args": vars(args)}, f, indent=1)
