@@ -1,6 +1,8 @@
 """The torch engine's LoRA state: the base weights stay loaded, only the adapters change.
 
-Two ways to use the adapters (`rollout.lora_mode`-style choice, `LORA_MODES`):
+Two ways to use the adapters (the engine's `lora_mode`, `LORA_MODES`; merge is the default: its
+decode runs exactly the base's ops, and it decoded fastest in benchmarks/lora_engine.py, see
+docs/lora.md; apply holds no copy of any weight):
 - "apply": every targeted projection adds (x a^T) b^T beside its base matmul; the base pieces
   are untouched and no weight is copied. Loading adapters is only slicing the factors.
 - "merge": the engine holds its own buffer per targeted parameter piece and fills it with
@@ -128,7 +130,7 @@ def generation_shards(weights: Any) -> dict[str, torch.Tensor]:
 class EngineLora:
     """The adapters of one engine: `weights(base)` is what the forward should run."""
 
-    def __init__(self, mode: str = "apply"):
+    def __init__(self, mode: str = "merge"):
         if mode not in LORA_MODES:
             raise ValueError(f"LoRA mode must be one of {LORA_MODES}, got {mode!r}")
         self.mode = mode

@@ -68,7 +68,8 @@ class GenerationStats:
 class TorchRolloutEngine:
     """The `torch` RolloutEngine. `group` is the generation-TP group (`rl3d.parallel.groups.Group`
     or a raw process group; None for t_g = 1). `max_batch_rows` bounds the samples decoded
-    together (prompts are processed in chunks of max_batch_rows // n)."""
+    together (prompts are processed in chunks of max_batch_rows // n). `lora_mode` ("merge" or
+    "apply", `rl3d.rollout.lora_engine`) says how adapters given to `load_lora` are used."""
 
     name = "torch"
 
@@ -81,7 +82,7 @@ class TorchRolloutEngine:
         max_batch_rows: int = 256,
         pad_token_id: int = 0,
         dtype: torch.dtype | None = None,
-        lora_mode: str = "apply",
+        lora_mode: str = "merge",
     ):
         if max_batch_rows < 1:
             raise ValueError(f"rollout.max_batch_rows must be >= 1, got {max_batch_rows}")
