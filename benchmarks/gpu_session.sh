@@ -28,6 +28,10 @@
 #      against what rl3d reports, within 1%) and come back bit for bit; two more steps equal a
 #      twin that never offloaded;
 #   8. $OUT/report.md: one line per step with its exit status, and the loop's last metrics.
+# Not in the default STEPS (run it by name, e.g. STEPS="lora_engine"):
+#   lora_engine: LoRA in the torch engine on CUDA, apply vs merge (benchmarks/lora_engine.py):
+#      decode tokens/s and per-step update time on tiny-llama and random llama2-7b weights (bf16)
+#      at ranks 8 and 64, and the drift of an in-place merge/unmerge.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0  # compiled Triton kernels on the GPU
 OUT=${OUT:-/tmp/rl3d-gpu-out}
@@ -59,6 +63,8 @@ step memory_plan 90 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_pla
 step memory_plan_7b 150 python3 benchmarks/memory_plan_gpu.py --out "$OUT/memory_plan_7b" model.name=llama2-7b \
     algorithm.kl.coef=0
 step offload 120 python3 benchmarks/offload_cuda.py --out "$OUT/offload"
+step lora_engine 240 python3 benchmarks/lora_engine.py --device cuda --dtype bfloat16 \
+    --models tiny-llama,llama2-7b --ranks 8,64 --drift-steps 20 --json "$OUT/lora_engine.json"
 
 {
   echo "# rl3d GPU session, $(date -u +%Y-%m-%d)"

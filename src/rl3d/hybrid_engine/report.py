@@ -7,8 +7,10 @@ import json
 from typing import Any
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
+from rl3d.hybrid_engine.lora_plan import LoraTransition, format_lora, plan_lora_transition
 from rl3d.hybrid_engine.plan import TransitionPlan, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
+from rl3d.models.lora_names import LORA_TARGETS
 from rl3d.models.spec import get_model_spec, spec_of
 from rl3d.parallel import ParallelLayout
 from rl3d.utils.dtypes import DTYPE_BYTES
@@ -40,6 +42,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch", type=int, default=1024, help="sequences generated at once (--auto)")
     parser.add_argument("--prompt-len", type=int, default=1024)
     parser.add_argument("--response-len", type=int, default=1024)
+    parser.add_argument("--lora-rank", type=int, help="plan the adapters' transition (default: actor.lora)")
+    parser.add_argument("--lora-targets", help="q_proj,v_proj,... (default: all seven, or actor.lora's)")
 
 
 def _inputs(args: argparse.Namespace, cfg: Any):
@@ -198,4 +202,21 @@ def run_plan(args: argparse.Namespace, config: Any = None) -> str:
         return format_auto(rows, best, hw)
     strategies = tuple(args.strategy) if args.strategy else None
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
-    return json.dumps(plan.to_json()) if args.json else format_plan(plan, engine)
+    lora = _lora_transition(args, config, spec, train, t_g, p_g, dtype)
+    if args.json:
+        return json.dumps(plan.to_json() | ({"lora": lora.summary()} if lora else {}))
+    text = format_plan(plan, engine)
+    return text if lora is None else f"{text}\n\n{format_lora(lora)}"
+
+
+def _lora_transition(args, config, spec, train, t_g, p_g, dtype) -> LoraTransition | None:
+    """The adapter-only transition when --lora-rank is given or the recipe sets actor.lora."""
+    lora_cfg = getattr(config.actor, "lora", None) if config is not None else None
+    rank = args.lora_rank if args.lora_rank is not None else getattr(lora_cfg, "rank", None)
+    if rank is None:
+        return None
+    if args.lora_targets:
+        targets = tuple(t.strip() for t in args.lora_targets.split(","))
+    else:
+        targets = tuple(getattr(lora_cfg, "targets", LORA_TARGETS))
+    return plan_lora_transition(spec, train, t_g, p_g, rank=rank, targets=targets, dtype=dtype)

@@ -50,8 +50,8 @@ from rl3d.rollout.moe import (
     engine_param_names,
     moe_mlp,
     moe_weights,
-    swiglu,
 )
+from rl3d.rollout.rope import apply_rope
 
 NEG_INF = float("-inf")
 
@@ -113,6 +113,7 @@ class LayerWeights(NamedTuple):
     fc2: list[torch.Tensor]
     qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None  # q's and k's RMSNorm weight [head_dim]
     moe: MoEWeights | None = None
+    lora: Any = None  # rl3d.rollout.lora_engine.LayerLora: adapters applied beside the base
 
 
 class DecodeLayer(NamedTuple):
@@ -133,6 +134,7 @@ class ShardedWeights:
     tp_size: int
     tp_rank: int
     pieces: dict[str, list[torch.Tensor]]
+    lora: list[Any] | None = None  # per layer, adapters the forward applies (`LayerLora`)
     layers: list[LayerWeights] = field(default_factory=list, repr=False)
     decode_layers: list[DecodeLayer] = field(default_factory=list, repr=False)
     output_t: list[torch.Tensor] = field(default_factory=list, repr=False)
@@ -207,6 +209,7 @@ class ShardedWeights:
                     fc2=[] if spec.is_moe else fc2,
                     qk_norm=(of[Q_NORM][0], of[K_NORM][0]) if spec.qk_norm else None,
                     moe=moe_weights(self.pieces, spec, i) if spec.is_moe else None,
+                    lora=self.lora[i] if self.lora else None,
                 )
             )
         self.decode_layers = [
@@ -233,68 +236,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     h = x if fp32 else x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * (h if fp32 else h.to(x.dtype))
-
-
-def rope_cos_sin(positions_BT: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    exponents = torch.arange(0, head_dim, 2, dtype=torch.int64, device=positions_BT.device).float() / head_dim
-    inv_freq = 1.0 / (theta**exponents)  # as HF's default RoPE init computes it
-    freqs = positions_BT.float().unsqueeze(-1) * inv_freq
-    emb = torch.cat([freqs, freqs], dim=-1).unsqueeze(1)  # [B, 1, T, D] broadcast over heads
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-class RopeTable:
-    """cos and sin of every position in [0, num_positions), computed once, so that a forward
-    only gathers its rows (elementwise, so each value equals `rope_cos_sin`'s for that position).
-    The sin half that multiplies the rotated first half is stored negated: `rotate_half(x) * sin`
-    == `swap_halves(x) * sin_signed` exactly, with one gather instead of three ops."""
-
-    def __init__(self, num_positions: int, head_dim: int, theta: float, dtype: torch.dtype, device):
-        pos = torch.arange(num_positions, device=device).unsqueeze(0)
-        cos, sin = rope_cos_sin(pos, head_dim, theta, dtype)
-        half = head_dim // 2
-        self.cos_PD = cos[0, 0]
-        self.sin_PD = torch.cat([-sin[0, 0, :, :half], sin[0, 0, :, half:]], dim=-1)
-        self.num_positions, self.dtype, self.device = num_positions, dtype, cos.device
-
-        # decode: per position [cos; signed sin] for one KV group's rows of the fused qkv output
-        # (heads_per_group queries, the key, the value): the value row gets cos 1, sin 0, so
-        # RoPE applies to the whole qkv output at once and leaves the value unchanged
-        self._decode: dict[int, torch.Tensor] = {}
-        self._swap: dict[int, torch.Tensor] = {}
-
-    def swap_index(self, width: int) -> torch.Tensor:
-        """Column indices that swap the halves of every head_dim block of a [.., width] row:
-        `x.index_select(-1, it)` is [x2, x1] per head, in one op."""
-        index = self._swap.get(width)
-        if index is None:
-            D = self.cos_PD.shape[-1]
-            col = torch.arange(width, device=self.device)
-            self._swap[width] = index = col - col % D + (col % D + D // 2) % D
-        return index
-
-    def decode_table(self, heads_per_group: int) -> torch.Tensor:
-        """[positions, 2, heads_per_group + 2, head_dim]: cos, signed sin per row of a group."""
-        table = self._decode.get(heads_per_group)
-        if table is None:
-            P, D = self.cos_PD.shape
-            table = torch.zeros(P, 2, heads_per_group + 2, D, dtype=self.dtype, device=self.device)
-            table[:, 0, : heads_per_group + 1] = self.cos_PD[:, None]
-            table[:, 0, heads_per_group + 1] = 1
-            table[:, 1, : heads_per_group + 1] = self.sin_PD[:, None]
-            self._decode[heads_per_group] = table
-        return table
-
-    def gather(self, positions_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, signed sin at `positions_BT`: [B, T, 1, 1, D], broadcast over (groups, heads)."""
-        return self.cos_PD[positions_BT][:, :, None, None], self.sin_PD[positions_BT][:, :, None, None]
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    swap = torch.arange(x.shape[-1], device=x.device).roll(half)
-    swapped = x.index_select(-1, swap)  # [x2, x1] (a gather: ~3x faster than flip on strided x)
-    return x * cos + swapped * sin_signed
 
 
 def causal_mask(key_valid_BL: torch.Tensor, start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
@@ -350,6 +291,9 @@ def forward(
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw.input_norm, spec.norm_eps)
         groups = [F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd) for wq, b in zip(lw.qkv, lw.qkv_bias)]
+        lo = lw.lora
+        if lo is not None:
+            groups = lo.add_qkv(h, groups)
         qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
         if lw.qk_norm is not None:
             qkv = _qk_norm(qkv, lw.qk_norm, spec.norm_eps)
@@ -363,13 +307,24 @@ def forward(
         k_all, v_all = (k, v) if start == 0 else cache.read(i, B, end)
         attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask_B1TL, enable_gqa=True)
         attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
-        x = x + tp.all_reduce(_row_parallel(attn, lw.proj))
+        proj = _row_parallel(attn, lw.proj)
+        x = x + tp.all_reduce(proj if lo is None else lo.add_proj(attn, proj))
         h = rms_norm(x, lw.mlp_norm, spec.norm_eps)
-        if lw.moe is None:
-            mlp = swiglu(h, lw.fc1, lw.fc2)
-        else:
-            mlp = moe_mlp(h.view(B * T, -1), lw.moe, spec, record).view(B, T, -1)
-        x = x + tp.all_reduce(mlp)
+        if lw.moe is not None:
+            x = x + tp.all_reduce(moe_mlp(h.view(B * T, -1), lw.moe, spec, record).view(B, T, -1))
+            continue
+        mlp = low = None
+        ha = None if lo is None else lo.fc1_down(h)
+        # piece j of fc2 consumes exactly piece j's activations
+        for j, (fc1, fc2) in enumerate(zip(lw.fc1, lw.fc2)):
+            gate_up = F.linear(h, fc1) if lo is None else lo.add_fc1(ha, F.linear(h, fc1), j)
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = F.silu(gate) * up
+            part = F.linear(act, fc2)
+            mlp = part if mlp is None else mlp + part
+            if lo is not None:
+                low = lo.fc2_down(low, act, j)
+        x = x + tp.all_reduce(mlp if lo is None else lo.add_fc2(low, mlp))
     last = rms_norm(x[:, -1], w.pieces[FINAL_NORM][0], spec.norm_eps)
     logits = [F.linear(last, o) for o in w.output_pieces()]
     return torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0]
@@ -402,6 +357,9 @@ def decode_forward(
     for i, (lw, lt) in enumerate(zip(w.layers, w.decode_layers)):
         h = _rms_norm_2d(x, lw.input_norm, spec.norm_eps)
         groups = [_mm(h, wq, b) for wq, b in zip(lt.qkv_t, lw.qkv_bias)]
+        lo = lw.lora
+        if lo is not None:
+            groups = lo.add_qkv(h, groups)
         qkv = torch.cat(groups, dim=1) if len(groups) > 1 else groups[0]  # [B, G*(hpg+2)*hd], whole groups
         if lw.qk_norm is not None:
             qkv = _qk_norm(qkv.view(B, -1, hpg + 2, hd), lw.qk_norm, spec.norm_eps).view(B, -1)
@@ -412,17 +370,25 @@ def decode_forward(
         # the heads of a KV group are one batched matmul against that group's keys [B*G, hd, L]
         scores = torch.baddbmm(bias_N1L, qkv[:, :, :hpg].reshape(-1, hpg, hd), keys_T[i], alpha=scale)
         attn = torch.bmm(torch.softmax(scores, dim=-1), values[i]).view(B, -1)  # [B, H*hd], piece order
-        x = x + tp.all_reduce(_row_parallel_t(attn, lt.proj_t))
+        proj = _row_parallel_t(attn, lt.proj_t)
+        x = x + tp.all_reduce(proj if lo is None else lo.add_proj(attn, proj))
         h = _rms_norm_2d(x, lw.mlp_norm, spec.norm_eps)
         if lw.moe is not None:
             x = x + tp.all_reduce(moe_mlp(h, lw.moe, spec, record))
             continue
-        mlp = None
-        for fc1, fc2 in zip(lt.fc1_t, lt.fc2_t):  # piece i of fc2 consumes exactly piece i's activations
+        mlp = low = None
+        ha = None if lo is None else lo.fc1_down(h)
+        # piece j of fc2 consumes exactly piece j's activations
+        for j, (fc1, fc2) in enumerate(zip(lt.fc1_t, lt.fc2_t)):
             gate_up, half = torch.mm(h, fc1), fc1.shape[1] // 2  # = chunk(2, dim=-1), one op less
-            part = torch.mm(F.silu(gate_up[:, :half]) * gate_up[:, half:], fc2)
+            if lo is not None:
+                gate_up = lo.add_fc1(ha, gate_up, j)
+            act = F.silu(gate_up[:, :half]) * gate_up[:, half:]
+            part = torch.mm(act, fc2)
             mlp = part if mlp is None else mlp + part
-        x = x + tp.all_reduce(mlp)
+            if lo is not None:
+                low = lo.fc2_down(low, act, j)
+        x = x + tp.all_reduce(mlp if lo is None else lo.add_fc2(low, mlp))
     last = _rms_norm_2d(x, w.pieces[FINAL_NORM][0], spec.norm_eps)
     logits = [torch.mm(last, o) for o in w.output_t]
     return torch.cat(logits, dim=-1) if len(logits) > 1 else logits[0]

@@ -59,8 +59,10 @@ import torch
 import torch.distributed as dist
 
 from rl3d.models.spec import ModelSpec
-from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
+from rl3d.rollout.base import RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.model import TPComm
+from rl3d.rollout.sglang_lora import check_lora_update, peft_config_dict, sglang_lora_server_args
+from rl3d.rollout.sglang_outputs import parse_output, top_tensors
 from rl3d.rollout.sglang_weights import (
     check_sglang,
     env_changes,
@@ -173,6 +175,7 @@ class SGLangRolloutEngine:
         dtype: str = "bfloat16",
         seed: int | None = None,
         engine_kwargs: dict[str, Any] | None = None,
+        lora: Any = None,
     ):
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"rollout.sglang.update_mode={update_mode!r}; known: {', '.join(UPDATE_MODES)}")
@@ -188,6 +191,8 @@ class SGLangRolloutEngine:
         self._released: list[str] = []
         self._update_group: Any = None
         self._update_group_name = ""
+        self._lora_name: str | None = None  # the adapter requests use (None: the base alone)
+        self._lora_version = 0
         self.engine = None
         self.launch_env: dict[str, Any] = {}
         if not deterministic:
@@ -207,6 +212,8 @@ class SGLangRolloutEngine:
                 dtype=dtype,
                 seed=seed,
             )
+            if lora is not None:  # adapters of this rank and these targets can be loaded later
+                kwargs.update(sglang_lora_server_args(lora))
             kwargs.update(engine_kwargs or {})
             logger.info("launching SGLang %s engine: %s", sglang.__version__, kwargs)
             self.engine = self._launch(sglang, kwargs)
@@ -394,6 +401,37 @@ class SGLangRolloutEngine:
             self.engine.flush_cache()
         self._barrier()
 
+    def load_lora(self, tensors: Mapping[str, torch.Tensor], config: Any) -> None:
+        """Use these LoRA adapters (PEFT's names -> whole tensors, from rank 0 of the group)
+        over the base weights SGLang holds; the previous adapters are unloaded. The engine must
+        have been built with `lora=` (see `rl3d.rollout.sglang_lora`)."""
+        if not isinstance(tensors, Mapping):
+            raise TypeError("the SGLang engine takes whole PEFT adapter tensors (a name -> tensor mapping)")
+        if self.engine is not None:
+            self._unload_lora()
+            self._lora_version += 1
+            name = f"rl3d-lora-{self._lora_version}"
+            ret = self.engine.load_lora_adapter_from_tensors(
+                lora_name=name, tensors=dict(tensors), config_dict=peft_config_dict(config)
+            )
+            check_lora_update(ret, "load_lora_adapter_from_tensors")
+            self._lora_name = name
+            self.engine.flush_cache()  # cached prefixes were computed without these adapters
+        self._barrier()
+
+    def clear_lora(self) -> None:
+        """Generate with the base weights alone again."""
+        if self.engine is not None:
+            self._unload_lora()
+            self.engine.flush_cache()
+        self._barrier()
+
+    def _unload_lora(self) -> None:
+        if self._lora_name is not None:
+            ret = self.engine.unload_lora_adapter(lora_name=self._lora_name)
+            check_lora_update(ret, "unload_lora_adapter")
+            self._lora_name = None
+
     def generate(self, prompts_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> RolloutBatch:
         """`logprobs` and `raw_logprobs` both hold SGLang's log-probs of the plain softmax
         (SGLANG_RETURN_ORIGINAL_LOGPROB): it returns one kind only."""
@@ -407,12 +445,14 @@ class SGLangRolloutEngine:
         if self.engine is not None:
             ids = [p for p in prompts for _ in range(params.n)]
             sampling = [to_sglang_sampling(params, i, self.eos_token_ids) for i in range(len(ids))]
+            lora = None if self._lora_name is None else [self._lora_name] * len(ids)
             # the alternatives come from the same (original) log-probs as the sampled token's
             outputs = self.engine.generate(
                 input_ids=ids, sampling_params=sampling, return_logprob=True,
                 top_logprobs_num=params.top_logprobs or None,  # None: SGLang's default, none
+                lora_path=lora,
             )  # fmt: skip
-            rows = [_parse_output(o, params.top_logprobs) for o in outputs]
+            rows = [parse_output(o, params.top_logprobs) for o in outputs]
         rows = self._from_rank0(rows)
         logprobs = [r[1] for r in rows]
         batch = RolloutBatch.from_lists(
@@ -433,38 +473,3 @@ def _check_ok(ret: Any, what: str) -> None:
     """SGLang's weight updates answer (success, message); a failure must not pass silently."""
     if isinstance(ret, tuple) and ret and ret[0] is False:
         raise RuntimeError(f"SGLang {what} failed: {ret[1] if len(ret) > 1 else ret}")
-
-
-def top_tensors(tops: list[list[list[tuple[int, float]]]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, per token, its (id, log-prob) alternatives as `RolloutBatch.top_ids` and
-    `top_logprobs` [rows, longest, k] (zeros past each row's tokens)."""
-    width = max((len(t) for t in tops), default=0)
-    ids = torch.zeros(len(tops), width, k, dtype=torch.int64)
-    lps = torch.zeros(len(tops), width, k, dtype=torch.float32)
-    for r, row in enumerate(tops):
-        for s, alts in enumerate(row):
-            ids[r, s, : len(alts)] = torch.tensor([a for a, _ in alts], dtype=torch.int64)
-            lps[r, s, : len(alts)] = torch.tensor([lp for _, lp in alts], dtype=torch.float32)
-    return ids, lps
-
-
-def _parse_output(
-    output: dict[str, Any], top_logprobs: int = 0
-) -> tuple[list[int], list[float], str, list[list[tuple[int, float]]]]:
-    """(token ids, log-probs, finish reason, each token's `top_logprobs` alternatives as
-    (id, log-prob), most likely first) of one SGLang generate output."""
-    meta = output["meta_info"]
-    reason = (meta.get("finish_reason") or {}).get("type")
-    if reason not in (FINISH_STOP, FINISH_LENGTH):
-        raise RuntimeError(f"SGLang request ended with finish_reason={meta.get('finish_reason')!r}")
-    ids = list(output["output_ids"])
-    entries = meta["output_token_logprobs"]  # (log-prob, token id, text) per output token
-    if [int(e[1]) for e in entries] != ids:
-        raise RuntimeError(f"SGLang's log-probs are for tokens {[e[1] for e in entries]}, not {ids}")
-    logprobs = [float(e[0]) for e in entries]
-    top: list[list[tuple[int, float]]] = []
-    if top_logprobs:  # (log-prob, token id, text) per alternative, per output token
-        top = [[(int(e[1]), float(e[0])) for e in (step or ())] for step in meta["output_top_logprobs"]]
-        if len(top) != len(ids):
-            raise RuntimeError(f"SGLang returned top log-probs for {len(top)} of {len(ids)} tokens")
-    return ids, logprobs, reason, top

@@ -36,7 +36,9 @@ SGLANG_VERSION = "0.5.23"  # keep equal to the `[gpu]` extra's pin in setup.py
 
 # Engine methods the adapter calls, with the keyword arguments it passes to each.
 REQUIRED_ENGINE_API: dict[str, tuple[str, ...]] = {
-    "generate": ("input_ids", "sampling_params", "return_logprob", "top_logprobs_num"),
+    "generate": ("input_ids", "sampling_params", "return_logprob", "top_logprobs_num", "lora_path"),
+    "load_lora_adapter_from_tensors": ("lora_name", "tensors", "config_dict"),
+    "unload_lora_adapter": ("lora_name",),
     "update_weights_from_tensor": ("named_tensors", "load_format", "flush_cache"),
     "update_weights_from_distributed": ("names", "dtypes", "shapes", "group_name", "flush_cache"),
     "init_weights_update_group": (

@@ -43,8 +43,8 @@ import torch
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.kv_cache import KVCache
+from rl3d.rollout.lora_engine import EngineLora
 from rl3d.rollout.model import (
-    RopeTable,
     ShardedWeights,
     TPComm,
     additive_mask,
@@ -52,6 +52,7 @@ from rl3d.rollout.model import (
     decode_forward,
     forward,
 )
+from rl3d.rollout.rope import RopeTable
 from rl3d.rollout.sampling import draw_uniforms, sample_generators, sample_next, top_logprobs
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,8 @@ class GenerationStats:
 class TorchRolloutEngine:
     """The `torch` RolloutEngine. `group` is the generation-TP group (`rl3d.parallel.groups.Group`
     or a raw process group; None for t_g = 1). `max_batch_rows` bounds the samples decoded
-    together (prompts are processed in chunks of max_batch_rows // n)."""
+    together (prompts are processed in chunks of max_batch_rows // n). `lora_mode` ("merge" or
+    "apply", `rl3d.rollout.lora_engine`) says how adapters given to `load_lora` are used."""
 
     name = "torch"
 
@@ -88,6 +90,7 @@ class TorchRolloutEngine:
         pad_token_id: int = 0,
         dtype: torch.dtype | None = None,
         record_routing: bool = False,
+        lora_mode: str = "merge",
     ):
         if max_batch_rows < 1:
             raise ValueError(f"rollout.max_batch_rows must be >= 1, got {max_batch_rows}")
@@ -97,7 +100,9 @@ class TorchRolloutEngine:
         self.spec, self.max_batch_rows, self.pad_token_id = spec, max_batch_rows, pad_token_id
         self.dtype = dtype  # None: the weights' own (the training dtype); else a cast copy
         self.tp = TPComm(group)
-        self.weights: ShardedWeights | None = None
+        self.weights: ShardedWeights | None = None  # what the forward runs: the base, or base + adapters
+        self.base_weights: ShardedWeights | None = None
+        self.lora = EngineLora(lora_mode)
         self.weight_copy_bytes = 0  # bytes of the cast copy `load_weights` made (0: read in place)
         self.cache: KVCache | None = None
         self._rope_table: RopeTable | None = None
@@ -129,17 +134,35 @@ class TorchRolloutEngine:
             )
         if w.spec != self.spec:
             raise ValueError(f"weights are for model {w.spec.name}, the engine runs {self.spec.name}")
-        self.weights = w
+        self.base_weights = w
+        self.weights = self.lora.weights(w)  # adapters loaded earlier apply to the new base
         self.tp.device = w.device
         if self.cache is None or (self.cache.dtype, self.cache.device) != (w.dtype, w.device):
             self.cache = KVCache(self.spec.num_layers, w.kv_heads(), self.spec.head_dim,
                                  dtype=w.dtype, device=w.device)  # fmt: skip
 
+    def load_lora(self, tensors: Any, config: Any) -> None:
+        """Use these LoRA adapters from now on, over the base weights already loaded.
+        `tensors`: PEFT's saved names -> whole (t=1) lora_A / lora_B tensors, which every rank of
+        the generation-TP group passes and slices itself; or the `GenerationWeights` the adapter
+        transition (`rl3d.hybrid_engine.lora_plan.lora_params`) gave this rank. `config`: a PEFT
+        `LoraConfig`, adapter_config.json's dict or `actor.lora` (see `rl3d.rollout.lora`)."""
+        if self.base_weights is None:
+            raise RuntimeError("torch rollout engine: load_weights() the base before load_lora()")
+        self.lora.load(self.spec, tensors, config)
+        self.weights = self.lora.weights(self.base_weights)
+
+    def clear_lora(self) -> None:
+        """Generate with the base weights alone again."""
+        self.lora.clear()
+        self.weights = self.base_weights
+
     def release_memory(self) -> None:
         """Drop the KV cache, the RoPE table and the references to the weights (the trainer owns them)."""
         if self.cache is not None:
             self.cache.release()
-        self.weights = self._rope_table = None
+        self.lora.release()
+        self.weights = self.base_weights = self._rope_table = None
 
     def resume_memory(self) -> None:
         """Re-allocate the KV cache at its previous size; load weights again before generating."""

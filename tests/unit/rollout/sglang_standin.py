@@ -189,6 +189,7 @@ class Engine:
                     self.weights[name] = torch.rand(piece.get_shape(), dtype=dtype)
         self.offload_tags: set[str] = set()
         self.session = False
+        self.loras: dict[str, float] = {}  # adapter name -> its tensors' checksum
         standin.engines.append(self)
 
     # -- memory -------------------------------------------------------------------------------
@@ -270,11 +271,33 @@ class Engine:
                                         flush_cache=True, load_format=None):  # fmt: skip
         raise NotImplementedError("the CPU stand-in has no NCCL")
 
+    # -- LoRA ---------------------------------------------------------------------------------
+    def load_lora_adapter_from_tensors(self, lora_name, tensors, config_dict, load_format=None):
+        """As the wheel's: LoRA must be enabled at launch, the name new, the rank within max_lora_rank."""
+        self.events.append(("load_lora", lora_name))
+        if not self.args.get("enable_lora"):
+            return types.SimpleNamespace(success=False, error_message="LoRA is not enabled")
+        if lora_name in self.loras:
+            return types.SimpleNamespace(success=False, error_message=f"{lora_name} is already loaded")
+        if config_dict["r"] > self.args.get("max_lora_rank", 0):
+            return types.SimpleNamespace(success=False, error_message="rank above max_lora_rank")
+        assert all(".lora_A." in n or ".lora_B." in n for n in tensors), sorted(tensors)[:2]
+        self.loras[lora_name] = float(sum(t.double().sum() for t in tensors.values()))
+        return types.SimpleNamespace(success=True, error_message=None, loaded_adapters=dict(self.loras))
+
+    def unload_lora_adapter(self, lora_name):
+        self.events.append(("unload_lora", lora_name))
+        if self.loras.pop(lora_name, None) is None:
+            return types.SimpleNamespace(success=False, error_message=f"{lora_name} is not loaded")
+        return types.SimpleNamespace(success=True, error_message=None, loaded_adapters=dict(self.loras))
+
     # -- generation ---------------------------------------------------------------------------
     def checksum(self) -> float:
         return float(sum(t.double().sum() for t in self.weights.values()))
 
-    def generate(self, input_ids=None, sampling_params=None, return_logprob=False, **_: Any) -> list[dict]:
+    def generate(
+        self, input_ids=None, sampling_params=None, return_logprob=False, lora_path=None, **_: Any
+    ) -> list[dict]:
         self.events.append(("generate", len(input_ids)))
         time.sleep(self.standin.generate_seconds)
         if self.offload_tags:
@@ -283,6 +306,10 @@ class Engine:
         weights = self.checksum()
         if weights != weights:
             raise RuntimeError("generate on weights that were released and never written")
+        if lora_path is not None:  # the adapter's tensors change the "model" too
+            assert len(lora_path) == len(input_ids)
+            (name,) = set(lora_path)
+            weights += self.loras[name]
         return [self._one(ids, sp, weights, i) for i, (ids, sp) in enumerate(zip(input_ids, sampling_params))]
 
     def _one(self, ids: list[int], sp: dict, weights: float, row: int) -> dict:

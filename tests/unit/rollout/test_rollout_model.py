@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from rl3d.rollout.model import RopeTable, additive_mask, apply_rope, causal_mask, rope_cos_sin
+from rl3d.rollout.model import additive_mask, causal_mask
+from rl3d.rollout.rope import RopeTable, apply_rope, rope_cos_sin
 from rl3d.rollout.sampling import draw_uniforms, sample_generators
 
 

@@ -13,7 +13,7 @@ import torch
 from sglang_wheel import param_names, wheel_or_skip
 
 from rl3d.rollout.base import RolloutBatch
-from rl3d.rollout.sglang_engine import _parse_output, top_tensors
+from rl3d.rollout.sglang_outputs import parse_output, top_tensors
 from rl3d.rollout.sglang_weights import REQUIRED_ENGINE_API, SGLANG_CHILD_ENV
 
 TOKENIZER_MANAGER = "sglang/srt/managers/tokenizer_manager.py"
@@ -89,7 +89,7 @@ def test_an_output_of_that_shape_is_the_batch_the_endpoint_serves():
             },
         },
     ]
-    rows = [_parse_output(o, 2) for o in outputs]
+    rows = [parse_output(o, 2) for o in outputs]
     batch = RolloutBatch.from_lists(
         [r[0] for r in rows],
         [r[1] for r in rows],
@@ -105,7 +105,7 @@ def test_an_output_of_that_shape_is_the_batch_the_endpoint_serves():
     assert [[[i for i, _ in alts] for alts in row] for row in top] == [[[7, 9], [2, 4]], [[1, 3]]]
     assert top[0][1][1][1] == pytest.approx(-1.2) and batch.top_ids.shape == (2, 2, 2)
     assert torch.equal(batch.top_logprobs[1, 1], torch.zeros(2))  # past the row's one token
-    assert _parse_output(outputs[0])[3] == []  # not asked: none read
+    assert parse_output(outputs[0])[3] == []  # not asked: none read
     short = {**outputs[0], "meta_info": {**outputs[0]["meta_info"], "output_top_logprobs": [None]}}
     with pytest.raises(RuntimeError, match="top log-probs for 1 of 2 tokens"):
-        _parse_output(short, 2)
+        parse_output(short, 2)
