@@ -31,6 +31,7 @@ def test_generate_takes_ids_and_asks_for_the_top_logprobs(wheel):
         "sampling_params",
         "return_logprob",
         "top_logprobs_num",
+        "lora_path",
     }
     assert set(REQUIRED_ENGINE_API["generate"]) <= names
 
