@@ -32,20 +32,20 @@ from rl3d.models.params import (
     FC2_WEIGHT,
     FINAL_NORM,
     INPUT_NORM,
+    K_NORM,
     LAYER_PARAMS,
     MLP_NORM,
     OUTPUT_LAYER,
     PROJ_WEIGHT,
+    Q_NORM,
     QKV_BIAS,
     QKV_WEIGHT,
+    ROUTER,
     layer_param_name,
 )
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.kv_cache import KVCache
 from rl3d.rollout.moe import (
-    K_NORM,
-    Q_NORM,
-    ROUTER,
     MoEWeights,
     engine_param_names,
     moe_mlp,
@@ -192,10 +192,7 @@ class ShardedWeights:
         self.device, self.dtype = first.device, first.dtype
         self.layers = []
         for i in range(spec.num_layers):
-            of = {
-                s: self.pieces.get(layer_param_name(i, s))
-                for s in [p.suffix for p in LAYER_PARAMS] + [Q_NORM, K_NORM]
-            }
+            of = {p.suffix: self.pieces.get(layer_param_name(i, p.suffix)) for p in LAYER_PARAMS}
             qkv, fc1, fc2 = of[QKV_WEIGHT], of[FC1_WEIGHT] or [], of[FC2_WEIGHT] or []
             assert len(fc1) == len(fc2), "fc2 piece i consumes fc1 piece i's activations"
             self.layers.append(

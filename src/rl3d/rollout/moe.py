@@ -21,85 +21,29 @@ every token gets its k experts. Each expert runs once over the tokens routed to 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from rl3d.models.params import FC1_WEIGHT, FC2_WEIGHT, layer_param_name, megatron_params
+from rl3d.models.params import (
+    EXPERT_FC1,
+    EXPERT_FC2,
+    ROUTER,
+    SHARED_FC1,
+    SHARED_FC2,
+    SHARED_GATE,
+    layer_param_name,
+    megatron_params,
+)
 from rl3d.models.spec import ModelSpec
-from rl3d.parallel.sharding import ShardKind
-
-Q_NORM = "self_attention.q_layernorm.weight"
-K_NORM = "self_attention.k_layernorm.weight"
-ROUTER = "mlp.router.weight"
-EXPERT_FC1 = "mlp.experts.local_experts.{}.linear_fc1.weight"
-EXPERT_FC2 = "mlp.experts.local_experts.{}.linear_fc2.weight"
-SHARED_FC1 = "mlp.shared_experts.linear_fc1.weight"
-SHARED_FC2 = "mlp.shared_experts.linear_fc2.weight"
-SHARED_GATE = "mlp.shared_experts.gate_weight"
-
-
-class ExtraParam(NamedTuple):
-    """A q/k-norm or MoE parameter of a decoder layer: its suffix after "decoder.layers.{i}.",
-    how TP splits it, and its HF (Qwen3 / Qwen3-MoE / Qwen2-MoE checkpoint) tensors after
-    "model.layers.{i}." (an expert's under its global index, as SGLang's loader reads them)."""
-
-    suffix: str
-    kind: ShardKind
-    hf: tuple[str, ...]
-
-
-def _swiglu_hf(prefix: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    return (f"{prefix}gate_proj.weight", f"{prefix}up_proj.weight"), (f"{prefix}down_proj.weight",)
-
-
-def layer_extra_params(spec: ModelSpec) -> list[ExtraParam]:
-    """A decoder layer's q/k-norm and MoE parameters (none for a dense Llama/Qwen2)."""
-    out = []
-    if spec.qk_norm:
-        out += [
-            ExtraParam(Q_NORM, ShardKind.REPLICATED, ("self_attn.q_norm.weight",)),
-            ExtraParam(K_NORM, ShardKind.REPLICATED, ("self_attn.k_norm.weight",)),
-        ]
-    if spec.is_moe:
-        out.append(ExtraParam(ROUTER, ShardKind.REPLICATED, ("mlp.gate.weight",)))
-        for e in range(spec.num_experts):
-            fc1, fc2 = _swiglu_hf(f"mlp.experts.{e}.")
-            out += [
-                ExtraParam(EXPERT_FC1.format(e), ShardKind.SWIGLU_FC1, fc1),
-                ExtraParam(EXPERT_FC2.format(e), ShardKind.ROW, fc2),
-            ]
-        if spec.shared_expert_ffn_hidden_size:
-            fc1, fc2 = _swiglu_hf("mlp.shared_expert.")
-            out += [
-                ExtraParam(SHARED_FC1, ShardKind.SWIGLU_FC1, fc1),
-                ExtraParam(SHARED_FC2, ShardKind.ROW, fc2),
-                ExtraParam(SHARED_GATE, ShardKind.REPLICATED, ("mlp.shared_expert_gate.weight",)),
-            ]
-    return out
-
-
-@functools.lru_cache(maxsize=8)
-def extra_params(spec: ModelSpec) -> dict[str, tuple[ShardKind, tuple[str, ...]]]:
-    """Global megatron name -> (shard kind, whole HF names) of every layer's `layer_extra_params`
-    (cached: read it, do not change it)."""
-    return {
-        layer_param_name(i, p.suffix): (p.kind, tuple(f"model.layers.{i}.{h}" for h in p.hf))
-        for i in range(spec.num_layers)
-        for p in layer_extra_params(spec)
-    }
 
 
 def engine_param_names(spec: ModelSpec) -> list[str]:
-    """Every parameter the engine reads: the inventory's (`megatron_params`), less a MoE layer's
-    dense MLP, plus the q/k-norm and MoE parameters above (each once)."""
-    dense_mlp = (FC1_WEIGHT, FC2_WEIGHT) if spec.is_moe else ()
-    names = [p.name for p in megatron_params(spec) if not p.name.endswith(dense_mlp)]
-    have = set(names)
-    return names + [n for n in extra_params(spec) if n not in have]
+    """Every parameter the engine reads: the inventory's (`megatron_params`: a MoE layer's
+    experts, router and shared expert in place of the dense MLP; q/k norms when the spec has them)."""
+    return [p.name for p in megatron_params(spec)]
 
 
 class MoEWeights(NamedTuple):
@@ -121,8 +65,8 @@ def moe_weights(pieces: Mapping[str, list[torch.Tensor]], spec: ModelSpec, layer
     gate = of(SHARED_GATE)
     return MoEWeights(
         router_fp32=of(ROUTER)[0].float(),  # a copy only when the engine is not fp32
-        fc1=[of(EXPERT_FC1.format(e)) for e in experts],
-        fc2=[of(EXPERT_FC2.format(e)) for e in experts],
+        fc1=[of(EXPERT_FC1.format(e=e)) for e in experts],
+        fc2=[of(EXPERT_FC2.format(e=e)) for e in experts],
         shared_fc1=of(SHARED_FC1),
         shared_fc2=of(SHARED_FC2),
         shared_gate=gate[0] if gate else None,

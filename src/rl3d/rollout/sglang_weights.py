@@ -30,7 +30,6 @@ from rl3d.models.params import OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec
 from rl3d.ops import ParamLayout, gather_to_layout, pack_bucket
 from rl3d.ops.layouts import ShardKind
-from rl3d.rollout.moe import extra_params
 
 SGLANG_VERSION = "0.5.23"  # keep equal to the `[gpu]` extra's pin in setup.py
 
@@ -189,9 +188,7 @@ def hf_names(spec: ModelSpec) -> dict[str, tuple[str, ...]]:
 def megatron_to_hf(spec: ModelSpec, name: str, shards: list[torch.Tensor]) -> list[tuple[str, torch.Tensor]]:
     """All TP shards of Megatron parameter `name` (in TP order; one tensor for a replicated or
     unsharded one) -> its whole HF tensors with their names, vocab padding removed."""
-    kind, names = megatron_param_kinds(spec).get(name), hf_names(spec).get(name)
-    if kind is None or names is None:  # a q/k norm or MoE parameter: Qwen3 / Qwen3-MoE / Qwen2-MoE names
-        kind, names = extra_params(spec)[name]
+    kind, names = megatron_param_kinds(spec)[name], hf_names(spec)[name]
     if kind is ShardKind.REPLICATED:
         tensors = (shards[0],)
     else:

@@ -2,8 +2,8 @@
 
 `tiny_hf_model(name)` builds a `transformers` model (fp32, eager attention) with a moderate
 random init (weights ~0.15, norms ~1: decisive next-token and router distributions), and
-returns it with a hand-written `ModelSpec` and `engine_tensors(spec, model)`: its state dict
-mapped to the megatron-core names the torch engine reads (`rl3d.rollout.moe`). `tp_shard` cuts
+returns it with rl3d's `ModelSpec` of its config and `engine_tensors(spec, model)`: its state dict
+mapped to the megatron-core names the torch engine reads (`rl3d.models.params`). `tp_shard` cuts
 those into one generation-TP rank's shard. The mapping is a test helper: HF's experts are held
 fused in memory (`experts.gate_up_proj` [E, 2 fe, h], `experts.down_proj` [E, h, fe]) or, in a
 per-expert checkpoint, as `experts.{e}.{gate,up,down}_proj.weight`; both are read.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from rl3d.models.spec import ModelSpec
+from rl3d.models import params as P
+from rl3d.models.spec import ModelSpec, spec_from_hf_config
 from rl3d.ops.layouts import ShardKind, qkv_hf_to_megatron, shard_for_tp
-from rl3d.rollout import moe
 
 TINY = {  # HF config kwargs; each its own shape quirk
     # head width 32 != hidden / heads = 16; q/k norm; tied embeddings
@@ -56,34 +56,8 @@ def tiny_hf_model(name: str, seed: int = 0):
         for pname, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1 + 0.1 * noise if "norm" in pname else 0.15 * noise)
-    spec = spec_of(name, kwargs)
+    spec = spec_from_hf_config(config.to_dict(), name=name)  # rl3d's own reading of the config
     return spec, model, engine_tensors(spec, model)
-
-
-def spec_of(name: str, cfg: dict) -> ModelSpec:
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim", cfg["hidden_size"] // heads)
-    return ModelSpec(
-        name=name,
-        num_layers=cfg["num_hidden_layers"],
-        hidden_size=cfg["hidden_size"],
-        ffn_hidden_size=cfg["intermediate_size"],
-        num_attention_heads=heads,
-        num_query_groups=cfg["num_key_value_heads"],
-        vocab_size=cfg["vocab_size"],
-        tied_embeddings=cfg["tie_word_embeddings"],
-        qkv_bias=cfg.get("qkv_bias", False),
-        rope_theta=cfg["rope_theta"],
-        norm_eps=cfg["rms_norm_eps"],
-        max_position_embeddings=cfg["max_position_embeddings"],
-        kv_channels=0 if head_dim * heads == cfg["hidden_size"] else head_dim,
-        qk_norm=cfg["model_type"].startswith("qwen3"),
-        num_experts=cfg.get("num_experts", 0),
-        moe_ffn_hidden_size=cfg.get("moe_intermediate_size", 0),
-        moe_top_k=cfg.get("num_experts_per_tok", 0),
-        moe_norm_topk_prob=cfg.get("norm_topk_prob", True),
-        shared_expert_ffn_hidden_size=cfg.get("shared_expert_intermediate_size", 0),
-    )
 
 
 def engine_tensors(spec: ModelSpec, model) -> dict[str, torch.Tensor]:
@@ -104,25 +78,25 @@ def engine_tensors(spec: ModelSpec, model) -> dict[str, torch.Tensor]:
             )
         out[m + "self_attention.linear_proj.weight"] = hf[att + "o_proj.weight"]
         if spec.qk_norm:
-            out[m + moe.Q_NORM] = hf[att + "q_norm.weight"]
-            out[m + moe.K_NORM] = hf[att + "k_norm.weight"]
+            out[m + P.Q_NORM] = hf[att + "q_norm.weight"]
+            out[m + P.K_NORM] = hf[att + "k_norm.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[a + "post_attention_layernorm.weight"]
         mlp = a + "mlp."
         if not spec.is_moe:
             out[m + "mlp.linear_fc1.weight"] = _fc1(hf, mlp)
             out[m + "mlp.linear_fc2.weight"] = hf[mlp + "down_proj.weight"]
             continue
-        out[m + moe.ROUTER] = hf[mlp + "gate.weight"]
+        out[m + P.ROUTER] = hf[mlp + "gate.weight"]
         for e in range(spec.num_experts):
             if mlp + "experts.gate_up_proj" in hf:  # fused in memory
                 fc1, fc2 = hf[mlp + "experts.gate_up_proj"][e], hf[mlp + "experts.down_proj"][e]
             else:
                 fc1, fc2 = _fc1(hf, f"{mlp}experts.{e}."), hf[f"{mlp}experts.{e}.down_proj.weight"]
-            out[m + moe.EXPERT_FC1.format(e)], out[m + moe.EXPERT_FC2.format(e)] = fc1, fc2
+            out[m + P.EXPERT_FC1.format(e=e)], out[m + P.EXPERT_FC2.format(e=e)] = fc1, fc2
         if spec.shared_expert_ffn_hidden_size:
-            out[m + moe.SHARED_FC1] = _fc1(hf, mlp + "shared_expert.")
-            out[m + moe.SHARED_FC2] = hf[mlp + "shared_expert.down_proj.weight"]
-            out[m + moe.SHARED_GATE] = hf[mlp + "shared_expert_gate.weight"]
+            out[m + P.SHARED_FC1] = _fc1(hf, mlp + "shared_expert.")
+            out[m + P.SHARED_FC2] = hf[mlp + "shared_expert.down_proj.weight"]
+            out[m + P.SHARED_GATE] = hf[mlp + "shared_expert_gate.weight"]
     out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
     if not spec.tied_embeddings:
         out["output_layer.weight"] = hf["lm_head.weight"]

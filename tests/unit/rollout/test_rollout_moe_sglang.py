@@ -9,8 +9,8 @@ import torch
 from hf_to_engine import shard_kind, tiny_hf_model
 from sglang_wheel import wheel_or_skip
 
+from rl3d.models.params import K_NORM, Q_NORM, ROUTER, SHARED_FC1, SHARED_FC2, SHARED_GATE, megatron_params
 from rl3d.ops.layouts import shard_for_tp
-from rl3d.rollout.moe import extra_params
 from rl3d.rollout.sglang_weights import megatron_to_hf
 
 MODELS = {  # tiny model -> (SGLang model file, its MoE block, MLP and attention classes)
@@ -18,6 +18,9 @@ MODELS = {  # tiny model -> (SGLang model file, its MoE block, MLP and attention
     "tiny-qwen2-moe": ("qwen2_moe", "Qwen2MoeSparseMoeBlock", "Qwen2MoeAttention"),
 }
 FUSED_MOE = "sglang/srt/layers/moe/fused_moe_triton/layer.py"
+
+
+MOE_AND_QK_NORM = (Q_NORM, K_NORM, ROUTER, SHARED_FC1, SHARED_FC2, SHARED_GATE)
 
 
 def adapter_state(name, tp=2):
@@ -115,8 +118,9 @@ def test_wheel_loader_routes_every_moe_name(wheel, name):
     shared_mlp = _self_attrs(wheel.class_node("sglang/srt/models/qwen2_moe.py", "Qwen2MoeMLP"))
     stacked_from = {weight: param for param, weight, _ in stacked}
     routed = []
-    for _, (_, hf_names) in extra_params(spec).items():
-        for hf_name in hf_names:
+    extra = [p for p in megatron_params(spec) if p.name.endswith(MOE_AND_QK_NORM) or p.expert is not None]
+    for param in extra:
+        for hf_name in param.hf:
             parts = hf_name.split(".")  # model.layers.{i}.<module>.<...>.weight
             where = parts[3:-1]
             if where[:2] == ["mlp", "experts"]:
@@ -128,4 +132,4 @@ def test_wheel_loader_routes_every_moe_name(wheel, name):
             else:
                 assert where[0] == "mlp" and where[1] in mlp_attrs, hf_name  # the router: mlp.gate
             routed.append(hf_name)
-    assert len(routed) == sum(len(h) for _, h in extra_params(spec).values()) > 0
+    assert len(routed) == sum(len(p.hf) for p in extra) > 0
