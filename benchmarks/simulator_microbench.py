@@ -1,12 +1,13 @@
 """Microbenchmarks of this machine for the step simulator's CPU device class.
 
-Times rl3d's own components in one process with one thread (as each quickstart rank runs):
-a matmul at the model's shapes, a memory copy, megatron forwards (log-probs) and training passes
+Times rl3d's own components with one thread per process (as each quickstart rank runs): a
+matmul at the model's shapes, a memory copy, megatron forwards (log-probs) and training passes
 (PPO-style mini/micro-batches, Adam) of the recipe's model at 1 and 2 layers and 1-4
-micro-batches, the torch rollout engine at 1 and 2 layers and 1-8 new tokens; and between two
-processes gloo's all-reduce (latency and bandwidth fitted) and an object gather of a worker's
-output. Compute is timed as process CPU seconds (the least of `--repeats`), which other
-processes on a busy machine barely change; gloo as wall seconds (the least of the repeats).
+micro-batches in one process and at tensor parallelism 2 in two, the torch rollout engine at 1
+and 2 layers and 1-8 new tokens; and between two processes gloo's all-reduce (CPU seconds per
+call, bandwidth fitted) and an object gather of a worker's output. Everything is timed as
+process CPU seconds (the least of `--repeats`), which other processes on a busy machine barely
+change, but gloo's bandwidth, fitted to wall seconds (the least of the repeats).
 Writes the calibration JSON that `rl3d.planning.calibration.cpu_device` reads:
 
     python benchmarks/simulator_microbench.py recipes/quickstart_cpu_ppo.yaml --out calib.json
@@ -63,10 +64,14 @@ def _gloo_worker(rank: int, port: int, repeats: int, out) -> None:
         rows.append((1, n, wall_min(lambda t=t: dist.all_reduce(t), repeats)))
     output = {"old_logp": torch.randn(16, 8), "entropy": torch.randn(16, 8)}  # a rank's share
     gathered: list = [None, None]
+    small = torch.zeros(64)
+    call_cpu_s = cpu_min(lambda: [dist.all_reduce(small) for _ in range(50)], repeats) / 50
     gather_s = wall_min(lambda: dist.all_gather_object(gathered, output), repeats)
     gather_cpu_s = cpu_min(lambda: dist.all_gather_object(gathered, output), repeats)
     if rank == 0:
-        out.put({"allreduce": rows, "gather_s": gather_s, "gather_cpu_s": gather_cpu_s})
+        out.put(
+            {"allreduce": rows, "gather_s": gather_s, "gather_cpu_s": gather_cpu_s, "call_cpu_s": call_cpu_s}
+        )
     dist.destroy_process_group()
 
 
@@ -85,7 +90,8 @@ def gloo_facts(repeats: int) -> dict:
     # a 2-rank ring all-reduce of n bytes sends n bytes each way in all (two halves, twice)
     alpha, bandwidth, r2 = fit_alpha_beta(got["allreduce"])
     return {"gloo_alpha_us": alpha * 1e6, "gloo_gbps": bandwidth / 1e9, "gloo_fit_r2": r2,
-            "gather_us": got["gather_s"] * 1e6, "gather_cpu_us": got["gather_cpu_s"] * 1e6}  # fmt: skip
+            "gather_us": got["gather_s"] * 1e6, "gather_cpu_us": got["gather_cpu_s"] * 1e6,
+            "gloo_call_cpu_us": got["call_cpu_s"] * 1e6}  # fmt: skip
 
 
 def batch_of(spec, samples: int, prompt_len: int, response_len: int) -> DataBatch:
@@ -102,6 +108,8 @@ def _row(kind: str, layers: int, flops: float, seconds: float, **counts: int) ->
 
 
 def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list[dict]:
+    """Forward and training rows of one role; at tensor parallelism t > 1 each row also counts
+    the layer all-reduces the simulator charges (2 per layer forward, 4 forward + backward)."""
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.workers.megatron_role import MegatronRole
 
@@ -137,29 +145,45 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
         )  # fmt: skip
 
     samples, T = batch["input_ids"].shape
-    flops, rows = forward_flops(spec, samples * T, T / 2), []
+    t = groups.layout.t
+    flops, rows, tp = forward_flops(spec, samples * T, T / 2) / t, [], t > 1
+
+    def tp_row(row: dict, micro: int, k: int, per_layer: int) -> dict:
+        if tp:
+            row["kind"] += "_tp"
+            if row["kind"] == "forward_tp":
+                row["counts"]["tp_micro_s"] = k
+            else:
+                row["counts"] |= {"train_tp_micro_s": k, "train_tp_step_s": row["counts"]["optim_step_s"]}
+            row |= {"allreduces": k * per_layer * layers, "allreduce_bytes": micro * T * spec.hidden_size * 4}
+        return row
+
     for micro in (samples, samples // 2, samples // 4):
         k = samples // micro
         seconds = cpu_min(lambda m=micro: role.run_forward(batch, m, extract), repeats)
-        rows.append(_row("forward", layers, flops, seconds, call_s=1, call_layer_s=layers, micro_s=k,
-                         layer_s=k * layers))  # fmt: skip
+        rows.append(tp_row(_row("forward", layers, flops, seconds, call_s=1, call_layer_s=layers, micro_s=k,
+                                layer_s=k * layers), micro, k, 2))  # fmt: skip
     quarter = samples // 4
     for mini, micro in ((samples, samples), (samples, quarter), (samples // 2, quarter), (quarter, quarter)):
         k, steps = samples // micro, samples // mini
         seconds = cpu_min(lambda a=mini, b=micro: train(a, b), repeats)
-        rows.append(_row("train", layers, 3 * flops, seconds, train_call_s=1, train_call_layer_s=layers,
-                         train_micro_s=k, train_layer_s=k * layers, optim_step_s=steps))  # fmt: skip
+        row = _row("train", layers, 3 * flops, seconds, train_call_s=1, train_call_layer_s=layers,
+                   train_micro_s=k, train_layer_s=k * layers, optim_step_s=steps)  # fmt: skip
+        rows.append(tp_row(row, micro, k, 4))
     return rows
 
 
-def megatron_rows(cfg, repeats: int) -> list[dict]:
-    """Forward and training passes of the recipe's model at 1 and 2 layers, in this process."""
+def megatron_rows(cfg, repeats: int, rank: int = 0, tp: int = 1, port: int | None = None) -> list[dict]:
+    """Forward and training passes of the recipe's model at 1 and 2 layers, on this process as
+    rank `rank` of a world of `tp` ranks in tensor parallelism."""
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.parallel.layout import ParallelLayout
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-                            timeout=datetime.timedelta(seconds=120))  # fmt: skip
-    groups = init_megatron(ParallelLayout(1, 1, 1), seed=1)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port or free_port()}", rank=rank,
+                            world_size=tp, timeout=datetime.timedelta(seconds=600))  # fmt: skip
+    groups = init_megatron(ParallelLayout(1, tp, 1), seed=1)
+    torch.manual_seed(0)  # the same batch on every rank
     samples = cfg.data.prompts_per_step * cfg.rollout.n
     batch = batch_of(spec_of(cfg.model), samples, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens)
     rows = [r for layers in (1, 2) for r in _role_rows(cfg, groups, batch, layers, repeats)]
@@ -168,22 +192,51 @@ def megatron_rows(cfg, repeats: int) -> list[dict]:
     return rows
 
 
+def _tp_worker(rank: int, port: int, recipe: str, repeats: int, out) -> None:
+    rows = megatron_rows(load_config(recipe).config, repeats, rank=rank, tp=2, port=port)
+    if rank == 0:
+        out.put(rows)
+
+
+def tp_rows(recipe: Path, repeats: int) -> list[dict]:
+    """`megatron_rows` at tensor parallelism 2, in two processes (rank 0's timings)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), free_port()
+    procs = [ctx.Process(target=_tp_worker, args=(r, port, str(recipe), repeats, queue)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=1200)
+    for p in procs:
+        p.join()
+    return rows
+
+
 def _engine_rows(cfg, layers: int, repeats: int) -> list[dict]:
-    """The torch rollout engine on one replica's share of the prompts (t_g = 1, two replicas)."""
-    from rl3d.bench.rollout import make_prompts, random_weights
-    from rl3d.rollout import SamplingParams, TorchRolloutEngine
+    """A replica's rollout (t_g = 1, two replicas) of the recipe's first prompts, as the actor's
+    worker makes it: the torch engine, the log-probs, the rows as the trainer's batch."""
+    from dataclasses import replace as with_
+
+    from rl3d.bench.rollout import random_weights
+    from rl3d.controller.assemble import PromptBatches, build_data
+    from rl3d.controller.placement import round_uids
+    from rl3d.rollout import TorchRolloutEngine
+    from rl3d.workers.generation import Generation
 
     n, P = cfg.rollout.n, cfg.data.max_prompt_length
-    per_replica = max(1, cfg.data.prompts_per_step // 2)
+    prompts = PromptBatches(build_data(cfg).sampler).next_batch()
+    prompts.set("uid", round_uids(1, 0, len(prompts)))  # as the trainer's step 1 marks them
+    share = prompts.select(list(range(max(1, len(prompts) // 2))))
     spec = replace(spec_of(cfg.model), num_layers=layers)
     engine = TorchRolloutEngine(spec, random_weights(spec, 0))  # the default max_batch_rows, as runs use
-    prompts, rows = make_prompts(spec, per_replica, P, 0), []
+    rows, seqs = [], len(share) * n
     for k in (1, 4, 8):
-        params = SamplingParams(temperature=1.0, max_new_tokens=k, n=n, seed=0)
-        flops = forward_flops(spec, per_replica * n * P, P / 2) + k * forward_flops(
-            spec, per_replica * n, P + k / 2
+        gen = Generation(
+            with_(cfg, rollout=with_(cfg.rollout, max_new_tokens=k)), engine, None, pad_token_id=0
         )
-        seconds = cpu_min(lambda p=params: engine.generate(prompts, p), repeats)
+        flops = forward_flops(spec, seqs * P, P / 2) + k * forward_flops(spec, seqs, P + k / 2)
+        seconds = cpu_min(lambda g=gen: g.generate(share, step=1, gen_dp_rank=0), repeats)
         rows.append(_row("generate", layers, flops, seconds, gen_call_s=1, step_overhead_s=k,
                          decode_layer_s=(k + 1) * layers))  # fmt: skip
     return rows
@@ -204,7 +257,11 @@ def calibrate(recipe: Path, repeats: int) -> dict:
         "copy_gbps": 2 * big.numel() * 4 / copy / 1e9,  # read and write
         **gloo_facts(repeats * 4),
     }
-    facts["rows"] = megatron_rows(cfg, repeats) + [r for L in (1, 2) for r in _engine_rows(cfg, L, repeats)]
+    facts["rows"] = (
+        megatron_rows(cfg, repeats)
+        + tp_rows(recipe, repeats)
+        + [r for L in (1, 2) for r in _engine_rows(cfg, L, repeats)]
+    )
     facts["load_after"] = os.getloadavg()
     return facts
 

@@ -67,7 +67,7 @@ def least_of(first: dict, second: dict) -> dict:
     out = dict(first)
     for key in ("matmul_gflops", "copy_gbps", "gloo_gbps"):
         out[key] = max(first[key], second[key])
-    for key in ("gloo_alpha_us", "gather_cpu_us", "gather_us"):
+    for key in ("gloo_alpha_us", "gloo_call_cpu_us", "gather_cpu_us", "gather_us"):
         out[key] = min(first[key], second[key])
     out["rows"] = [
         a | {"seconds": min(a["seconds"], b["seconds"])} for a, b in zip(first["rows"], second["rows"])
@@ -225,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{x[0]:.1f}" for x in calibration["loads"]) + "; "
         + ", ".join(f"{p} {lay} {m[1]:.1f}" for (p, lay), m in measured.items()),
         f"calibration: matmul {calibration['matmul_gflops']:.1f} GFLOP/s, "
-        f"copy {calibration['copy_gbps']:.2f} GB/s, gloo {calibration['gloo_alpha_us']:.0f} us + bytes / "
-        f"{calibration['gloo_gbps']:.2f} GB/s, "
+        f"copy {calibration['copy_gbps']:.2f} GB/s, "
+        f"gloo all-reduce {calibration['gloo_call_cpu_us']:.0f} us CPU "
+        f"+ bytes / {calibration['gloo_gbps']:.2f} GB/s, "
         f"object gather {calibration['gather_cpu_us']:.0f} us CPU, "
         f"decode step {device.step_overhead_s * 1e3:.3g} ms; "
         + ", ".join(f"{k} {v}" for k, v in fixed.items()),

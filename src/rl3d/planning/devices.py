@@ -54,6 +54,12 @@ class FixedCosts:
     train_micro_s: float = 0.0  # forward + backward of a micro-batch outside the layers
     train_layer_s: float = 0.0  # forward + backward of one layer of a micro-batch
     optim_step_s: float = 0.0  # an optimizer step: gradient norm, clipping, Adam, zeroing
+    # per micro-batch of a forward (or forward + backward) on a tensor-parallel layout (t > 1):
+    # what tensor parallelism costs besides the layers' all-reduces the latency model charges
+    # (the embedding's and the log-probs' reductions, megatron's bookkeeping)
+    tp_micro_s: float = 0.0
+    train_tp_micro_s: float = 0.0
+    train_tp_step_s: float = 0.0  # per optimizer step on a tensor-parallel layout (norms over ranks)
     gen_call_s: float = 0.0  # a generation call on a replica: sampling set-up, log-probs, output
     decode_layer_s: float = 0.0  # one layer of a decode step
 

@@ -116,10 +116,13 @@ def pass_seconds(
     tp = calls * ring_allreduce_seconds(bytes_per_micro, layout.t, layout.t, device)
     bubble = 1 + (layout.p - 1) / micro
     fixed, layers = device.fixed, spec.num_layers / layout.p
+    split = layout.t > 1
     if backward:
-        overhead = micro * (fixed.train_micro_s + layers * fixed.train_layer_s)
+        overhead = micro * (
+            fixed.train_micro_s + layers * fixed.train_layer_s + split * fixed.train_tp_micro_s
+        )
     else:
-        overhead = micro * (fixed.micro_s + layers * fixed.layer_s)
+        overhead = micro * (fixed.micro_s + layers * fixed.layer_s + split * fixed.tp_micro_s)
     return (compute + tp + overhead) * bubble
 
 
@@ -134,7 +137,8 @@ def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Wo
     )
     fixed = device.fixed
     call = fixed.train_call_s + spec.num_layers / layout.p * fixed.train_call_layer_s
-    return call + passes + steps * (grads + adam + fixed.optim_step_s)
+    optim = fixed.optim_step_s + (layout.t > 1) * fixed.train_tp_step_s
+    return call + passes + steps * (grads + adam + optim)
 
 
 def generate_seconds(
