@@ -239,6 +239,20 @@ def _engine_rows(cfg, layers: int, repeats: int) -> list[dict]:
         seconds = cpu_min(lambda g=gen: g.generate(share, step=1, gen_dp_rank=0), repeats)
         rows.append(_row("generate", layers, flops, seconds, gen_call_s=1, step_overhead_s=k,
                          decode_layer_s=(k + 1) * layers))  # fmt: skip
+    if layers == spec_of(cfg.model).num_layers:  # the rule reward of the rollouts just made
+        rows += _score_rows(cfg, gen.generate(share, step=1, gen_dp_rank=0).batch, repeats)
+    return rows
+
+
+def _score_rows(cfg, batch: DataBatch, repeats: int) -> list[dict]:
+    """The reward worker's rule reward of a batch of rollouts and of its first half."""
+    from rl3d.controller.rank import run_tokenizer
+    from rl3d.workers.roles import RewardWorker
+
+    worker, rows = RewardWorker(cfg, run_tokenizer(cfg, spec_of(cfg.model))), []
+    for part in (batch, batch.select(list(range(len(batch) // 2)))):
+        seconds = cpu_min(lambda b=part: worker.compute_reward(b), repeats)
+        rows.append(_row("score", 0, 0.0, seconds, score_sample_s=len(part)))
     return rows
 
 

@@ -7,8 +7,9 @@
    rollout pool; own critic and reference pools) and two layouts (actor and critic tp=2 or
    dp=2), run each with `rl3d train`, and compare. A run's stages are measured as process CPU
    seconds: every rank writes its own per stage and step (`RL3D_STAGE_TIMES_DIR`), a stage's
-   time is the busiest rank's, and its median over the steps after `--warmup` (the last step,
-   which sends no weights, left out) is compared. CPU seconds are the ranks' own work, which the
+   time is the busiest rank's, and its least value over the steps after `--warmup` (the last
+   step, which sends no weights, left out) is compared: the same estimator as the
+   calibration's, least of the repeats. CPU seconds are the ranks' own work, which the
    other processes of a busy machine barely change; the wall seconds (and the load) are listed
    beside them. A separate pool's `generate` is its rank's generation (the trainer's metric
    `async/rollout_generate_cpu_s`) plus the trainer's own part. A stage above 5% of the step
@@ -98,8 +99,9 @@ def _config(placement: str, layout: str, steps: int) -> list[str]:
 
 
 def measure(overrides: list[str], tmp: Path, warmup: int) -> tuple[dict, dict]:
-    """Per stage the median over the kept steps of the busiest rank's CPU seconds, and of the
-    wall seconds rank 0 logged."""
+    """Per stage the least over the kept steps of the busiest rank's CPU seconds (as the
+    calibration keeps the least of its repeats), and the median of the wall seconds rank 0
+    logged."""
     run_dir, times = tmp / "run", tmp / "stage_times"
     times.mkdir()
     cmd = [sys.executable, "-m", "rl3d.cli", "train", str(RECIPE), f"trainer.run_dir={run_dir}", *overrides]
@@ -126,7 +128,7 @@ def measure(overrides: list[str], tmp: Path, warmup: int) -> tuple[dict, dict]:
         for k in metrics[0]
         if k.startswith("time/")
     }
-    return {k: statistics.median(v) for k, v in cpu.items()}, wall
+    return {k: min(v) for k, v in cpu.items()}, wall
 
 
 def table_rows(
@@ -135,7 +137,7 @@ def table_rows(
     cfg = load_config(RECIPE, _config(placement, layout, steps)).config
     est = simulate(workload_of(cfg), placement_of(cfg), device)
     predicted = dict(est.stages)
-    predicted["generate"] = predicted.pop("prefill") + predicted.pop("decode")
+    predicted["generate"] = predicted.pop("prefill") + predicted.pop("decode") + predicted.pop("score", 0.0)
     step = sum(cpu.values())
     out = []
     for stage in [*predicted, *(k for k in cpu if k not in predicted)]:
@@ -186,7 +188,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("."))
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="of each microbenchmark, per calibration")
     parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=list(PLACEMENTS))

@@ -34,6 +34,7 @@ KINDS = {
     "forward": ("call_s", "call_layer_s", "micro_s", "layer_s"),
     "train": ("train_call_s", "train_call_layer_s", "train_micro_s", "train_layer_s", "optim_step_s"),
     "generate": ("gen_call_s", "step_overhead_s", "decode_layer_s"),
+    "score": ("score_sample_s",),
 }
 TP_KINDS = {"forward_tp": ("tp_micro_s",), "train_tp": ("train_tp_micro_s", "train_tp_step_s")}
 FACTS = ("matmul_gflops", "copy_gbps", "gloo_gbps", "gloo_call_cpu_us", "gather_cpu_us")

@@ -61,6 +61,7 @@ class FixedCosts:
     train_tp_micro_s: float = 0.0
     train_tp_step_s: float = 0.0  # per optimizer step on a tensor-parallel layout (norms over ranks)
     gen_call_s: float = 0.0  # a generation call on a replica: sampling set-up, log-probs, output
+    score_sample_s: float = 0.0  # the rule reward of one sample (detokenize, score) on the controller
     decode_layer_s: float = 0.0  # one layer of a decode step
 
     def __post_init__(self) -> None:

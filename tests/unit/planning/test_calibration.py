@@ -17,7 +17,7 @@ TRUE = {
     "call_s": 3e-3, "call_layer_s": 2e-3, "micro_s": 1.5e-3, "layer_s": 1e-3,
     "train_call_s": 5e-3, "train_call_layer_s": 4e-3, "train_micro_s": 3e-3, "train_layer_s": 2.5e-3,
     "optim_step_s": 6e-3, "gen_call_s": 1e-3, "step_overhead_s": 4e-4, "decode_layer_s": 3e-4,
-    "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3,
+    "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
 }  # fmt: skip
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
@@ -40,6 +40,7 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         for k in (1, 4, 8):
             counts = {"gen_call_s": 1, "step_overhead_s": k, "decode_layer_s": (k + 1) * layers}
             rows.append({"kind": "generate", "counts": counts, "flops": 2e5 * k})
+    rows += [{"kind": "score", "counts": {"score_sample_s": n}, "flops": 0.0} for n in (16, 8)]
     for r in [r for r in rows if r["kind"] in ("forward", "train")]:  # the same at tensor parallelism 2
         tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
         k = r["counts"].get("micro_s", r["counts"].get("train_micro_s"))
