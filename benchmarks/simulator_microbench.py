@@ -55,7 +55,7 @@ def wall_min(fn, repeats: int) -> float:
     return best
 
 
-def _gloo_worker(rank: int, port: int, repeats: int, out) -> None:
+def _gloo_worker(rank: int, port: int, repeats: int, rollout: DataBatch, out) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     torch.set_num_threads(1)
     rows = []
@@ -68,20 +68,29 @@ def _gloo_worker(rank: int, port: int, repeats: int, out) -> None:
     call_cpu_s = cpu_min(lambda: [dist.all_reduce(small) for _ in range(50)], repeats) / 50
     gather_s = wall_min(lambda: dist.all_gather_object(gathered, output), repeats)
     gather_cpu_s = cpu_min(lambda: dist.all_gather_object(gathered, output), repeats)
+    rollout_cpu_s = cpu_min(lambda: dist.all_gather_object(gathered, rollout), repeats)
     if rank == 0:
         out.put(
-            {"allreduce": rows, "gather_s": gather_s, "gather_cpu_s": gather_cpu_s, "call_cpu_s": call_cpu_s}
+            {
+                "allreduce": rows,
+                "gather_s": gather_s,
+                "gather_cpu_s": gather_cpu_s,
+                "rollout_cpu_s": rollout_cpu_s,
+                "call_cpu_s": call_cpu_s,
+            }
         )
     dist.destroy_process_group()
 
 
-def gloo_facts(repeats: int) -> dict:
+def gloo_facts(repeats: int, rollout: DataBatch) -> dict:
+    """gloo between two processes: all-reduces of 1 KiB-4 MiB (wall) and of 64 floats (CPU per
+    call), an object gather of a forward's outputs and of a replica's rollout rows (CPU)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_gloo_worker, args=(r, port, repeats, queue)) for r in (0, 1)]
+    procs = [ctx.Process(target=_gloo_worker, args=(r, port, repeats, rollout, queue)) for r in (0, 1)]
     for p in procs:
         p.start()
     got = queue.get(timeout=600)
@@ -91,7 +100,8 @@ def gloo_facts(repeats: int) -> dict:
     alpha, bandwidth, r2 = fit_alpha_beta(got["allreduce"])
     return {"gloo_alpha_us": alpha * 1e6, "gloo_gbps": bandwidth / 1e9, "gloo_fit_r2": r2,
             "gather_us": got["gather_s"] * 1e6, "gather_cpu_us": got["gather_cpu_s"] * 1e6,
-            "gloo_call_cpu_us": got["call_cpu_s"] * 1e6}  # fmt: skip
+            "gloo_call_cpu_us": got["call_cpu_s"] * 1e6,
+            "gather_rollout_cpu_us": got["rollout_cpu_s"] * 1e6}  # fmt: skip
 
 
 def batch_of(spec, samples: int, prompt_len: int, response_len: int) -> DataBatch:
@@ -239,9 +249,24 @@ def _engine_rows(cfg, layers: int, repeats: int) -> list[dict]:
         seconds = cpu_min(lambda g=gen: g.generate(share, step=1, gen_dp_rank=0), repeats)
         rows.append(_row("generate", layers, flops, seconds, gen_call_s=1, step_overhead_s=k,
                          decode_layer_s=(k + 1) * layers))  # fmt: skip
-    if layers == spec_of(cfg.model).num_layers:  # the rule reward of the rollouts just made
-        rows += _score_rows(cfg, gen.generate(share, step=1, gen_dp_rank=0).batch, repeats)
     return rows
+
+
+def rollout_share(cfg) -> DataBatch:
+    """A replica's rollout rows of the recipe's first prompts, as the actor's worker returns them."""
+    from rl3d.bench.rollout import random_weights
+    from rl3d.controller.assemble import PromptBatches, build_data
+    from rl3d.controller.placement import round_uids
+    from rl3d.rollout import TorchRolloutEngine
+    from rl3d.single_controller.batch import to_host
+    from rl3d.workers.generation import Generation
+
+    prompts = PromptBatches(build_data(cfg).sampler).next_batch()
+    prompts.set("uid", round_uids(1, 0, len(prompts)))
+    share = prompts.select(list(range(max(1, len(prompts) // 2))))
+    spec = spec_of(cfg.model)
+    gen = Generation(cfg, TorchRolloutEngine(spec, random_weights(spec, 0)), None, pad_token_id=0)
+    return to_host(gen.generate(share, step=1, gen_dp_rank=0).batch)
 
 
 def _score_rows(cfg, batch: DataBatch, repeats: int) -> list[dict]:
@@ -265,16 +290,18 @@ def calibrate(recipe: Path, repeats: int) -> dict:
     matmul = cpu_min(lambda: [a @ b for _ in range(20)], repeats * 5) / 20
     big = torch.randn(16 * 2**20 // 4)
     copy = cpu_min(lambda: big.clone(), repeats)
+    rollout = rollout_share(cfg)
     facts = {
         "load": os.getloadavg(),
         "matmul_gflops": 2 * tokens * spec.hidden_size * spec.ffn_hidden_size / matmul / 1e9,
         "copy_gbps": 2 * big.numel() * 4 / copy / 1e9,  # read and write
-        **gloo_facts(repeats * 4),
+        **gloo_facts(repeats * 4, rollout),
     }
     facts["rows"] = (
         megatron_rows(cfg, repeats)
         + tp_rows(recipe, repeats)
         + [r for L in (1, 2) for r in _engine_rows(cfg, L, repeats)]
+        + _score_rows(cfg, rollout, repeats)
     )
     facts["load_after"] = os.getloadavg()
     return facts

@@ -68,7 +68,7 @@ def least_of(first: dict, second: dict) -> dict:
     out = dict(first)
     for key in ("matmul_gflops", "copy_gbps", "gloo_gbps"):
         out[key] = max(first[key], second[key])
-    for key in ("gloo_alpha_us", "gloo_call_cpu_us", "gather_cpu_us", "gather_us"):
+    for key in ("gloo_alpha_us", "gloo_call_cpu_us", "gather_cpu_us", "gather_rollout_cpu_us", "gather_us"):
         out[key] = min(first[key], second[key])
     out["rows"] = [
         a | {"seconds": min(a["seconds"], b["seconds"])} for a, b in zip(first["rows"], second["rows"])

@@ -7,7 +7,8 @@ matmul at the model's shapes; gloo's all-reduce between two processes. They writ
 JSON:
 
     {"matmul_gflops": .., "copy_gbps": .., "gloo_gbps": .., "gloo_call_cpu_us": ..,
-     "gather_cpu_us": .., "rows": [{"kind": .., "counts": {cost: n}, "flops": F, "seconds": t}]}
+     "gather_cpu_us": .., "gather_rollout_cpu_us": ..,
+     "rows": [{"kind": .., "counts": {cost: n}, "flops": F, "seconds": t}]}
 
 Each row says how many of each fixed cost (`DeviceClass.fixed`, or `step_overhead_s`) the timed
 call paid, its FLOPs (on the timed rank), and its seconds. `fit_fixed` solves, per kind,
@@ -37,7 +38,14 @@ KINDS = {
     "score": ("score_sample_s",),
 }
 TP_KINDS = {"forward_tp": ("tp_micro_s",), "train_tp": ("train_tp_micro_s", "train_tp_step_s")}
-FACTS = ("matmul_gflops", "copy_gbps", "gloo_gbps", "gloo_call_cpu_us", "gather_cpu_us")
+FACTS = (
+    "matmul_gflops",
+    "copy_gbps",
+    "gloo_gbps",
+    "gloo_call_cpu_us",
+    "gather_cpu_us",
+    "gather_rollout_cpu_us",
+)
 
 
 def nonnegative_lstsq(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -100,16 +108,17 @@ def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
     for every collective call gloo's CPU seconds per call (what a rank spends, the quantity the
     validation compares) and its fitted bandwidth, and the fitted fixed costs. A
     worker call also pays one object gather of its outputs over the role's ranks (its CPU
-    seconds, `gather_cpu_us`)."""
+    seconds: `gather_cpu_us` of a forward's outputs, `gather_rollout_cpu_us` of a replica's
+    rollout rows)."""
     missing = [k for k in (*FACTS, "rows") if k not in calibration]
     if missing:
         raise ValueError(f"calibration JSON lacks {missing}")
     flops, gbps = calibration["matmul_gflops"] * 1e9, calibration["gloo_gbps"]
     call_s = calibration["gloo_call_cpu_us"] * 1e-6
     costs = fit_fixed(calibration["rows"], flops, lambda nbytes: call_s + nbytes / (gbps * 1e9))
-    gather = calibration["gather_cpu_us"] * 1e-6
-    for key in ("call_s", "train_call_s", "gen_call_s"):
-        costs[key] += gather
+    for key in ("call_s", "train_call_s"):  # a forward's outputs, an update's metrics
+        costs[key] += calibration["gather_cpu_us"] * 1e-6
+    costs["gen_call_s"] += calibration["gather_rollout_cpu_us"] * 1e-6  # a replica's rows, text and all
     step_overhead = costs.pop("step_overhead_s")
     # the simulator charges a 2-rank all-reduce twice a ring pass of the base and one hop
     quarter_us = calibration["gloo_call_cpu_us"] / 4
