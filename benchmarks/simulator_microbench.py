@@ -107,9 +107,11 @@ def gloo_facts(repeats: int, rollout: DataBatch) -> dict:
 def batch_of(spec, samples: int, prompt_len: int, response_len: int) -> DataBatch:
     T = prompt_len + response_len
     ids = torch.randint(0, spec.vocab_size, (samples, T))
+    logp = -torch.rand(samples, response_len)  # what the policy loss reads besides the model's output
     return DataBatch({
         "input_ids": ids, "attention_mask": torch.ones(samples, T, dtype=torch.long),
         "responses": ids[:, prompt_len:], "response_mask": torch.ones(samples, response_len),
+        "old_logp": logp, "rollout_logp": logp, "advantages": torch.randn(samples, response_len),
     })  # fmt: skip
 
 
@@ -120,6 +122,7 @@ def _row(kind: str, layers: int, flops: float, seconds: float, **counts: int) ->
 def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list[dict]:
     """Forward and training rows of one role; at tensor parallelism t > 1 each row also counts
     the layer all-reduces the simulator charges (2 per layer forward, 4 forward + backward)."""
+    from rl3d.algos import policy_loss_of
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.workers.megatron_role import MegatronRole
 
@@ -144,9 +147,16 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
         lp, ent = logp(output, micro)
         return torch.zeros(()), {"old_logp": lp.detach(), "entropy": ent.detach()}
 
-    def loss_of(output, micro):
-        lp, _ = logp(output, micro)
-        return -(lp * micro["response_mask"]).sum() / micro["response_mask"].sum(), {}
+    policy_loss = policy_loss_of(cfg.algorithm)
+
+    def loss_of(output, micro):  # the actor's update: the recipe's policy loss, as the worker calls it
+        lp, ent = logp(output, micro)
+        loss, metrics = policy_loss(
+            logp_BT=lp, old_logp_BT=micro["old_logp"], adv_BT=micro["advantages"],
+            mask_BT=micro["response_mask"].bool(), entropy_BT=ent, ref_logp_BT=None, kl_loss_coef=0.0,
+            kl_estimator=cfg.algorithm.kl_estimator, rollout_logp_BT=micro["rollout_logp"],
+        )  # fmt: skip
+        return loss, {k: v.detach() for k, v in metrics.items()}
 
     def train(mini: int, micro: int) -> None:
         role.train_minibatches(

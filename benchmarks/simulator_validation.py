@@ -166,8 +166,10 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     runs = sorted({(r["placement"], r["layout"]) for r in rows}, key=lambda x: list(PLACEMENTS).index(x[0]))
-    fig, axes = plt.subplots(1, len(runs), figsize=(4 * len(runs), 3.6), sharey=True, squeeze=False)
-    for ax, (placement, layout) in zip(axes[0], runs):
+    cols = min(3, len(runs))
+    rows_n = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.4 * rows_n), sharey=True, squeeze=False)
+    for ax, (placement, layout) in zip(axes.flat, runs):
         mine = [
             r for r in rows if (r["placement"], r["layout"]) == (placement, layout) and r["stage"] != "step"
         ]
