@@ -17,7 +17,7 @@
 
 Writes `simulator_validation.csv`, `.md`, `.png` and the calibration JSON into `--out`:
 
-    python benchmarks/simulator_validation.py --out benchmarks/simulator   # ~6 min on 2 cores at load 15
+    python benchmarks/simulator_validation.py --out benchmarks/simulator  # 4.5 min at load 3-6, 9 at 7-15
 """
 
 from __future__ import annotations

@@ -21,9 +21,7 @@ predicts.
 
 from __future__ import annotations
 
-import json
 from dataclasses import fields
-from pathlib import Path
 
 import torch
 
@@ -129,11 +127,3 @@ def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
         fixed=FixedCosts(**{f.name: costs[f.name] for f in fields(FixedCosts)}),
         nccl=NcclLatency(base_us=quarter_us, nvlink_hop_us=quarter_us, net_overhead_us=0, net_hop_us=0),
     )  # fmt: skip
-
-
-def load_cpu_device(path: str | Path) -> DeviceClass:
-    try:
-        calibration = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"calibration file {path}: {err}") from None
-    return cpu_device(calibration)
