@@ -1,19 +1,23 @@
 """The step simulator checked by measurement on this machine (CPU, gloo).
 
-1. Calibrate a CPU device class once from microbenchmarks: matmul throughput at the tiny
-   model's shapes (one thread per rank, as the quickstart's ranks run), memory copy bandwidth,
-   the fixed cost of one small op, and gloo's all-reduce latency and bandwidth between two
-   processes (least squares of time = alpha + bytes / bandwidth, `rl3d.bench.cost_model`).
+1. Calibrate a CPU device class from microbenchmarks of rl3d's components
+   (`benchmarks/simulator_microbench.py`, `rl3d.planning.calibration`), once before the runs and
+   once after; each timing keeps the least of both.
 2. Predict every stage of the PPO CPU quickstart under three placements (colocated; a separate
-   rollout pool; own critic and reference pools) and two layouts (actor tp=2 or dp=2), run
-   each with `rl3d train`, and compare: median `time/<stage>` over the steps after `--warmup`
-   against the prediction (`generate` = prefill + decode). A stage above 5% of the step must be
-   predicted within 25%; the table marks those that are not.
+   rollout pool; own critic and reference pools) and two layouts (actor and critic tp=2 or
+   dp=2), run each with `rl3d train`, and compare. A run's stages are measured as process CPU
+   seconds: every rank writes its own per stage and step (`RL3D_STAGE_TIMES_DIR`), a stage's
+   time is the busiest rank's, and its least value over the steps after `--warmup` (the last
+   step, which sends no weights, left out) is compared: the same estimator as the
+   calibration's, least of the repeats. CPU seconds are the ranks' own work, which the
+   other processes of a busy machine barely change; the wall seconds (and the load) are listed
+   beside them. A separate pool's `generate` is its rank's generation (the trainer's metric
+   `async/rollout_generate_cpu_s`) plus the trainer's own part. A stage above 5% of the step
+   must be predicted within 25%; the table marks those that are not.
 
-Writes `simulator_validation.csv` and `.md` (calibration, table, command, load) into `--out`.
-Needs a quiet machine for numbers worth keeping:
+Writes `simulator_validation.csv`, `.md`, `.png` and the calibration JSON into `--out`:
 
-    python benchmarks/simulator_validation.py --out benchmarks/simulator   # ~10 min on 2 idle cores
+    python benchmarks/simulator_validation.py --out benchmarks/simulator  # 4.5 min at load 3-6, 9 at 7-15
 """
 
 from __future__ import annotations
@@ -27,21 +31,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import torch
-
-from rl3d.bench.cost_model import fit_alpha_beta
-from rl3d.bench.nccl import NcclLatency
 from rl3d.config import load_config
-from rl3d.planning.devices import DeviceClass
+from rl3d.planning.calibration import cpu_device
 from rl3d.planning.recipe import placement_of, workload_of
 from rl3d.planning.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes/quickstart_cpu_ppo.yaml"
-OPS_PER_LAYER = 24  # torch ops one decoder layer's forward issues (norms, projections, rope, attention, MLP)
 PLACEMENTS = {
     "colocated": [],
     "rollout_pool": ["rollout.placement=separate", "rollout.pool.tp=1", "rollout.pool.dp=1"],
@@ -53,67 +51,30 @@ PLACEMENTS = {
     ],  # fmt: skip
 }
 LAYOUTS = {"tp2": (2, 1), "dp2": (1, 2)}
+ENV = dict(os.environ, RL3D_YAML_DIR=str(ROOT / "yaml"))
 
 
-def _timed(fn, repeats: int) -> float:
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return (time.perf_counter() - start) / repeats
+def microbench(path: Path, repeats: int) -> dict:
+    cmd = [sys.executable, str(ROOT / "benchmarks/simulator_microbench.py"), str(RECIPE), "--out", str(path),
+           "--repeats", str(repeats)]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=1200)
+    if proc.returncode:
+        raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(path.read_text())
 
 
-def _gloo_worker(rank: int, port: int, sizes: list[int], out) -> None:
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    rows = []
-    for n in sizes:
-        t = torch.zeros(n // 4)
-        seconds = _timed(lambda t=t: dist.all_reduce(t), 5)
-        rows.append((1, n, seconds))
-    if rank == 0:
-        out.put(rows)
-    dist.destroy_process_group()
-
-
-def calibrate(hidden: int, ffn: int, tokens: int) -> tuple[DeviceClass, dict]:
-    torch.set_num_threads(1)
-    a, b = torch.randn(tokens, hidden), torch.randn(hidden, ffn)
-    matmul_s = _timed(lambda: a @ b, 200)
-    flops = 2 * tokens * hidden * ffn / matmul_s
-    big = torch.randn(16 * 2**20 // 4)
-    copy_s = _timed(lambda: big.clone(), 20)
-    tiny = torch.randn(1, hidden)
-    op_s = _timed(lambda: tiny * 2.0, 2000)
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = 29500 + os.getpid() % 1000
-    procs = [
-        ctx.Process(target=_gloo_worker, args=(r, port, [2**k for k in range(10, 25, 2)], queue))
-        for r in (0, 1)
+def least_of(first: dict, second: dict) -> dict:
+    """Both calibrations' rows and facts, each timing the least of the two (throughputs the most)."""
+    out = dict(first)
+    for key in ("matmul_gflops", "copy_gbps", "gloo_gbps"):
+        out[key] = max(first[key], second[key])
+    for key in ("gloo_alpha_us", "gloo_call_cpu_us", "gather_cpu_us", "gather_rollout_cpu_us", "gather_us"):
+        out[key] = min(first[key], second[key])
+    out["rows"] = [
+        a | {"seconds": min(a["seconds"], b["seconds"])} for a, b in zip(first["rows"], second["rows"])
     ]
-    for p in procs:
-        p.start()
-    samples = queue.get(timeout=300)
-    for p in procs:
-        p.join()
-    # a 2-rank ring all-reduce sends (and receives) half the bytes twice: bytes on the wire = n
-    alpha, bandwidth, r2 = fit_alpha_beta(samples)
-    gbps = bandwidth / 1e9
-    half_us = alpha * 1e6 / 2  # a 2-rank call: the base and one hop
-    device = DeviceClass(
-        "cpu", peak_tflops=flops / 1e12, hbm_gbps=2 * len(big) * 4 / copy_s / 1e9, memory_gb=1e3,
-        nvlink_gbps=gbps, node_net_gbps=gbps * 64, pcie_gbps=gbps, gpus_per_node=64, train_mfu=1.0,
-        prefill_mfu=1.0, decode_hbm_eff=1.0, step_overhead_s=0.0, layer_overhead_s=OPS_PER_LAYER * op_s,
-        nccl=NcclLatency(base_us=half_us, nvlink_hop_us=half_us, net_overhead_us=0, net_hop_us=0),
-    )  # fmt: skip
-    facts = {"matmul_gflops": flops / 1e9, "copy_gbps": device.hbm_gbps, "op_us": op_s * 1e6,
-             "gloo_alpha_us": alpha * 1e6, "gloo_gbps": gbps, "gloo_fit_r2": r2}  # fmt: skip
-    return device, facts
+    out["loads"] = [first["load"], first["load_after"], second["load"], second["load_after"]]
+    return out
 
 
 def _config(placement: str, layout: str, steps: int) -> list[str]:
@@ -137,45 +98,93 @@ def _config(placement: str, layout: str, steps: int) -> list[str]:
     ]
 
 
-def measure(overrides: list[str], run_dir: Path) -> list[dict]:
+def measure(overrides: list[str], tmp: Path, warmup: int) -> tuple[dict, dict]:
+    """Per stage the least over the kept steps of the busiest rank's CPU seconds (as the
+    calibration keeps the least of its repeats), and the median of the wall seconds rank 0
+    logged."""
+    run_dir, times = tmp / "run", tmp / "stage_times"
+    times.mkdir()
     cmd = [sys.executable, "-m", "rl3d.cli", "train", str(RECIPE), f"trainer.run_dir={run_dir}", *overrides]
-    env = dict(os.environ, RL3D_YAML_DIR=str(ROOT / "yaml"))
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=ENV | {"RL3D_STAGE_TIMES_DIR": str(times)},
+                          timeout=1800)  # fmt: skip
     if proc.returncode:
         raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stderr[-2000:]}")
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
+    metrics = [
+        json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
+    ]
+    kept = range(warmup + 1, len(metrics))  # steps are 1-based; the last sends no weights
+    ranks = [
+        [json.loads(line) for line in f.read_text().splitlines()] for f in sorted(times.glob("rank*.jsonl"))
+    ]
+    cpu: dict[str, list[float]] = {}
+    for step in kept:
+        rows = [r for rank in ranks for r in rank if r["step"] == step]
+        for stage in rows[0]["cpu"]:
+            cpu.setdefault(stage, []).append(max(r["cpu"].get(stage, 0.0) for r in rows))
+        if "async/rollout_generate_cpu_s" in metrics[step - 1]:
+            cpu["generate"][-1] += metrics[step - 1]["async/rollout_generate_cpu_s"]
+    wall = {
+        k[5:]: statistics.median(m[k] for m in metrics[warmup:-1])
+        for k in metrics[0]
+        if k.startswith("time/")
+    }
+    return {k: min(v) for k, v in cpu.items()}, wall
 
 
-def compare(device: DeviceClass, placement: str, layout: str, steps: int, warmup: int) -> list[dict]:
-    overrides = _config(placement, layout, steps)
-    cfg = load_config(RECIPE, overrides).config
+def table_rows(
+    device, placement: str, layout: str, steps: int, cpu: dict, wall: dict, load: float
+) -> list[dict]:
+    cfg = load_config(RECIPE, _config(placement, layout, steps)).config
     est = simulate(workload_of(cfg), placement_of(cfg), device)
     predicted = dict(est.stages)
-    predicted["generate"] = predicted.pop("prefill") + predicted.pop("decode")
-    with tempfile.TemporaryDirectory() as tmp:
-        rows = measure(overrides, Path(tmp) / "run")[warmup:]
-    step = statistics.median(r["time/step"] for r in rows)
+    predicted["generate"] = predicted.pop("prefill") + predicted.pop("decode") + predicted.pop("score", 0.0)
+    step = sum(cpu.values())
     out = []
-    for stage, pred in predicted.items():
-        key = f"time/{stage}"
-        if not any(key in r for r in rows):
-            continue
-        meas = statistics.median(r.get(key, 0.0) for r in rows)
-        share = meas / step if step else 0.0
+    for stage in [*predicted, *(k for k in cpu if k not in predicted)]:
+        pred, meas = predicted.get(stage, 0.0), cpu.get(stage, 0.0)
+        share = meas / step
         err = pred / meas - 1 if meas else float("inf")
-        out.append({
-            "placement": placement, "layout": layout, "stage": stage, "predicted_s": f"{pred:.4f}",
-            "measured_s": f"{meas:.4f}", "error": f"{err:+.0%}", "share_of_step": f"{share:.0%}",
-            "within_25pct": "yes" if abs(err) <= 0.25 else ("no" if share > 0.05 else "n/a (<5%)"),
-        })  # fmt: skip
+        ok = "yes" if abs(err) <= 0.25 else ("no" if share > 0.05 else "n/a (<5%)")
+        out.append(_row(placement, layout, stage, pred, meas, wall.get(stage, 0.0), share, ok, load))
     err = est.step_seconds / step - 1
-    out.append({
-        "placement": placement, "layout": layout, "stage": "step", "predicted_s": f"{est.step_seconds:.4f}",
-        "measured_s": f"{step:.4f}", "error": f"{err:+.0%}", "share_of_step": "100%",
-        "within_25pct": "yes" if abs(err) <= 0.25 else "no",
-    })  # fmt: skip
+    out.append(_row(placement, layout, "step", est.step_seconds, step, wall.get("step", 0.0), 1.0,
+                    "yes" if abs(err) <= 0.25 else "no", load))  # fmt: skip
     return out
+
+
+def _row(placement, layout, stage, pred, meas, wall, share, ok, load) -> dict:
+    err = f"{pred / meas - 1:+.0%}" if meas else "-"
+    return {"placement": placement, "layout": layout, "stage": stage, "predicted_s": f"{pred:.4f}",
+            "measured_cpu_s": f"{meas:.4f}", "error": err, "share_of_step": f"{share:.0%}",
+            "within_25pct": ok, "wall_s": f"{wall:.4f}", "load_1min": f"{load:.1f}"}  # fmt: skip
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted({(r["placement"], r["layout"]) for r in rows}, key=lambda x: list(PLACEMENTS).index(x[0]))
+    cols = min(3, len(runs))
+    rows_n = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(4.2 * cols, 3.4 * rows_n), sharey=True, squeeze=False)
+    for ax, (placement, layout) in zip(axes.flat, runs):
+        mine = [
+            r for r in rows if (r["placement"], r["layout"]) == (placement, layout) and r["stage"] != "step"
+        ]
+        mine = [r for r in mine if float(r["measured_cpu_s"]) > 0 or float(r["predicted_s"]) > 0]
+        x = range(len(mine))
+        ax.bar(
+            [i - 0.2 for i in x], [float(r["measured_cpu_s"]) for r in mine], 0.4, label="measured (CPU s)"
+        )
+        ax.bar([i + 0.2 for i in x], [float(r["predicted_s"]) for r in mine], 0.4, label="predicted")
+        ax.set_xticks(list(x), [r["stage"] for r in mine], rotation=60, fontsize=7)
+        ax.set_title(f"{placement} {layout}", fontsize=9)
+    axes[0][0].set_ylabel("seconds per step")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,33 +192,54 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("."))
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5, help="of each microbenchmark, per calibration")
     parser.add_argument("--placements", nargs="+", default=list(PLACEMENTS), choices=list(PLACEMENTS))
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))
     args = parser.parse_args(argv)
-    load_before = Path("/proc/loadavg").read_text().split()[:3]
-    w = workload_of(load_config(RECIPE).config)
-    tokens = w.samples * w.seq_len // 2  # a micro-batch's rows on one rank, at most
-    device, facts = calibrate(w.actor.hidden_size, w.actor.ffn_hidden_size, tokens)
-    rows = []
-    for placement in args.placements:
-        for layout in args.layouts:
-            rows += compare(device, placement, layout, args.steps, args.warmup)
-            print(placement, layout, [(r["stage"], r["error"]) for r in rows[-8:]], file=sys.stderr)
     args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        before = microbench(Path(tmp) / "before.json", args.repeats)
+        runs = {}
+        for placement in args.placements:
+            for layout in args.layouts:
+                runs[placement, layout] = _config(placement, layout, args.steps)
+        # the runs sit between the two calibrations; each device class needs both, so the
+        # predictions are made afterwards from the runs' measurements kept here
+        measured = {}
+        for key, overrides in runs.items():
+            load = os.getloadavg()[0]
+            measured[key] = (measure(overrides, Path(tempfile.mkdtemp(dir=tmp)), args.warmup), load)
+            print(*key, f"load {load:.1f}", file=sys.stderr)
+        after = microbench(Path(tmp) / "after.json", args.repeats)
+    calibration = least_of(before, after)
+    (args.out / "simulator_calibration.json").write_text(json.dumps(calibration, indent=1) + "\n")
+    device = cpu_device(calibration)
+    rows = []
+    for (placement, layout), ((cpu, wall), load) in measured.items():
+        rows += table_rows(device, placement, layout, args.steps, cpu, wall, load)
     with open(args.out / "simulator_validation.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    load_after = Path("/proc/loadavg").read_text().split()[:3]
+    plot(rows, args.out / "simulator_validation.png")
+    fixed = {k: f"{v * 1e3:.3g} ms" for k, v in vars(device.fixed).items()}
     md = [
         f"command: `python benchmarks/simulator_validation.py {shlex.join(argv or sys.argv[1:])}`",
-        f"load (1/5/15 min) before {' '.join(load_before)}, after {' '.join(load_after)}",
-        "calibration: " + ", ".join(f"{k} {v:.4g}" for k, v in facts.items()),
+        "load (1 min) at the calibrations and each run: "
+        + ", ".join(f"{x[0]:.1f}" for x in calibration["loads"]) + "; "
+        + ", ".join(f"{p} {lay} {m[1]:.1f}" for (p, lay), m in measured.items()),
+        f"calibration: matmul {calibration['matmul_gflops']:.1f} GFLOP/s, "
+        f"copy {calibration['copy_gbps']:.2f} GB/s, "
+        f"gloo all-reduce {calibration['gloo_call_cpu_us']:.0f} us CPU "
+        f"+ bytes / {calibration['gloo_gbps']:.2f} GB/s, "
+        f"object gather {calibration['gather_cpu_us']:.0f} us CPU, "
+        f"decode step {device.step_overhead_s * 1e3:.3g} ms; "
+        + ", ".join(f"{k} {v}" for k, v in fixed.items()),
         "",
         "| " + " | ".join(rows[0]) + " |",
         "|" + "---|" * len(rows[0]),
         *("| " + " | ".join(r.values()) + " |" for r in rows),
-    ]
+    ]  # fmt: skip
     (args.out / "simulator_validation.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

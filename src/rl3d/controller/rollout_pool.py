@@ -83,9 +83,13 @@ class RolloutPoolRunner:
         """Step `step`'s first round from this rank's copy of the sampler, handed over."""
         prompts = self.sampler.next_batch()
         prompts.set("uid", round_uids(step, 0, len(prompts)))  # the colocated loop's
-        began = time.perf_counter()
+        began, cpu_began = time.perf_counter(), time.process_time()
         part = self.worker.generate(GEN.split(prompts, self.slot), step=round_seed(step, 0))
-        info = {"wait_rollout_s": waited, "generate_s": time.perf_counter() - began}
+        info = {
+            "wait_rollout_s": waited,
+            "generate_s": time.perf_counter() - began,
+            "generate_cpu_s": time.process_time() - cpu_began,  # this rank's work, however busy the host
+        }
         if self.slot.collects:
             self.link.put_part(step, self.worker.dp_rank, (self.slot, part, info))
 

@@ -8,11 +8,14 @@ between algorithms from the algorithm object (`rl3d.algos.Algorithm`): the loop 
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rl3d.algos import response_stats
 from rl3d.config import RL3DConfig
@@ -41,15 +44,31 @@ def old_logp_source(cfg: RL3DConfig) -> str:
     return "recompute"
 
 
+# Where every controller process appends its stage times, one JSON line per step, to
+# `<dir>/rank<R>.jsonl`: wall and process CPU seconds per stage. The CPU seconds are this rank's
+# work, which other processes on a busy machine barely change (what the step simulator's check,
+# `benchmarks/simulator_validation.py`, compares against); unset, nothing is written.
+STAGE_TIMES_DIR = "RL3D_STAGE_TIMES_DIR"
+
+
 @dataclass
 class StageTimer:
     seconds: dict[str, float] = field(default_factory=dict)
+    cpu_seconds: dict[str, float] = field(default_factory=dict)  # this process's, all its threads
 
     @contextmanager
     def __call__(self, stage: str):
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         yield
         self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+        self.cpu_seconds[stage] = self.cpu_seconds.get(stage, 0.0) + time.process_time() - cpu_start
+
+    def append_to(self, directory: str, step: int) -> None:
+        """One line of this step's wall and CPU seconds in `directory`/rank<R>.jsonl."""
+        rank = int(os.environ.get("RANK", "0"))
+        row = {"step": step, "rank": rank, "pid": os.getpid(), "wall": self.seconds, "cpu": self.cpu_seconds}
+        with open(Path(directory) / f"rank{rank}.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
 
 
 def throughput(tokens: float, wall_s: float, num_devices: int) -> dict[str, float]:
@@ -179,6 +198,8 @@ class RLTrainer:
             t.seconds["generate"], 1e-9
         )
         metrics |= throughput(tokens, time.perf_counter() - started, self.num_devices)
+        if os.environ.get(STAGE_TIMES_DIR):
+            t.append_to(os.environ[STAGE_TIMES_DIR], step)
         self.hooks.call("on_step_end", step=step, batch=batch, metrics=metrics)
         return metrics
 

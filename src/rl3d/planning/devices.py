@@ -24,6 +24,9 @@ Sources:
   datasheet's bandwidth), the same on every class.
 - `step_overhead_s`: fixed cost per decode step (scheduler, sampling, kernel launches under
   CUDA graphs), an assumption of 2 ms.
+- `fixed`: the framework's fixed costs per call, micro-batch, layer and optimizer step. Zero on
+  the GPU classes, whose large kernels hide them; what dominates a tiny model on a CPU, where
+  `rl3d.planning.calibration` fits them to microbenchmarks of rl3d's own components.
 """
 
 from __future__ import annotations
@@ -32,6 +35,39 @@ from dataclasses import dataclass, replace
 
 from rl3d.bench.cost_model import Cluster
 from rl3d.bench.nccl import NCCL_2_18, NcclLatency
+
+
+@dataclass(frozen=True)
+class FixedCosts:
+    """Seconds a pass costs on one rank besides its FLOPs and bytes (Python, dispatch, kernel
+    launches), each per the unit its name says. Forward-only passes (log-probs, values) and
+    training passes (forward + backward) have their own; generation pays `gen_call_s` per call
+    and per decode step (the prefill is one) the device's `step_overhead_s` plus
+    `decode_layer_s` per layer."""
+
+    call_s: float = 0.0  # a forward stage's worker call: batch split, output gather
+    call_layer_s: float = 0.0  # per layer of a forward call (module walks: mode switches, hooks)
+    micro_s: float = 0.0  # a forward micro-batch outside the layers: embedding, output layer, log-probs
+    layer_s: float = 0.0  # one layer of a forward micro-batch
+    train_call_s: float = 0.0  # an update stage's worker call
+    train_call_layer_s: float = 0.0  # per layer of an update call
+    train_micro_s: float = 0.0  # forward + backward of a micro-batch outside the layers
+    train_layer_s: float = 0.0  # forward + backward of one layer of a micro-batch
+    optim_step_s: float = 0.0  # an optimizer step: gradient norm, clipping, Adam, zeroing
+    # per micro-batch of a forward (or forward + backward) on a tensor-parallel layout (t > 1):
+    # what tensor parallelism costs besides the layers' all-reduces the latency model charges
+    # (the embedding's and the log-probs' reductions, megatron's bookkeeping)
+    tp_micro_s: float = 0.0
+    train_tp_micro_s: float = 0.0
+    train_tp_step_s: float = 0.0  # per optimizer step on a tensor-parallel layout (norms over ranks)
+    gen_call_s: float = 0.0  # a generation call on a replica: sampling set-up, log-probs, output
+    score_sample_s: float = 0.0  # the rule reward of one sample (detokenize, score) on the controller
+    decode_layer_s: float = 0.0  # one layer of a decode step
+
+    def __post_init__(self) -> None:
+        for key, value in vars(self).items():
+            if value < 0:
+                raise ValueError(f"fixed cost {key} must be >= 0, got {value}")
 
 
 @dataclass(frozen=True)
@@ -48,9 +84,7 @@ class DeviceClass:
     prefill_mfu: float = 0.5
     decode_hbm_eff: float = 0.7
     step_overhead_s: float = 2e-3
-    # fixed cost per layer and micro-batch of a forward (kernel launches, framework): 0 on the
-    # GPU classes (large kernels hide it); what dominates a tiny model on a CPU (calibrated)
-    layer_overhead_s: float = 0.0
+    fixed: FixedCosts = FixedCosts()
     nccl: NcclLatency = NCCL_2_18
 
     def __post_init__(self) -> None:

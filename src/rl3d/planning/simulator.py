@@ -20,9 +20,10 @@ works, so the step is the longer of the two):
   (`rl3d.bench.mechanisms`, the same model as `rl3d bench --modeled`); with a rollout pool the
   weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
   nodes' links (or NVLink when the whole job shares one node).
-Every forward pass of a layer and micro-batch (and every decode step's layers) also pays the
-device's `layer_overhead_s` (0 on the GPU classes, calibrated on a CPU). Nothing here overlaps
-compute with communication; the rule reward runs on the CPU and is free.
+Every worker call, micro-batch, layer, optimizer step and decode step also pays the device's
+fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU), and so does the
+rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
+seconds). Nothing here overlaps compute with communication.
 """
 
 from __future__ import annotations
@@ -115,7 +116,14 @@ def pass_seconds(
     calls = micro * 2 * (2 if backward else 1) * spec.num_layers / layout.p
     tp = calls * ring_allreduce_seconds(bytes_per_micro, layout.t, layout.t, device)
     bubble = 1 + (layout.p - 1) / micro
-    overhead = micro * passes * spec.num_layers / layout.p * device.layer_overhead_s
+    fixed, layers = device.fixed, spec.num_layers / layout.p
+    split = layout.t > 1
+    if backward:
+        overhead = micro * (
+            fixed.train_micro_s + layers * fixed.train_layer_s + split * fixed.train_tp_micro_s
+        )
+    else:
+        overhead = micro * (fixed.micro_s + layers * fixed.layer_s + split * fixed.tp_micro_s)
     return (compute + tp + overhead) * bubble
 
 
@@ -128,7 +136,10 @@ def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Wo
     adam = (
         shard / (layout.d if w.distributed_optimizer else 1) * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
     )
-    return passes + steps * (grads + adam)
+    fixed = device.fixed
+    call = fixed.train_call_s + spec.num_layers / layout.p * fixed.train_call_layer_s
+    optim = fixed.optim_step_s + (layout.t > 1) * fixed.train_tp_step_s
+    return call + passes + steps * (grads + adam + optim)
 
 
 def generate_seconds(
@@ -150,7 +161,10 @@ def generate_seconds(
     memory = (weights + per_wave * context * kv_per_token) / (device.hbm_gbps * 1e9 * device.decode_hbm_eff)
     compute = forward_flops(spec, per_wave, context) / (t_g * p_g * device.flops * device.prefill_mfu)
     allreduce = 2 * layers * ring_allreduce_seconds(per_wave * act, t_g, t_g, device)
-    step = p_g * max(memory, compute) + allreduce + device.step_overhead_s + layers * device.layer_overhead_s
+    step = (
+        p_g * max(memory, compute) + allreduce + device.step_overhead_s + layers * device.fixed.decode_layer_s
+    )
+    prefill += device.fixed.gen_call_s + layers * device.fixed.decode_layer_s  # its layers' forward
     return prefill, waves * w.response_len * step
 
 
@@ -209,8 +223,15 @@ def pool_stages(
             w.actor, pool.size, placement.t_g, placement.p_g, device, w, kv_budget
         )
 
+    fixed = device.fixed
+
     def forward(*roles: str) -> float:
-        return sum(pass_seconds(w.spec(r), lay, device, w, samples=w.samples, backward=False) for r in roles)
+        return sum(
+            fixed.call_s
+            + w.spec(r).num_layers / lay.p * fixed.call_layer_s
+            + pass_seconds(w.spec(r), lay, device, w, samples=w.samples, backward=False)
+            for r in roles
+        )
 
     if "actor" in hosted and w.recompute_old_logp:
         stages["old_logp"] = forward("actor")
@@ -234,7 +255,7 @@ def pool_stages(
 
 
 STAGE_ORDER = (
-    "prefill", "decode", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
+    "prefill", "decode", "score", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
     "update_critic", "update_actor", "reshard",
 )  # fmt: skip
 
@@ -246,6 +267,8 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
     for pool in placement.pools:
         for stage, seconds in pool_stages(w, placement, device, pool, kv_budget.get(pool.name, 0.0)).items():
             stages[stage] += seconds
+    # the rule reward: every controller scores every rollout (rl3d times it inside `generate`)
+    stages["score"] = w.samples * w.generations * device.fixed.score_sample_s
     stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     generation = stages["prefill"] + stages["decode"]
     total = sum(stages.values())

@@ -1,0 +1,152 @@
+"""The CPU device class: its fixed costs fitted from microbenchmark rows, and what the
+simulator charges for them. No timing: the rows are built from known costs."""
+
+import pytest
+import torch
+
+from rl3d.bench.modeled import ADAM_BYTES_PER_PARAM
+from rl3d.models.spec import get_model_spec
+from rl3d.parallel import ParallelLayout
+from rl3d.planning.calibration import KINDS, TP_KINDS, cpu_device, fit_fixed, nonnegative_lstsq
+from rl3d.planning.devices import A100, FixedCosts
+from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate
+from rl3d.planning.workload import Placement, PoolPlacement, Workload
+
+TINY = get_model_spec("tiny-llama")
+TRUE = {
+    "call_s": 3e-3, "call_layer_s": 2e-3, "micro_s": 1.5e-3, "layer_s": 1e-3,
+    "train_call_s": 5e-3, "train_call_layer_s": 4e-3, "train_micro_s": 3e-3, "train_layer_s": 2.5e-3,
+    "optim_step_s": 6e-3, "gen_call_s": 1e-3, "step_overhead_s": 4e-4, "decode_layer_s": 3e-4,
+    "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
+}  # fmt: skip
+GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
+
+
+def allreduce_s(nbytes: float) -> float:
+    return GLOO_CALL_US * 1e-6 + nbytes / (GLOO_GBPS * 1e9)
+
+
+def rows_from(costs: dict[str, float]) -> list[dict]:
+    """Rows shaped as benchmarks/simulator_microbench.py writes them, timed by `costs` exactly."""
+    rows = []
+    for layers in (1, 2):
+        for k in (1, 2, 4):
+            counts = {"call_s": 1, "call_layer_s": layers, "micro_s": k, "layer_s": k * layers}
+            rows.append({"kind": "forward", "counts": counts, "flops": 1e6 * k})
+        for k, steps in ((1, 1), (4, 1), (4, 2), (4, 4)):
+            counts = {"train_call_s": 1, "train_call_layer_s": layers, "train_micro_s": k,
+                      "train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+            rows.append({"kind": "train", "counts": counts, "flops": 3e6 * k})
+        for k in (1, 4, 8):
+            counts = {"gen_call_s": 1, "step_overhead_s": k, "decode_layer_s": (k + 1) * layers}
+            rows.append({"kind": "generate", "counts": counts, "flops": 2e5 * k})
+    rows += [{"kind": "score", "counts": {"score_sample_s": n}, "flops": 0.0} for n in (16, 8)]
+    for r in [r for r in rows if r["kind"] in ("forward", "train")]:  # the same at tensor parallelism 2
+        tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
+        k = r["counts"].get("micro_s", r["counts"].get("train_micro_s"))
+        layers = r["counts"].get("call_layer_s", r["counts"].get("train_call_layer_s"))
+        if r["kind"] == "forward":
+            tp["counts"]["tp_micro_s"] = k
+        else:
+            tp["counts"] |= {"train_tp_micro_s": k, "train_tp_step_s": r["counts"]["optim_step_s"]}
+        per_layer = 2 if r["kind"] == "forward" else 4
+        rows.append(tp | {"allreduces": k * per_layer * layers, "allreduce_bytes": 8 * 24 * 64 * 4})
+    for r in rows:
+        r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r["flops"] / (GFLOPS * 1e9)
+        r["seconds"] += r.get("allreduces", 0) * allreduce_s(r.get("allreduce_bytes", 0))
+    return rows
+
+
+def calibration(costs=TRUE) -> dict:
+    return {"matmul_gflops": GFLOPS, "copy_gbps": 10.0, "gloo_call_cpu_us": GLOO_CALL_US,
+            "gloo_gbps": GLOO_GBPS, "gather_cpu_us": 500.0, "gather_rollout_cpu_us": 900.0,
+            "rows": rows_from(costs)}  # fmt: skip
+
+
+def test_the_fit_recovers_the_costs_that_made_the_rows():
+    fitted = fit_fixed(rows_from(TRUE), GFLOPS * 1e9, allreduce_s)
+    assert set(fitted) == {c for names in (*KINDS.values(), *TP_KINDS.values()) for c in names}
+    for name, value in TRUE.items():
+        assert fitted[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
+
+
+def test_a_cost_the_rows_do_not_pay_for_is_pinned_at_zero_not_negative():
+    A = torch.tensor([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    b = torch.tensor([3.0, 2.0, 1.0])  # unconstrained: 4 - x, a negative slope
+    x = nonnegative_lstsq(A, b)
+    assert x.tolist() == pytest.approx([2.0, 0.0])  # the mean, with the slope pinned at 0
+
+
+def test_the_cpu_class_takes_the_measured_rates_and_adds_the_gather_to_every_call():
+    device = cpu_device(calibration())
+    assert device.flops == pytest.approx(GFLOPS * 1e9)
+    assert (device.train_mfu, device.prefill_mfu, device.decode_hbm_eff) == (1.0, 1.0, 1.0)
+    assert device.hbm_gbps == 10.0 and device.nvlink_gbps == GLOO_GBPS
+    assert device.step_overhead_s == pytest.approx(TRUE["step_overhead_s"])
+    assert device.fixed.call_s == pytest.approx(TRUE["call_s"] + 500e-6)
+    assert device.fixed.train_call_s == pytest.approx(TRUE["train_call_s"] + 500e-6)
+    assert device.fixed.gen_call_s == pytest.approx(TRUE["gen_call_s"] + 900e-6)  # the rollout rows' gather
+    assert device.fixed.layer_s == pytest.approx(TRUE["layer_s"])
+    # a 2-rank all-reduce costs what one gloo call costs a rank, plus its bytes at gloo's bandwidth
+    assert ring_allreduce_seconds(1e6, 2, 2, device) == pytest.approx(allreduce_s(1e6))
+    assert device.fixed.tp_micro_s == pytest.approx(TRUE["tp_micro_s"])
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda c: c.pop("gather_cpu_us"), "lacks"),
+        (
+            lambda c: c.update(rows=[r for r in c["rows"] if r["kind"] != "generate"][:-1] + c["rows"][-2:]),
+            "rows",
+        ),
+        (lambda c: c["rows"][0]["counts"].update(mystery=1), "unknown kind or costs"),
+        (lambda c: c.update(matmul_gflops=0.0), "matmul"),
+    ],
+)
+def test_a_broken_calibration_is_refused_with_what_is_wrong(change, message):
+    c = calibration()
+    change(c)
+    with pytest.raises(ValueError, match=message):
+        cpu_device(c)
+
+
+def test_negative_fixed_costs_are_refused():
+    with pytest.raises(ValueError, match="layer_s"):
+        FixedCosts(layer_s=-1.0)
+
+
+def test_the_simulator_charges_each_fixed_cost_per_its_unit():
+    device = cpu_device(calibration())
+    fixed, L = device.fixed, TINY.num_layers
+    w = Workload(actor=TINY, roles=("actor", "reference"), prompts=16, samples_per_prompt=2, prompt_len=16,
+                 response_len=8, micro_batch_size=8, mini_batch_size=16, dtype_bytes=4)  # fmt: skip
+    flops = 32 * 24 * (2 * TINY.num_params() + 4 * L * 64 * 12)  # 32 sequences of 24 tokens, context 12
+    for layout, micro in (
+        (ParallelLayout(1, 1, 1), 4),
+        (ParallelLayout(1, 1, 2), 2),
+        (ParallelLayout(1, 2, 1), 4),
+    ):
+        t = layout.t > 1  # tensor parallelism: its per-micro-batch costs and the layers' all-reduces
+        compute = flops / (layout.world_size * GFLOPS * 1e9)
+        layer_ar = t * allreduce_s(8 * 24 * 64 * 4)  # a micro-batch's activations: 8 x 24 x 64, fp32
+        fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False)
+        own = fixed.micro_s + L * fixed.layer_s + t * fixed.tp_micro_s
+        assert fwd == pytest.approx(compute + micro * (own + 2 * L * layer_ar), rel=1e-9)
+        bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True)
+        own = fixed.train_micro_s + L * fixed.train_layer_s + t * fixed.train_tp_micro_s
+        assert bwd == pytest.approx(3 * compute + micro * (own + 4 * L * layer_ar), rel=1e-9)
+        est = simulate(w, Placement(pools=(PoolPlacement("actor", layout, w.roles),)), device)
+        call = fixed.call_s + L * fixed.call_layer_s
+        assert est.stages["ref_logp"] == pytest.approx(call + fwd, rel=1e-9)
+        steps, shard = 32 // 16, TINY.num_params() / layout.t  # optimizer steps; the rank's parameters
+        grads = ring_allreduce_seconds(shard * 4, layout.d, layout.d, device)  # fp32 over the DP group
+        adam = shard * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
+        optim = fixed.optim_step_s + t * fixed.train_tp_step_s
+        train_call = fixed.train_call_s + L * fixed.train_call_layer_s
+        expected = train_call + bwd + steps * (grads + adam + optim)
+        assert est.stages["update_actor"] == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_gpu_classes_pay_no_fixed_costs():
+    assert A100.fixed == FixedCosts()
