@@ -158,17 +158,19 @@ class LoraAdapters:
                 out[peft_key(layer, n, "B")] = (a.B[n], None if a.row_parallel else 0)
         return out
 
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        """Every adapter factor, full (t=1) on the host, under PEFT's keys; collective over the
-        model's TP and PP groups (every rank gets the whole dict)."""
+    def state_dict(
+        self, of: Callable[[torch.Tensor], torch.Tensor] = torch.Tensor.detach
+    ) -> dict[str, torch.Tensor]:
+        """Every adapter factor (`of(param)`: e.g. its `main_grad` instead), full (t=1) on the host,
+        under PEFT's keys; collective over the model's TP and PP groups (every rank gets it all)."""
         t, local = self.groups.layout.t, {}
-        for key, (tensor, dim) in self.local_factors().items():
-            tensor = tensor.detach()
+        for key, (param, dim) in self.local_factors().items():
+            tensor = of(param)
             if dim is not None and t > 1:
                 parts = [torch.empty_like(tensor) for _ in range(t)]
                 dist.all_gather(parts, tensor.contiguous(), group=self.groups.tp_group)
                 tensor = torch.cat(parts, dim=dim)
-            local[key] = tensor.float().cpu()
+            local[key] = tensor.float().cpu().clone()  # a copy, never the live tensor
         if self.groups.layout.p == 1:
             return local
         stages: list[dict] = [{} for _ in range(self.groups.layout.p)]
