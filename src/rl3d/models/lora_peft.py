@@ -108,3 +108,52 @@ def merge_into_hf(
             delta = scaling * adapters[peft_key(layer, target, "B")].float() @ adapters[a_key].float()
             out[name] = (w.float() + delta).to(w.dtype)
     return out
+
+
+def checkpoint_adapters(reader: Any, spec: Any, targets: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """The adapters of a LoRA actor's dist checkpoint (`rl3d.models.export.DistCheckpointReader`:
+    each factor stacked over the layers, TP shards at their offsets) under PEFT's keys."""
+    from rl3d.models.lora import ADAPTER_SUFFIX
+
+    out = {}
+    for layer in range(spec.num_layers):
+        for target in targets:
+            linear = TARGETS[target].linear
+            for factor in ("A", "B"):
+                name = f"decoder.layers.{layer}.{linear}{ADAPTER_SUFFIX}.{factor}.{target}"
+                out[peft_key(layer, target, factor)] = reader.full(name).float()
+    return out
+
+
+class MergedReader:
+    """A reader of full Megatron tensors (`reader.full`, `reader.dtype`) whose adapted weights
+    come back merged: W + scaling * B @ A, in W's dtype (what `rl3d export --merge` writes)."""
+
+    def __init__(self, reader: Any, spec: Any, adapters: dict[str, torch.Tensor], *, scaling: float):
+        from rl3d.models.hf_mapping import tensor_maps
+
+        self.reader, self.spec, self.adapters, self.scaling = reader, spec, adapters, scaling
+        self.padded_vocab = reader.padded_vocab
+        self.maps = {m.mcore: m for m in tensor_maps(spec, reader.padded_vocab)}
+
+    def dtype(self, name: str) -> torch.dtype:
+        return self.reader.dtype(name)
+
+    def full(self, name: str) -> torch.Tensor:
+        base = self.reader.full(name)
+        tmap = self.maps.get(name)
+        if tmap is None or not name.startswith("decoder.layers.") or not name.endswith(".weight"):
+            return base  # adapters change weights only (a QKV bias stays as it is)
+        layer = int(name.split(".")[2])
+        parts = []  # each HF tensor's update, zero where it has no adapter
+        for hf_name, hf_base in zip(tmap.hf, tmap.to_hf(base)):
+            target = hf_name.split(".")[-2]  # model.layers.{i}.self_attn.q_proj.weight
+            a_key = peft_key(layer, target, "A") if target in TARGETS else None
+            if a_key in self.adapters:
+                b = self.adapters[peft_key(layer, target, "B")]
+                parts.append(self.scaling * b.float() @ self.adapters[a_key].float())
+            else:
+                parts.append(torch.zeros(hf_base.shape))
+        if all(not p.any() for p in parts):
+            return base
+        return (base.float() + tmap.to_mcore(parts)).to(base.dtype)
