@@ -77,6 +77,9 @@ def check_lora(cfg: Any, fail) -> None:
         raise fail(
             "actor.lora.dropout", f"{lora.dropout} needs actor.parallel.tp: 1 (got {cfg.actor.parallel.tp})"
         )
+    if cfg.model.dtype == "float16":
+        # the fp32 adapters train under megatron's fp32 optimizer, which has no loss scaler
+        raise fail("actor.lora", "needs model.dtype bfloat16 or float32 (float16 needs a loss scale)")
     if cfg.actor.warm_start is not None:
         raise fail("actor.lora", "does not combine with actor.warm_start (SFT trains the full model)")
     if cfg.reference_enabled and not cfg.reference.colocate:

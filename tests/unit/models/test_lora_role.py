@@ -97,3 +97,35 @@ def test_the_memory_plan_counts_the_adapters_the_model_holds_and_no_reference(ac
     a = plan["actor"]
     assert (a.grads, a.master, a.optimizer) == (4 * held, 0, 2 * 4 * held)
     assert a.params == full["actor"].params + 4 * held  # fp32 base here: its own bytes, plus the adapters
+
+
+def test_fp32_adapters_over_a_bf16_base_train_and_checkpoint(groups_1x1, tmp_path):
+    from megatron.core.optimizer.optimizer import FP32Optimizer
+
+    from rl3d.models.dist_checkpoint import save_checkpoint
+
+    cfg = load_config(RECIPE, [*ONE_RANK, *LORA, "model.dtype=bfloat16"]).config
+    spec = spec_of(cfg.model)
+    role = MegatronRole.from_config(
+        spec, groups_1x1, role="actor", model=cfg.model, seed=3, batching=cfg.actor, optim=cfg.actor.optim,
+        lora=cfg.actor.lora,
+    )  # fmt: skip
+    assert {p.dtype for p in role.lora.parameters()} == {torch.float32}
+    assert {p.dtype for p in role.unwrapped().parameters() if not p.requires_grad} >= {torch.bfloat16}
+    # every trained parameter is fp32: megatron's fp32 optimizer, no master copy
+    assert isinstance(role.optimizer.chained_optimizers[0], FP32Optimizer)
+    batch = _batch(spec)
+
+    def loss_of(output, micro):
+        logits = role.response_slice(output, micro).float()
+        return -(logits.log_softmax(-1).gather(-1, micro["responses"][..., None]).mean()), {}
+
+    before = {n: p.detach().clone() for n, p in role.unwrapped().named_parameters() if not p.requires_grad}
+    lora_before = role.lora_state_dict()
+    role.train_minibatches(batch, mini_batch_size=3, micro_batch_size=3, epochs=1, loss_of=loss_of,
+                           count_unit=lambda m: 1.0)  # fmt: skip
+    assert all(torch.equal(p, before[n]) for n, p in role.unwrapped().named_parameters() if n in before)
+    after = role.lora_state_dict()
+    assert any(not torch.equal(after[k], lora_before[k]) for k in after if "lora_B" in k)
+    save_checkpoint(tmp_path / "ckpt", ddp=role.ddp, optimizer=role.optimizer, scheduler=role.scheduler,
+                    groups=groups_1x1, iteration=1)  # fmt: skip
