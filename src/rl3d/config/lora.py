@@ -80,6 +80,9 @@ def check_lora(cfg: Any, fail) -> None:
     if cfg.model.dtype == "float16":
         # the fp32 adapters train under megatron's fp32 optimizer, which has no loss scaler
         raise fail("actor.lora", "needs model.dtype bfloat16 or float32 (float16 needs a loss scale)")
+    if cfg.actor.packing and cfg.launch.device != "cpu":
+        # packing picks Transformer Engine's layer spec on CUDA, whose linears fuse the norm
+        raise fail("actor.lora", "does not run on Transformer Engine's layer spec: set actor.packing: false")
     if cfg.actor.warm_start is not None:
         raise fail("actor.lora", "does not combine with actor.warm_start (SFT trains the full model)")
     if cfg.reference_enabled and not cfg.reference.colocate:

@@ -256,6 +256,12 @@ def attach_lora(
             )
             block_name, linear_name = linear.split(".")
             block = getattr(layer, block_name)
+            if "LayerNorm" in type(getattr(block, linear_name)).__name__:
+                # Transformer Engine fuses the norm into the linear: its input is not what the
+                # projection multiplies, so an adapter on it would see the wrong x
+                raise ValueError(
+                    f"LoRA does not run on {type(getattr(block, linear_name)).__name__} (no TE spec)"
+                )
             block.add_module(linear_name + ADAPTER_SUFFIX, adapter.to(groups.device))
             getattr(block, linear_name).register_forward_hook(_hook(adapter), with_kwargs=True)
             adapters.by_linear[(g, linear)] = adapter

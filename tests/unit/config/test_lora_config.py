@@ -41,3 +41,8 @@ def test_bad_settings_are_refused_by_key(overrides, message):
     with pytest.raises(ConfigError) as err:
         load_config(RECIPE, overrides)
     assert message in str(err.value)
+
+
+def test_packing_on_cuda_is_refused_transformer_engine_fuses_the_norm_into_the_linear():
+    with pytest.raises(ConfigError, match="actor.lora: does not run on Transformer Engine"):
+        load_config("recipes/gpu_llama2_7b_grpo.yaml", ["actor.lora.rank=8", "actor.packing=true"])
