@@ -11,7 +11,7 @@ import torch
 from test_hf_export import own_qwen2  # noqa: F401  (the fixture)
 from train_helpers import GRPO, metrics_by_step, run_train, train_env
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # 72 s at load 15
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # 36 s at load 3
 peft = pytest.importorskip("peft")
 
 LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.target_modules=[all-linear]"]
