@@ -55,6 +55,9 @@ REAL = ["gguf>=0.10", "accelerate>=1.0"]
 # `rollout.agent` hands agents an `openai.OpenAI` client pointed at the rollout's endpoint
 # (rl3d.agents). In [dev] too, so the tests drive the endpoint with the real client.
 AGENTS = ["openai>=1.40"]
+# `actor.lora` reads and writes PEFT adapter directories itself; `peft` is what users load them
+# with, and the tests check the round trip against it. In [dev] too, so CI runs them.
+LORA = ["peft>=0.13"]
 
 setup(
     name="rl3d",
@@ -86,7 +89,8 @@ setup(
         "track": TRACK,
         "real": REAL,
         "agents": AGENTS,
-        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK, *REAL, *AGENTS],
+        "lora": LORA,
+        "dev": ["pytest>=8", "pytest-timeout", "ruff>=0.5", "hypothesis>=6", *TRACK, *REAL, *AGENTS, *LORA],
     },
     entry_points={"console_scripts": ["rl3d=rl3d.cli:main"]},
     ext_modules=EXT_MODULES,

@@ -89,12 +89,25 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def _cmd_export(args: argparse.Namespace) -> int:
     from rl3d.checkpoint.export import export_run
 
+    if (args.dst is None) == (args.lora is None) or (args.merge and args.dst is None):
+        print(
+            "rl3d export: give --dst DIR (HF weights; --merge for a LoRA run) or --lora DIR", file=sys.stderr
+        )
+        return EXIT_BAD_INPUT
     try:
-        step, dst = export_run(args.run_dir, args.dst, step=args.step, max_shard_bytes=args.max_shard_size)
+        step, dst = export_run(
+            args.run_dir,
+            args.dst,
+            step=args.step,
+            max_shard_bytes=args.max_shard_size,
+            lora=args.lora,
+            merge=args.merge,
+        )
     except (ValueError, FileNotFoundError) as err:
         print(f"rl3d export: {err}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print(f"wrote HF directory {dst} from step {step} of {args.run_dir}")
+    what = "PEFT adapter directory" if args.lora else "HF directory"
+    print(f"wrote {what} {dst} from step {step} of {args.run_dir}")
     return 0
 
 
@@ -145,7 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rl3d.models.cli_convert import parse_size
 
     export.add_argument("run_dir", help="the run directory (trainer.run_dir)")
-    export.add_argument("--dst", required=True, help="output HF directory (replaced atomically)")
+    export.add_argument("--dst", help="output HF directory (replaced atomically)")
+    export.add_argument("--lora", help="a LoRA run: write its adapters as this PEFT adapter directory")
+    export.add_argument("--merge", action="store_true", help="a LoRA run: --dst gets the adapters merged in")
     export.add_argument("--step", type=int, help="the checkpoint's step (default: the newest complete one)")
     export.add_argument(
         "--max-shard-size", type=parse_size, default=5 * 10**9, help="largest safetensors file (default 5GB)"

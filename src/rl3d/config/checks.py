@@ -12,6 +12,7 @@ from rl3d.config.async_rollout import ROLLOUT_POOL, check_async_rollout
 from rl3d.config.distill import check_teacher_layout
 from rl3d.config.errors import ConfigError
 from rl3d.config.gpu import check_gpu_path
+from rl3d.config.lora import check_lora
 from rl3d.config.reward_model import check_reward_models
 from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
 from rl3d.config.schema import RL3DConfig
@@ -31,6 +32,7 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
     check_validation(cfg, fail)
     check_trackers(cfg, fail)
     check_warm_start(cfg, fail)
+    check_lora(cfg, fail)
 
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:

@@ -22,6 +22,7 @@ from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPool
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
+from rl3d.config.lora import LoraConfig
 from rl3d.config.moe import MoeConfig
 from rl3d.config.parallel import ParallelConfig
 from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
@@ -145,6 +146,7 @@ class ActorConfig(TrainedRoleConfig):
     # its own detached log-probs.
     recompute_old_logp: Literal["auto", "always", "never"] = "auto"
     warm_start: WarmStartConfig | None = None  # SFT on demonstrations before RL (rl3d.config.warm_start)
+    lora: LoraConfig | None = None  # adapters over a frozen base (rl3d.config.lora)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -42,7 +42,11 @@ class RankWorkers:
     @property
     def roles(self) -> dict[str, Any]:
         trained = {n: getattr(w, "role", None) for n, w in self.workers.items()}
-        return {n: r for n, r in trained.items() if getattr(r, "optimizer", None) is not None}
+        out: dict[str, Any] = {}
+        for n, r in trained.items():  # a LoRA actor's reference is the actor's own model: once
+            if getattr(r, "optimizer", None) is not None and all(r is not o for o in out.values()):
+                out[n] = r
+        return out
 
 
 def build_worker(role: RoleSpec, ctx: Any) -> Any:

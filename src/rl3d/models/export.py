@@ -170,12 +170,18 @@ def export_hf(
     *,
     source: str | Path | None = None,
     max_shard_bytes: int = 5 * 2**30,
+    merge_lora: dict[str, Any] | None = None,
 ) -> Path:
     """Write the model of dist checkpoint `checkpoint` (a role's directory, e.g. step_N/actor)
     as an HF directory `dst`; `source` is the HF (or rl3d Megatron) directory the run started
-    from, whose config and tokenizer files are carried over."""
+    from, whose config and tokenizer files are carried over. `merge_lora` ({"adapters": PEFT-keyed
+    tensors, "scaling": float}) merges LoRA adapters into the weights written."""
     dst = Path(dst)
     reader = DistCheckpointReader(checkpoint, spec)
+    if merge_lora is not None:
+        from rl3d.models.lora_peft import MergedReader
+
+        reader = MergedReader(reader, spec, merge_lora["adapters"], scaling=merge_lora["scaling"])
     dtype = reader.dtype(EMBEDDING)
     with atomic_output(dst) as out:
         names = write_hf_weights(reader, spec, reader.padded_vocab, out, max_shard_bytes)

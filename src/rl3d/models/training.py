@@ -53,6 +53,11 @@ def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: Any) -> Any:
         "wrap_ddp and the optimizer disagree on use_distributed_optimizer"
     )
     dtype = ddp.config.params_dtype
+    trained = [p for p in ddp.parameters() if p.requires_grad]
+    if trained and all(p.dtype == torch.float32 for p in trained):
+        # fp32 LoRA adapters over a 16-bit frozen base: they are their own masters, and megatron's
+        # 16-bit optimizer can neither checkpoint fp32 parameters nor needs a copy of them
+        dtype = torch.float32
     config = OptimizerConfig(
         optimizer="adam",
         lr=cfg.lr,

@@ -178,6 +178,8 @@ def plan_memory(cfg: RL3DConfig, device_bytes: int | None = None) -> MemoryPlan:
     for pool in pools:
         roles = []
         for name in pool.roles:
+            if name == "reference" and cfg.actor.lora is not None:
+                continue  # no model: the LoRA actor's base is the reference
             model = role_model(cfg, name) if name != ROLLOUT_POOL else None
             if model is not None:
                 roles.append(model)

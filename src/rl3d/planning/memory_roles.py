@@ -98,13 +98,26 @@ def role_train_bytes(
     coords = layout.coords(rank)
     dtype_bytes = DTYPE_BYTES[cfg.model.dtype]
     numels = stage_numels(spec, role.model_role, tp=layout.t, pp=layout.p, pp_rank=coords.pp)
-    static = static_bytes(
-        numels,
-        dtype_bytes=dtype_bytes,
-        trainable=role.trainable,
-        dp=layout.d,
-        distributed_optimizer=role.distributed_optimizer,
-    )
+    lora = cfg.actor.lora if role.name == "actor" else None
+    if lora is not None:
+        from rl3d.planning.memory_adapters import adapter_numels, lora_static_bytes
+
+        adapters = adapter_numels(spec, lora.targets, lora.rank, tp=layout.t, pp=layout.p)
+        static = lora_static_bytes(
+            numels,
+            adapters,
+            dtype_bytes=dtype_bytes,
+            dp=layout.d,
+            distributed_optimizer=role.distributed_optimizer,
+        )
+    else:
+        static = static_bytes(
+            numels,
+            dtype_bytes=dtype_bytes,
+            trainable=role.trainable,
+            dp=layout.d,
+            distributed_optimizer=role.distributed_optimizer,
+        )
     shape = micro_batch_shape(cfg, role, layout, coords.pp)
     activations = activation_bytes(
         spec,

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from rl3d.config import ModelConfig
 from rl3d.config import OptimConfig as OptimSection
+from rl3d.config.lora import LoraConfig
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
 from rl3d.models.packing import (
@@ -85,6 +86,7 @@ class MegatronRole:
         recompute: str = "none",
         offload: tuple[str, ...] = (),
         moe_overrides: dict[str, float] | None = None,
+        lora: LoraConfig | None = None,
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -115,6 +117,7 @@ class MegatronRole:
             load_weights(self.model, spec, groups, hf_path, role=role)
         elif init_from is not None:  # same initial network as the actor (critic: all but the head)
             self._copy_from(init_from)
+        self.lora = None if lora is None else self._attach_lora(lora, seed)
         self.trainable = optim is not None
         # fp16's loss scaler skips its first steps by design; bf16/fp32 have no scaler
         self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
@@ -156,6 +159,7 @@ class MegatronRole:
         total_steps: int = 1,
         hf_path: str | None = None,
         init_from: MegatronRole | None = None,
+        lora: LoraConfig | None = None,
     ) -> MegatronRole:
         """A role built from its recipe sections, the one way every worker and job builds one.
 
@@ -164,7 +168,8 @@ class MegatronRole:
         `max_tokens_per_micro_batch`, `offload` where it has one and `recompute` where the role
         trains; `optim` (with `total_steps` for its schedule) makes the role trainable, None
         keeps it forward-only.
-        `hf_path` and `init_from` say where the weights start (see `__init__`)."""
+        `hf_path` and `init_from` say where the weights start (see `__init__`); `lora` (the
+        actor's `actor.lora`) freezes them and trains adapters instead."""
         return cls(
             spec,
             groups,
@@ -180,7 +185,41 @@ class MegatronRole:
             recompute=getattr(batching, "recompute", "none"),  # trained roles' sections only
             offload=tuple(getattr(batching, "offload", ())),  # not on reward-model sections
             moe_overrides=moe.transformer_overrides() if (moe := getattr(batching, "moe", None)) else None,
+            lora=lora,
         )
+
+    def _attach_lora(self, lora: LoraConfig, seed: int):
+        """Freeze the base and add `lora`'s adapters (from its PEFT directory when `init` names
+        one); before DDP, so that only the adapters get gradient buffers and optimizer states."""
+        from rl3d.models.lora import attach_lora
+
+        adapters = attach_lora(
+            self.model,
+            self.spec,
+            self.groups,
+            rank=lora.rank,
+            alpha=lora.alpha,
+            targets=lora.targets,
+            dropout=lora.dropout,
+            use_rslora=lora.use_rslora,
+            seed=seed,
+        )
+        if lora.init is not None:
+            from rl3d.models.lora_peft import load_peft_adapter
+
+            adapters.load_state_dict(load_peft_adapter(lora.init, lora), source=lora.init)
+        return adapters
+
+    def adapters_disabled(self) -> contextlib.AbstractContextManager:
+        """While open, a LoRA model computes its frozen base (the reference policy)."""
+        return contextlib.nullcontext() if self.lora is None else self.lora.disabled()
+
+    def lora_state_dict(self) -> dict[str, torch.Tensor]:
+        """The adapters as full fp32 host tensors under PEFT's keys (`rl3d.models.lora_names`),
+        gathered over TP and PP: every rank of the model gets them all (collective)."""
+        assert self.lora is not None, f"{self.role} has no LoRA adapters"
+        self.resident()
+        return self.lora.state_dict()
 
     def unwrapped(self) -> torch.nn.Module:
         return unwrap_model(self.ddp)
@@ -433,9 +472,14 @@ class MegatronRole:
         """`global_shards` in the model's dtype, what a transition moves: the generation engine
         runs in one dtype, and megatron's local spec keeps the norms of a bf16 model in fp32
         without Transformer Engine or apex; those few are cast (copies), the rest are the very
-        training tensors."""
+        training tensors. With LoRA the adapted weights are merged copies (base + scale * B @ A,
+        summed in fp32), so every engine generates with the adapted policy."""
         dtype = self.params_dtype
-        return {g: t if t.dtype == dtype else t.to(dtype) for g, t in self.global_shards().items()}
+        shards = self.global_shards()
+        if self.lora is not None:  # the engines get the adapted weights: base + scale * B @ A
+            for g, delta in self.lora.merged_deltas().items():
+                shards[g] = (shards[g].float() + delta).to(dtype)
+        return {g: t if t.dtype == dtype else t.to(dtype) for g, t in shards.items()}
 
     def _shards_by_global(self) -> dict[str, torch.Tensor]:
         layout = self.groups.layout

@@ -142,6 +142,7 @@ class ActorRolloutWorker(_LogProbMixin):
             optim=cfg.actor.optim,
             total_steps=cfg.trainer.total_steps,
             hf_path=cfg.model.hf_path,
+            lora=cfg.actor.lora,
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
         he = cfg.hybrid_engine
@@ -173,7 +174,7 @@ class ActorRolloutWorker(_LogProbMixin):
         from rl3d.rollout import build_rollout_engine
 
         cfg = self.cfg
-        self.offloading = [self.role, *colocated]
+        self.offloading = [self.role, *(r for r in colocated if r is not self.role)]  # LoRA's reference
         self.engine = build_rollout_engine(
             cfg.rollout,
             spec=self.spec,
@@ -352,11 +353,16 @@ class CriticWorker:
 
 class ReferenceWorker(_LogProbMixin):
     """The frozen initial policy: `model.hf_path`, else a copy of `init_from` (the colocated
-    actor) or the weights at `init_path` (own pool)."""
+    actor) or the weights at `init_path` (own pool). With `actor.lora` it builds no model: the
+    colocated actor's frozen base, its adapters switched off, is the reference."""
 
     def __init__(self, ctx: RoleContext):
         cfg, spec, groups = ctx.cfg, ctx.spec, ctx.groups
         self.cfg, self.spec, self.groups = cfg, spec, groups
+        if cfg.actor.lora is not None:
+            assert ctx.init_from is not None, "actor.lora's reference is the colocated actor (config checks)"
+            self.role = ctx.init_from
+            return
         warmed = cfg.actor.warm_start is not None  # then the actor's SFT'd weights, never hf_path's
         path = ctx.init_path if warmed else cfg.model.hf_path or ctx.init_path
         self.role = MegatronRole.from_config(
@@ -380,7 +386,8 @@ class ReferenceWorker(_LogProbMixin):
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch | None:
-        return self._forward_logprobs(self.role, batch, self.cfg.actor.micro_batch_size, "ref_logp")
+        with self.role.adapters_disabled():
+            return self._forward_logprobs(self.role, batch, self.cfg.actor.micro_batch_size, "ref_logp")
 
 
 class RewardWorker:

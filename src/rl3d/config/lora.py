@@ -1,0 +1,93 @@
+"""`actor.lora`: low-rank adapters on the megatron actor, over a frozen base.
+
+    actor:
+      lora:
+        rank: 8
+        alpha: 16               # scaling = alpha / rank (rsLoRA: alpha / sqrt(rank))
+        dropout: 0.0            # on the adapters' input, in training forwards only
+        target_modules: [q_proj, k_proj, v_proj, o_proj]   # or all-linear
+        init: null              # a PEFT adapter directory to start from (else A random, B zero)
+        use_rslora: false
+
+The base weights stay frozen (no gradients, no optimizer state); only the adapters train, in
+fp32 whatever `model.dtype`. With a reference enabled, the reference log-probs come from the
+actor with its adapters switched off: no reference model is built. Off by default (`null`).
+See docs/lora.md.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rl3d.config.errors import FieldError
+from rl3d.models.lora_names import ALL_LINEAR, LORA_TARGETS, resolve_targets, scaling_of
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR])
+    init: str | None = None  # a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)
+    use_rslora: bool = False
+
+    def __post_init__(self) -> None:
+        if self.rank <= 0:
+            raise FieldError("rank", f"must be > 0, got {self.rank}")
+        if self.alpha <= 0:
+            raise FieldError("alpha", f"must be > 0, got {self.alpha}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise FieldError("dropout", f"must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise FieldError(
+                "target_modules", f"name at least one of {', '.join(LORA_TARGETS)} or {ALL_LINEAR}"
+            )
+        for name in self.target_modules:
+            if name != ALL_LINEAR and name not in LORA_TARGETS:
+                close = difflib.get_close_matches(name, [*LORA_TARGETS, ALL_LINEAR], n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise FieldError(
+                    "target_modules",
+                    f"unknown module {name!r}{hint}; known: {', '.join(LORA_TARGETS)}, {ALL_LINEAR}",
+                )
+        if self.init is not None and not Path(self.init).is_dir():
+            raise FieldError("init", f"no such PEFT adapter directory: {self.init!r}")
+
+    @property
+    def targets(self) -> tuple[str, ...]:
+        """The HF projection names adapted, in forward order."""
+        return resolve_targets(self.target_modules)
+
+    @property
+    def scaling(self) -> float:
+        return scaling_of(self.rank, self.alpha, self.use_rslora)
+
+
+def check_lora(cfg: Any, fail) -> None:
+    """Cross-section checks of `actor.lora`."""
+    lora = cfg.actor.lora
+    if lora is None:
+        return
+    if lora.dropout > 0 and cfg.actor.parallel.tp > 1:
+        # the column-parallel adapters' A is replicated over TP: each rank would draw its own mask
+        raise fail(
+            "actor.lora.dropout", f"{lora.dropout} needs actor.parallel.tp: 1 (got {cfg.actor.parallel.tp})"
+        )
+    if cfg.model.dtype == "float16":
+        # the fp32 adapters train under megatron's fp32 optimizer, which has no loss scaler
+        raise fail("actor.lora", "needs model.dtype bfloat16 or float32 (float16 needs a loss scale)")
+    if cfg.actor.packing and cfg.launch.device != "cpu":
+        # packing picks Transformer Engine's layer spec on CUDA, whose linears fuse the norm
+        raise fail("actor.lora", "does not run on Transformer Engine's layer spec: set actor.packing: false")
+    if cfg.actor.warm_start is not None:
+        raise fail("actor.lora", "does not combine with actor.warm_start (SFT trains the full model)")
+    if cfg.reference_enabled and not cfg.reference.colocate:
+        raise fail(
+            "reference.colocate",
+            "false builds a reference model in its own pool; with actor.lora the reference is the "
+            "actor's base (adapters off): set reference.colocate: true",
+        )

@@ -1,0 +1,48 @@
+"""`actor.lora`: off by default; its keys checked where they are set, each error naming the key."""
+
+import pytest
+
+from rl3d.config import load_config
+from rl3d.config.errors import ConfigError
+
+RECIPE = "recipes/quickstart_cpu_grpo.yaml"
+
+
+def test_off_by_default_and_all_linear_resolves_in_forward_order():
+    assert load_config(RECIPE, []).config.actor.lora is None
+    lora = load_config(RECIPE, ["actor.lora.rank=4", "actor.lora.alpha=8"]).config.actor.lora
+    assert lora.targets == ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    assert lora.scaling == 2.0
+    rs = load_config(RECIPE, ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.use_rslora=true"])
+    assert rs.config.actor.lora.scaling == 4.0
+    picked = load_config(RECIPE, ["actor.lora.target_modules=[v_proj,q_proj]"]).config.actor.lora
+    assert picked.targets == ("q_proj", "v_proj")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["actor.lora.rank=0"], "actor.lora.rank: must be > 0"),
+        (
+            ["actor.lora.target_modules=[qproj]"],
+            "actor.lora.target_modules: unknown module 'qproj' (did you mean 'q_proj'?)",
+        ),
+        (["actor.lora.target_modules=[]"], "actor.lora.target_modules: name at least one"),
+        (["actor.lora.init=/no/such/adapter"], "actor.lora.init: no such PEFT adapter directory"),
+        (["actor.lora.dropout=0.1"], "actor.lora.dropout: 0.1 needs actor.parallel.tp: 1"),
+        (["actor.lora.rank=8", "model.dtype=float16"], "actor.lora: needs model.dtype bfloat16 or float32"),
+        (
+            ["actor.lora.rank=8", "reference.colocate=false", "launch.nproc_per_node=3"],
+            "reference.colocate: false builds a reference model",
+        ),
+    ],
+)
+def test_bad_settings_are_refused_by_key(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(RECIPE, overrides)
+    assert message in str(err.value)
+
+
+def test_packing_on_cuda_is_refused_transformer_engine_fuses_the_norm_into_the_linear():
+    with pytest.raises(ConfigError, match="actor.lora: does not run on Transformer Engine"):
+        load_config("recipes/gpu_llama2_7b_grpo.yaml", ["actor.lora.rank=8", "actor.packing=true"])
