@@ -8,11 +8,19 @@
         target_modules: [q_proj, k_proj, v_proj, o_proj]   # or all-linear
         init: null              # a PEFT adapter directory to start from (else A random, B zero)
         use_rslora: false
+        transition: auto        # adapters | merged | auto
+        engine_mode: merge      # merge | apply: how the torch engine uses the adapters it receives
 
 The base weights stay frozen (no gradients, no optimizer state); only the adapters train, in
 fp32 whatever `model.dtype`. With a reference enabled, the reference log-probs come from the
 actor with its adapters switched off: no reference model is built. Off by default (`null`).
-See docs/lora.md.
+
+`transition`: `adapters` resharding the base into the torch engine once and then moving only the
+adapters each step (the 3D-HybridEngine plans and moves them as parameters of their own; the engine
+merges them into its own copy of the base, or applies them beside it: `engine_mode`); `merged`
+moving base + scale * B @ A every step, as for a full model (what SGLang and a separate rollout
+pool get); `auto` takes `adapters` where it runs (the colocated torch engine) and `merged`
+elsewhere. See docs/lora.md.
 """
 
 from __future__ import annotations
@@ -20,7 +28,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rl3d.config.errors import FieldError
 from rl3d.models.lora_names import ALL_LINEAR, LORA_TARGETS, resolve_targets, scaling_of
@@ -34,6 +42,8 @@ class LoraConfig:
     target_modules: list[str] = field(default_factory=lambda: [ALL_LINEAR])
     init: str | None = None  # a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)
     use_rslora: bool = False
+    transition: Literal["auto", "adapters", "merged"] = "auto"
+    engine_mode: Literal["merge", "apply"] = "merge"
 
     def __post_init__(self) -> None:
         if self.rank <= 0:
@@ -67,11 +77,31 @@ class LoraConfig:
         return scaling_of(self.rank, self.alpha, self.use_rslora)
 
 
+def adapter_transition(cfg: Any) -> bool:
+    """Whether a run with `actor.lora` moves only the adapters to its rollout engine (see the
+    module's docstring for `transition`)."""
+    lora = cfg.actor.lora
+    if lora is None or lora.transition == "merged":
+        return False
+    return not _adapters_refused(cfg)
+
+
+def _adapters_refused(cfg: Any) -> str | None:
+    """Why this run's engine cannot keep the base and take only adapters (None: it can)."""
+    if cfg.rollout.engine != "torch":
+        return f"rollout.engine {cfg.rollout.engine!r} gets merged weights (the torch engine takes adapters)"
+    if cfg.rollout.placement != "colocated":
+        return "a separate rollout pool gets merged weights (rollout.placement: separate)"
+    return None
+
+
 def check_lora(cfg: Any, fail) -> None:
     """Cross-section checks of `actor.lora`."""
     lora = cfg.actor.lora
     if lora is None:
         return
+    if lora.transition == "adapters" and (why := _adapters_refused(cfg)):
+        raise fail("actor.lora.transition", f"'adapters' does not run here: {why}; use auto or merged")
     if lora.dropout > 0 and cfg.actor.parallel.tp > 1:
         # the column-parallel adapters' A is replicated over TP: each rank would draw its own mask
         raise fail(

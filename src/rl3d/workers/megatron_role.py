@@ -214,6 +214,13 @@ class MegatronRole:
         """While open, a LoRA model computes its frozen base (the reference policy)."""
         return contextlib.nullcontext() if self.lora is None else self.lora.disabled()
 
+    def adapter_shards(self) -> dict[str, torch.Tensor]:
+        """This rank's adapter factors under PEFT's keys, split over TP as the actor trains them
+        (what `rl3d.hybrid_engine.lora_plan.lora_params` plans): the very fp32 tensors, detached."""
+        assert self.lora is not None, f"{self.role} has no LoRA adapters"
+        self.resident()
+        return {key: param.detach() for key, (param, _) in self.lora.local_factors().items()}
+
     def lora_state_dict(self) -> dict[str, torch.Tensor]:
         """The adapters as full fp32 host tensors under PEFT's keys (`rl3d.models.lora_names`),
         gathered over TP and PP: every rank of the model gets them all (collective)."""
@@ -468,15 +475,16 @@ class MegatronRole:
         self.resident()
         return self._shards_by_global()
 
-    def transition_shards(self) -> dict[str, torch.Tensor]:
+    def transition_shards(self, *, merged: bool = True) -> dict[str, torch.Tensor]:
         """`global_shards` in the model's dtype, what a transition moves: the generation engine
         runs in one dtype, and megatron's local spec keeps the norms of a bf16 model in fp32
         without Transformer Engine or apex; those few are cast (copies), the rest are the very
-        training tensors. With LoRA the adapted weights are merged copies (base + scale * B @ A,
-        summed in fp32), so every engine generates with the adapted policy."""
+        training tensors. With LoRA and `merged` the adapted weights are merged copies (base +
+        scale * B @ A, summed in fp32), so an engine without adapters generates with the adapted
+        policy; without `merged`, the frozen base (an engine that takes `adapter_shards`)."""
         dtype = self.params_dtype
         shards = self.global_shards()
-        if self.lora is not None:  # the engines get the adapted weights: base + scale * B @ A
+        if self.lora is not None and merged:  # the adapted weights: base + scale * B @ A
             for g, delta in self.lora.merged_deltas().items():
                 shards[g] = (shards[g].float() + delta).to(dtype)
         return {g: t if t.dtype == dtype else t.to(dtype) for g, t in shards.items()}

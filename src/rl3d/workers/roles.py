@@ -12,6 +12,7 @@ import torch
 
 from rl3d import algos
 from rl3d.config import ReferenceConfig, RL3DConfig
+from rl3d.config.lora import adapter_transition
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
@@ -160,6 +161,20 @@ class ActorRolloutWorker(_LogProbMixin):
             device=groups.device,
             kernel_backend=he.kernel_backend,
         )
+        # LoRA whose engine keeps the base: the base moves once, the adapters every step
+        self.adapter_resharder = None
+        if adapter_transition(cfg):
+            from rl3d.hybrid_engine.lora_plan import lora_params
+
+            lora = cfg.actor.lora
+            self.adapter_resharder = Resharder(
+                spec,
+                self.hybrid_groups,
+                params=lora_params(spec, lora.rank, lora.targets),
+                dtype=torch.float32,  # the adapters train in fp32 whatever the model's dtype
+                device=groups.device,
+                verify=he.verify,
+            )
         self.pad_token_id, self.tokenizer = pad_token_id, ctx.tokenizer
         self.engine, self.generation = None, None  # launched by start_engine
         self.offloading: list[MegatronRole] = [self.role]
@@ -185,6 +200,7 @@ class ActorRolloutWorker(_LogProbMixin):
             device=self.groups.device,
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
+            lora_mode=cfg.actor.lora.engine_mode if self.adapter_resharder is not None else None,
         )
         # single- or multi-turn (rollout.multi_turn), as a separate rollout pool generates
         self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)
@@ -204,6 +220,8 @@ class ActorRolloutWorker(_LogProbMixin):
             )
         if self.engine is None:
             self.start_engine([])
+        if self.adapter_resharder is not None:
+            return self._reshard_adapters()
         self.release_generation()  # the previous policy's KV cache and buffer, if still held
         self.weights = self.resharder.to_generation(self.role.transition_shards())
         self.engine.load_weights(self.weights)
@@ -213,6 +231,23 @@ class ActorRolloutWorker(_LogProbMixin):
         if getattr(self.engine, "holds_weights", False):
             self.weights.release()
             self.weights = None
+        return metrics
+
+    def _reshard_adapters(self) -> dict[str, float]:
+        """LoRA, the engine keeping the base: the frozen base is resharded once, at the first
+        publish, and kept (the generation buffer is not released between steps); every publish
+        moves only the adapters, and `reshard/*` count them."""
+        self.release_generation()  # the engine's KV cache (the base buffer stays)
+        if self.weights is None:
+            self.weights = self.resharder.to_generation(self.role.transition_shards(merged=False))
+            base = self.resharder.last_stats
+            logger.info("LoRA: the base moved once to the engine: %d bytes received", base.recv_bytes)
+        self.engine.load_weights(self.weights)  # in place: no copy unless rollout.dtype differs
+        adapters = self.adapter_resharder.to_generation(self.role.adapter_shards())
+        self.engine.load_lora(adapters, self.cfg.actor.lora)  # apply mode may read them in place
+        metrics = self.adapter_resharder.last_stats.metrics()
+        # the engine's own copies: a cast base (rollout.dtype), the merged weights (merge mode)
+        metrics["reshard/peak_bytes"] += self.engine.weight_copy_bytes + self.engine.lora.copy_bytes
         return metrics
 
     def _enter_generation(self) -> None:
@@ -243,7 +278,7 @@ class ActorRolloutWorker(_LogProbMixin):
         """After rollout: drop the generation buffer and the engine's memory. Nothing is copied
         back: the training weights are the source of truth; offloaded tensors come back when a
         role next uses them."""
-        if self.weights is not None:
+        if self.weights is not None and self.adapter_resharder is None:  # LoRA keeps its base
             self.weights.release()
         if self.engine is not None:
             self.engine.release_memory()

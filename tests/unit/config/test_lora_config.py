@@ -46,3 +46,20 @@ def test_bad_settings_are_refused_by_key(overrides, message):
 def test_packing_on_cuda_is_refused_transformer_engine_fuses_the_norm_into_the_linear():
     with pytest.raises(ConfigError, match="actor.lora: does not run on Transformer Engine"):
         load_config("recipes/gpu_llama2_7b_grpo.yaml", ["actor.lora.rank=8", "actor.packing=true"])
+
+
+def test_adapter_transition_where_the_engine_keeps_the_base():
+    """`auto` moves only adapters to the colocated torch engine, merged weights elsewhere;
+    `adapters` where it cannot run is refused by key."""
+    from rl3d.config.lora import adapter_transition
+
+    assert adapter_transition(load_config(RECIPE, ["actor.lora.rank=4"]).config)
+    assert not adapter_transition(load_config(RECIPE, []).config)  # no LoRA
+    merged = ["actor.lora.rank=4", "actor.lora.transition=merged"]
+    assert not adapter_transition(load_config(RECIPE, merged).config)
+    pool = "recipes/quickstart_cpu_grpo_async.yaml"  # a separate rollout pool
+    assert not adapter_transition(load_config(pool, ["actor.lora.rank=4"]).config)
+    with pytest.raises(ConfigError, match="'adapters' does not run here: a separate rollout pool"):
+        load_config(pool, ["actor.lora.rank=4", "actor.lora.transition=adapters"])
+    with pytest.raises(ConfigError, match="actor.lora.engine_mode"):
+        load_config(RECIPE, ["actor.lora.engine_mode=fuse"])
