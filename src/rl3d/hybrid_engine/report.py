@@ -8,6 +8,7 @@ from typing import Any
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
 from rl3d.hybrid_engine.lora_plan import LoraTransition, format_lora, plan_lora_transition
+from rl3d.hybrid_engine.moe_plan import format_moe, plan_moe_split
 from rl3d.hybrid_engine.plan import TransitionPlan, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.lora_names import LORA_TARGETS
@@ -203,10 +204,14 @@ def run_plan(args: argparse.Namespace, config: Any = None) -> str:
     strategies = tuple(args.strategy) if args.strategy else None
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
     lora = _lora_transition(args, config, spec, train, t_g, p_g, dtype)
+    moe = plan_moe_split(spec, train, t_g, p_g, dtype=dtype) if spec.is_moe else None
     if args.json:
-        return json.dumps(plan.to_json() | ({"lora": lora.summary()} if lora else {}))
-    text = format_plan(plan, engine)
-    return text if lora is None else f"{text}\n\n{format_lora(lora)}"
+        extra = ({"lora": lora.summary()} if lora else {}) | ({"moe": moe} if moe else {})
+        return json.dumps(plan.to_json() | extra)
+    sections = [format_plan(plan, engine)]
+    sections += [format_lora(lora)] if lora is not None else []
+    sections += [format_moe(moe)] if moe is not None else []
+    return "\n\n".join(sections)
 
 
 def _lora_transition(args, config, spec, train, t_g, p_g, dtype) -> LoraTransition | None:
