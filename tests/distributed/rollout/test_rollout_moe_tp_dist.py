@@ -39,7 +39,9 @@ def worker(rank, world, models):
         spec, _, full = tiny_hf_model(name)
         engines = {
             1: TorchRolloutEngine(spec, full, record_routing=True),
-            2: TorchRolloutEngine(spec, tp_shard(full, 2, rank), group=dist.group.WORLD, record_routing=True),
+            2: TorchRolloutEngine(
+                spec, tp_shard(spec, full, 2, rank), group=dist.group.WORLD, record_routing=True
+            ),
         }
         for key, params in settings.items():
             for t_g, engine in engines.items():

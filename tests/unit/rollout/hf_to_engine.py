@@ -107,18 +107,12 @@ def _fc1(hf: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
     return torch.cat([hf[prefix + "gate_proj.weight"], hf[prefix + "up_proj.weight"]])
 
 
-def shard_kind(name: str) -> ShardKind:
-    """How generation TP splits the megatron tensor `name`."""
-    if name.endswith(("word_embeddings.weight", "output_layer.weight")):
-        return ShardKind.VOCAB
-    if "linear_qkv" in name:
-        return ShardKind.QKV
-    if name.endswith("linear_fc1.weight"):
-        return ShardKind.SWIGLU_FC1
-    if name.endswith(("linear_fc2.weight", "linear_proj.weight")):
-        return ShardKind.ROW
-    return ShardKind.REPLICATED  # norms, the router, the shared expert's gate
+def shard_kind(spec: ModelSpec, name: str) -> ShardKind:
+    """How generation TP splits the megatron tensor `name` (the model inventory's kind)."""
+    return P.megatron_param_kinds(spec)[name]
 
 
-def tp_shard(tensors: dict[str, torch.Tensor], tp: int, rank: int) -> dict[str, torch.Tensor]:
-    return {n: shard_for_tp(t, shard_kind(n), tp, rank).clone() for n, t in tensors.items()}
+def tp_shard(
+    spec: ModelSpec, tensors: dict[str, torch.Tensor], tp: int, rank: int
+) -> dict[str, torch.Tensor]:
+    return {n: shard_for_tp(t, shard_kind(spec, n), tp, rank).clone() for n, t in tensors.items()}

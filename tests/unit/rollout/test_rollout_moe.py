@@ -121,7 +121,7 @@ def test_training_tp_pieces_equal_whole_tensors(name):
     from rl3d.hybrid_engine.weights import GenerationWeights
 
     spec, _, tensors = tiny_hf_model(name)
-    shards = [tp_shard(tensors, 2, r) for r in range(2)]
+    shards = [tp_shard(spec, tensors, 2, r) for r in range(2)]
     pieces = {n: [shards[0][n], shards[1][n]] for n in tensors}
     weights = GenerationWeights(spec=spec, params={}, train_tp=2, gen_tp=1, gen_tp_rank=0, pieces=pieces)
     params = SamplingParams(max_new_tokens=8, n=2, seed=5)

@@ -28,7 +28,7 @@ def adapter_state(name, tp=2):
     spec, model, full = tiny_hf_model(name)
     state = {}
     for mname, t in full.items():
-        shards = [shard_for_tp(t, shard_kind(mname), tp, r) for r in range(tp)]
+        shards = [shard_for_tp(t, shard_kind(spec, mname), tp, r) for r in range(tp)]
         for hf_name, hf_t in megatron_to_hf(spec, mname, shards):
             assert hf_name not in state
             state[hf_name] = hf_t
