@@ -43,7 +43,8 @@ def main() -> None:
         completions = server.sessions.close("s")
     alternatives = [(t.token, round(t.logprob, 3)) for t in first.logprobs.content[0].top_logprobs]
     print(f"turn 1: {first.message.content!r} ({first.finish_reason}); first token's top 3: {alternatives}")
-    print(f"turn 2: {second.choices[0].message.content!r} ({second.choices[0].finish_reason}); {seconds:.1f} s")
+    reply = second.choices[0]
+    print(f"turn 2: {reply.message.content!r} ({reply.finish_reason}); {seconds:.1f} s")
     gap = max(
         float((torch.tensor(c.logprobs) - hf_logprobs(model, c.prompt_ids, c.response_ids)).abs().max())
         for c in completions
