@@ -23,6 +23,12 @@ PROMPT_WIDTH = "prompt_width"
 # batch-level info of a step's batch with more rows than its nominal samples (prompts x n; an
 # agent's extra rows, padded by `rl3d.controller.rows`): mini-batches scale with it
 NOMINAL_ROWS = "nominal_rows"
+# per-sample fields of a mixture of experts' routing replay (`rl3d.models.routing_replay`): the
+# experts of every token [B, T, layers, top_k] aligned with input_ids, and how many decisions
+# (token x layer) of a sample the trainer's own router made otherwise than that record
+ROUTING = "routing"
+ROUTING_DIFFER = "routing_differ"
+ROUTING_DECISIONS = "routing_decisions"
 
 
 def mini_batch_rows(mini_batch_size: int, info: dict[str, Any], rows: int) -> int:

@@ -33,19 +33,14 @@ from rl3d.config import OptimConfig as OptimSection
 from rl3d.config.lora import LoraConfig
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
-from rl3d.models.packing import (
-    PACKED,
-    pack_rows,
-    packed_micro_batches,
-    packed_model_inputs,
-    per_sequence_rope,
-    unpack_response,
-)
+from rl3d.models.packing import PACKED
 from rl3d.models.params import OUTPUT_LAYER, local_param
+from rl3d.models.routing_replay import RoutingReplay
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
-from rl3d.single_controller.batch import DataBatch, mini_batch_rows
+from rl3d.single_controller.batch import ROUTING, DataBatch, mini_batch_rows
 from rl3d.utils.dtypes import torch_dtype
+from rl3d.workers.micro_batches import MicroBatching
 
 logger = logging.getLogger(__name__)
 # A metric row's weight in the step's mean (packed micro-batches differ in size, so their rows
@@ -54,20 +49,7 @@ METRIC_WEIGHT = "_weight"
 MAX_FP16_SKIPS = 40  # from 2^32, halving per overflow reaches a usable loss scale well within this
 
 
-def attention_mask_4d(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """[B, T] (1 = real token) -> megatron's [B, 1, T, T] bool mask (True = masked out)."""
-    T = attention_mask_BT.shape[1]
-    causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=attention_mask_BT.device), diagonal=1)
-    key_pad = ~attention_mask_BT.bool()[:, None, None, :]
-    return causal[None, None] | key_pad
-
-
-def position_ids_of(attention_mask_BT: torch.Tensor) -> torch.Tensor:
-    """Positions count real tokens only, so a left-padded prompt starts at position 0."""
-    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
-
-
-class MegatronRole:
+class MegatronRole(MicroBatching):
     def __init__(
         self,
         spec: ModelSpec,
@@ -87,6 +69,7 @@ class MegatronRole:
         offload: tuple[str, ...] = (),
         moe_overrides: dict[str, float] | None = None,
         lora: LoraConfig | None = None,
+        routing_replay: bool = False,
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -110,6 +93,8 @@ class MegatronRole:
             spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
         )
         self.te = packing and use_transformer_engine(groups.device, packed=True)
+        # forwards route by a batch's `routing` record, or record their own (algorithm.routing_replay)
+        self.replay = RoutingReplay(self.model, spec, groups) if routing_replay else None
         self.ddp = self.model  # wrapped below when trained
         if hf_path:
             from rl3d.models.weights import load_weights
@@ -160,6 +145,7 @@ class MegatronRole:
         hf_path: str | None = None,
         init_from: MegatronRole | None = None,
         lora: LoraConfig | None = None,
+        routing_replay: bool = False,
     ) -> MegatronRole:
         """A role built from its recipe sections, the one way every worker and job builds one.
 
@@ -169,7 +155,8 @@ class MegatronRole:
         trains; `optim` (with `total_steps` for its schedule) makes the role trainable, None
         keeps it forward-only.
         `hf_path` and `init_from` say where the weights start (see `__init__`); `lora` (the
-        actor's `actor.lora`) freezes them and trains adapters instead."""
+        actor's `actor.lora`) freezes them and trains adapters instead; `routing_replay` makes a
+        mixture of experts' forwards replay a batch's routing record (`rl3d.models.routing_replay`)."""
         return cls(
             spec,
             groups,
@@ -186,6 +173,7 @@ class MegatronRole:
             offload=tuple(getattr(batching, "offload", ())),  # not on reward-model sections
             moe_overrides=moe.transformer_overrides() if (moe := getattr(batching, "moe", None)) else None,
             lora=lora,
+            routing_replay=routing_replay,
         )
 
     def _attach_lora(self, lora: LoraConfig, seed: int):
@@ -260,105 +248,20 @@ class MegatronRole:
                 )
 
     # -- forward -------------------------------------------------------------------------------
-    def _microbatches(
-        self, batch: DataBatch, micro_batch_size: int
-    ) -> tuple[list[DataBatch], list[int] | None]:
-        """Micro-batches on this rank's device (the controller's batches live on the host), and
-        the sample order they hold when packing regrouped the samples by tokens (else None)."""
-        order = None
-        if self.packing:
-            lengths = batch["attention_mask"].sum(1).tolist()
-            key = f"{self.role}.max_tokens_per_micro_batch"
-            groups = packed_micro_batches(
-                lengths, micro_batch_size=min(micro_batch_size, len(batch)), budget=self.max_tokens, key=key
-            )
-            order = [i for g in groups for i in g]
-            chunks = [batch.select(g) for g in groups]
-        else:
-            chunks = batch.chunks_of(min(micro_batch_size, len(batch)))
-        micro = [m.to(self.groups.device) for m in chunks]
-        if self.packing:
-            micro = [self._packed(m) for m in micro]
-        if order is not None and order == sorted(order):
-            order = None  # the batch's own order
-        return micro, order
-
-    @staticmethod
-    def _packed(micro: DataBatch) -> DataBatch:
-        R = micro["response_mask"].shape[1]
-        row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R)
-        return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
-
-    @staticmethod
-    def _schedule_shape(micro: list[DataBatch]) -> dict[str, int]:
-        """seq_length and micro_batch_size for megatron's schedule (with packing, PP stages
-        exchange each micro-batch's shape: `variable_seq_lengths`)."""
-        if PACKED in micro[0].info:
-            return {"seq_length": max(m.info[PACKED].num_tokens for m in micro), "micro_batch_size": 1}
-        return {"seq_length": micro[0]["input_ids"].shape[1], "micro_batch_size": len(micro[0])}
-
-    def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
-        def step(micro: DataBatch, chunk: Any):
-            row = micro.info.get(PACKED)
-            if row is None:
-                mask = micro["attention_mask"]
-                T, R = mask.shape[1], micro["response_mask"].shape[1] if "response_mask" in micro else 0
-                cut = self._output_positions(T - R - 1, T - 1) if self.response_outputs and R else None
-                with cut or contextlib.nullcontext():
-                    out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
-            else:
-                args, kwargs = packed_model_inputs(row, te=self.te)
-                rope = contextlib.nullcontext() if self.te else per_sequence_rope(self.unwrapped(), row)
-                with rope:
-                    out = chunk(*args, **kwargs)
-
-            def loss_func(output: torch.Tensor):
-                return extract(output, micro)
-
-            return out, loss_func
-
-        return step
-
-    @contextlib.contextmanager
-    def _output_positions(self, start: int, stop: int):
-        """While open, the output layer sees only sequence positions [start, stop) of its input
-        (megatron's hidden states are [S, B, H]). Not with sequence parallelism, whose hidden
-        states are split along S, nor on stages without the output layer."""
-        layer = getattr(self.unwrapped(), "output_layer", None)
-        if layer is None or getattr(layer, "sequence_parallel", False):
-            yield
-            return
-
-        def keep(_module, args, kwargs):
-            return (args[0][start:stop], *args[1:]), kwargs
-
-        handle = layer.register_forward_pre_hook(keep, with_kwargs=True)
-        try:
-            yield
-        finally:
-            handle.remove()
-
-    def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
-        """[B, R, ...]: the outputs that predict (or value) the response tokens."""
-        if PACKED in micro.info:
-            return unpack_response(output, micro.info[PACKED])
-        R = micro["response_mask"].shape[1]
-        T = micro["input_ids"].shape[1]
-        if output.shape[1] == R:  # the output layer ran on those positions only
-            return output
-        return output[:, T - R - 1 : T - 1]
-
-    def run_forward(self, batch: DataBatch, micro_batch_size: int, extract) -> list[dict] | None:
+    def run_forward(
+        self, batch: DataBatch, micro_batch_size: int, extract, *, record_routing: bool = False
+    ) -> list[dict] | None:
         """Forward-only over micro-batches; `extract(output, micro) -> (loss, dict)` runs on the
         last pipeline stage, where the list of dicts comes back (None on other stages). When
         packing regrouped the samples, one dict comes back with every (per-sample) value in
-        the batch's order."""
+        the batch's order. With routing replay, `replay.result` then holds the routing record
+        (`record_routing`) or the replay's mismatch counts."""
         from rl3d.models.training import forward_backward
 
         self.resident()
-        micro, order = self._microbatches(batch, micro_batch_size)
         self.unwrapped().eval()
-        with torch.no_grad():
+        with torch.no_grad(), self._session(batch, record=record_routing) as batch:
+            micro, order = self._microbatches(batch, micro_batch_size)
             outs = forward_backward(
                 self.ddp,
                 self.groups,
@@ -417,45 +320,51 @@ class MegatronRole:
         dp = self.groups.layout.d
         local_mini = mini_batch_rows(mini_batch_size, batch.info, len(batch) * dp) // dp
         metrics: list[dict] = []
+        dev = self.groups.device
         self.unwrapped().train()
         if self.expert_load is not None:
             self.expert_load.reset()
-        for _ in range(epochs):
-            for mini in batch.chunks_of(local_mini):
-                micro, _ = self._microbatches(mini, micro_batch_size)
-                total = torch.tensor([float(sum(count_unit(m) for m in micro))], device=self.groups.device)
-                dist.all_reduce(total, group=self.groups.dp_group)
-                scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
+        with self._session(batch) as batch:
+            for _ in range(epochs):
+                for mini in batch.chunks_of(local_mini):
+                    micro, _ = self._microbatches(mini, micro_batch_size)
+                    total = torch.tensor([float(sum(count_unit(m) for m in micro))], device=dev)
+                    dist.all_reduce(total, group=self.groups.dp_group)
+                    scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
 
-                def scaled(output, m, scale=scale):
-                    loss, info = loss_of(output, m)
-                    return loss * scale[id(m)], info
+                    def scaled(output, m, scale=scale):
+                        loss, info = loss_of(output, m)
+                        return loss * scale[id(m)], info
 
-                outs, grad_norm = train_step(
-                    self.ddp,
-                    self.optimizer,
-                    self.groups,
-                    self._forward_step(scaled),
-                    micro,
-                    num_microbatches=len(micro),
-                    scheduler=self.scheduler,
-                    skipped=self.skipped,
-                    **self._schedule_shape(micro),
-                )
-                if self.groups.is_last_stage:
-                    metrics.append(self._perf(micro))
-                    for m, o in zip(micro, outs):
-                        row = {k: float(v) for k, v in o.items()}
-                        if self.packing:  # micro-batches of unequal size: mini-batch means
-                            row[METRIC_WEIGHT] = count_unit(m)
-                        metrics.append(row)
-                    if grad_norm is not None:
-                        metrics.append({"grad_norm": float(grad_norm)})
-                    metrics.append({"skipped_steps": float(self.skipped.total)})
+                    outs, grad_norm = train_step(
+                        self.ddp,
+                        self.optimizer,
+                        self.groups,
+                        self._forward_step(scaled),
+                        micro,
+                        num_microbatches=len(micro),
+                        scheduler=self.scheduler,
+                        skipped=self.skipped,
+                        **self._schedule_shape(micro),
+                    )
+                    if self.groups.is_last_stage:
+                        metrics.append(self._perf(micro))
+                        for m, o in zip(micro, outs):
+                            row = {k: float(v) for k, v in o.items()}
+                            if self.packing:  # micro-batches of unequal size: mini-batch means
+                                row[METRIC_WEIGHT] = count_unit(m)
+                            metrics.append(row)
+                        if grad_norm is not None:
+                            metrics.append({"grad_norm": float(grad_norm)})
+                        metrics.append({"skipped_steps": float(self.skipped.total)})
         if self.expert_load is not None:
             load = self.expert_load.collect(self.groups)  # collective: every rank of the role
             if self.groups.is_last_stage:
                 metrics.append(load)
+        if self.replay is not None and ROUTING in batch:
+            mismatch = self.replay.mismatch(self.replay.result)  # collective over DP
+            if self.groups.is_last_stage:
+                metrics.append({"moe/routing_mismatch_update": mismatch})
         return metrics
 
     def _perf(self, micro: list[DataBatch]) -> dict[str, float]:

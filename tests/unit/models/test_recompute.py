@@ -6,7 +6,8 @@ import torch
 
 from rl3d.models.spec import get_model_spec
 from rl3d.planning.held import SavedActivations
-from rl3d.workers.megatron_role import MegatronRole, attention_mask_4d, position_ids_of
+from rl3d.workers.megatron_role import MegatronRole
+from rl3d.workers.micro_batches import attention_mask_4d, position_ids_of
 
 
 def _run(role: MegatronRole, ids: torch.Tensor, mask: torch.Tensor):

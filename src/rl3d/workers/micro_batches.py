@@ -1,0 +1,141 @@
+"""How a megatron role feeds its model: micro-batches (padded or packed) on the rank's device,
+megatron's schedule shapes, and the forward step that runs one micro-batch (its output layer on
+the response positions alone with `response_outputs`; a mixture of experts' routers replaying a
+routing record with `routing_replay`).
+
+Sequences in a batch are `input_ids` = [left-padded prompt | right-padded response], with
+`attention_mask` over both; `response_mask` [B, R] marks the response tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from rl3d.models.packing import (
+    PACKED,
+    pack_rows,
+    packed_micro_batches,
+    packed_model_inputs,
+    per_sequence_rope,
+    unpack_response,
+)
+from rl3d.single_controller.batch import DataBatch
+
+
+def attention_mask_4d(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """[B, T] (1 = real token) -> megatron's [B, 1, T, T] bool mask (True = masked out)."""
+    T = attention_mask_BT.shape[1]
+    causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=attention_mask_BT.device), diagonal=1)
+    key_pad = ~attention_mask_BT.bool()[:, None, None, :]
+    return causal[None, None] | key_pad
+
+
+def position_ids_of(attention_mask_BT: torch.Tensor) -> torch.Tensor:
+    """Positions count real tokens only, so a left-padded prompt starts at position 0."""
+    return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
+
+
+class MicroBatching:
+    """The forward machinery of `rl3d.workers.megatron_role.MegatronRole` (which sets the
+    attributes read here: groups, packing, max_tokens, response_outputs, te, replay, role)."""
+
+    def _microbatches(
+        self, batch: DataBatch, micro_batch_size: int
+    ) -> tuple[list[DataBatch], list[int] | None]:
+        """Micro-batches on this rank's device (the controller's batches live on the host), and
+        the sample order they hold when packing regrouped the samples by tokens (else None)."""
+        order = None
+        if self.packing:
+            lengths = batch["attention_mask"].sum(1).tolist()
+            key = f"{self.role}.max_tokens_per_micro_batch"
+            groups = packed_micro_batches(
+                lengths, micro_batch_size=min(micro_batch_size, len(batch)), budget=self.max_tokens, key=key
+            )
+            order = [i for g in groups for i in g]
+            chunks = [batch.select(g) for g in groups]
+        else:
+            chunks = batch.chunks_of(min(micro_batch_size, len(batch)))
+        micro = [m.to(self.groups.device) for m in chunks]
+        if self.packing:
+            micro = [self._packed(m) for m in micro]
+        if order is not None and order == sorted(order):
+            order = None  # the batch's own order
+        return micro, order
+
+    @staticmethod
+    def _packed(micro: DataBatch) -> DataBatch:
+        R = micro["response_mask"].shape[1]
+        row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R)
+        return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
+
+    @staticmethod
+    def _schedule_shape(micro: list[DataBatch]) -> dict[str, int]:
+        """seq_length and micro_batch_size for megatron's schedule (with packing, PP stages
+        exchange each micro-batch's shape: `variable_seq_lengths`)."""
+        if PACKED in micro[0].info:
+            return {"seq_length": max(m.info[PACKED].num_tokens for m in micro), "micro_batch_size": 1}
+        return {"seq_length": micro[0]["input_ids"].shape[1], "micro_batch_size": len(micro[0])}
+
+    def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
+        def step(micro: DataBatch, chunk: Any):
+            row = micro.info.get(PACKED)
+            if row is None:
+                mask = micro["attention_mask"]
+                T, R = mask.shape[1], micro["response_mask"].shape[1] if "response_mask" in micro else 0
+                cut = self._output_positions(T - R - 1, T - 1) if self.response_outputs and R else None
+                with cut or contextlib.nullcontext(), self._replayed(micro):
+                    out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+            else:
+                args, kwargs = packed_model_inputs(row, te=self.te)
+                rope = contextlib.nullcontext() if self.te else per_sequence_rope(self.unwrapped(), row)
+                with rope, self._replayed(micro):
+                    out = chunk(*args, **kwargs)
+
+            def loss_func(output: torch.Tensor):
+                return extract(output, micro)
+
+            return out, loss_func
+
+        return step
+
+    def _replayed(self, micro: DataBatch) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext() if self.replay is None else self.replay.forward(micro)
+
+    def _session(self, batch: DataBatch, *, record: bool = False) -> contextlib.AbstractContextManager:
+        """Around forwards over `batch`: replay its routing record, or record (`record`)."""
+        if self.replay is None:
+            return contextlib.nullcontext(batch)
+        return self.replay.session(batch, record=record)
+
+    @contextlib.contextmanager
+    def _output_positions(self, start: int, stop: int):
+        """While open, the output layer sees only sequence positions [start, stop) of its input
+        (megatron's hidden states are [S, B, H]). Not with sequence parallelism, whose hidden
+        states are split along S, nor on stages without the output layer."""
+        layer = getattr(self.unwrapped(), "output_layer", None)
+        if layer is None or getattr(layer, "sequence_parallel", False):
+            yield
+            return
+
+        def keep(_module, args, kwargs):
+            return (args[0][start:stop], *args[1:]), kwargs
+
+        handle = layer.register_forward_pre_hook(keep, with_kwargs=True)
+        try:
+            yield
+        finally:
+            handle.remove()
+
+    def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
+        """[B, R, ...]: the outputs that predict (or value) the response tokens."""
+        if PACKED in micro.info:
+            return unpack_response(output, micro.info[PACKED])
+        R = micro["response_mask"].shape[1]
+        T = micro["input_ids"].shape[1]
+        if output.shape[1] == R:  # the output layer ran on those positions only
+            return output
+        return output[:, T - R - 1 : T - 1]
