@@ -16,7 +16,7 @@ from rl3d.algos.core import scores_to_token_rewards
 from rl3d.algos.distill import reverse_kl_by_token
 from rl3d.algos.kl import kl_k1, kl_penalty_rewards
 from rl3d.algos.reward_shaping import overlong_penalty
-from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.batch import ROUTING_DECISIONS, ROUTING_DIFFER, DataBatch
 from rl3d.tools.trajectory import trajectory_metrics
 
 _HPARAMS = ("gamma", "lam", "whiten", "norm_by_std", "task_coef")
@@ -119,6 +119,9 @@ def response_stats(batch: DataBatch) -> dict[str, float]:
     }
     if "trajectory" in batch:  # multi-turn rollouts: tool calls, errors, turns, observation share
         stats |= trajectory_metrics(batch["trajectory"])
+    if ROUTING_DIFFER in batch:  # routing replay: the trainer's own router against the record
+        decisions = batch[ROUTING_DECISIONS].sum().item()
+        stats["moe/routing_mismatch"] = batch[ROUTING_DIFFER].sum().item() / decisions if decisions else 0.0
     if "old_logp" not in batch:  # skipped on policy (actor.recompute_old_logp): the loss reports
         return stats
     rollout = batch["rollout_logp"][batch["response_mask"].bool()]

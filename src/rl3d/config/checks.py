@@ -15,6 +15,7 @@ from rl3d.config.gpu import check_gpu_path
 from rl3d.config.lora import check_lora
 from rl3d.config.reward_model import check_reward_models
 from rl3d.config.roles import ACTOR, BUILT_IN_NAMES, role_spec
+from rl3d.config.routing_replay import check_routing_replay
 from rl3d.config.schema import RL3DConfig
 from rl3d.config.tracking import check_trackers
 from rl3d.config.validation import check_validation
@@ -33,6 +34,7 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
     check_trackers(cfg, fail)
     check_warm_start(cfg, fail)
     check_lora(cfg, fail)
+    check_routing_replay(cfg, fail)
 
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:

@@ -148,3 +148,20 @@ def role_table(cfg: RL3DConfig) -> list[RoleSpec]:
 
 def role_spec(cfg: RL3DConfig, name: str) -> RoleSpec:
     return next(r for r in role_table(cfg) if r.name == name)
+
+
+def old_logp_source(cfg: RL3DConfig) -> str:
+    """Where this step's pi_old log-probs come from (`actor.recompute_old_logp`): "recompute"
+    (a forward of the actor before the update), "rollout" (the engine's), or "current": a step
+    that makes exactly one optimizer update over its samples updates pi_old itself, so the loss
+    uses its own detached log-probs, unless something reads pi_old before the update (KL in the
+    reward, or an adaptive KL controller measuring it)."""
+    actor, al = cfg.actor, cfg.algorithm
+    if actor.recompute_old_logp == "never":
+        return "rollout"
+    samples = cfg.data.prompts_per_step * cfg.rollout.n
+    on_policy = actor.ppo_epochs == 1 and actor.mini_batch_size == samples
+    reads_old = (al.kl.coef > 0 and al.kl_placement == "reward") or al.kl.controller == "adaptive"
+    if actor.recompute_old_logp == "auto" and on_policy and not reads_old:
+        return "current"
+    return "recompute"

@@ -323,6 +323,9 @@ class AlgorithmConfig:
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
     loss_params: PolicyLossParams = field(default_factory=PolicyLossParams)
     distill: DistillConfig = field(default_factory=DistillConfig)  # on_policy_distillation's teachers
+    # a mixture of experts' trainer forwards route by a record: none | rollout (the engine's) |
+    # old (the old-log-prob forward's own, replayed by the update); rl3d.config.routing_replay
+    routing_replay: Literal["none", "rollout", "old"] = "none"
 
     def __post_init__(self) -> None:
         _registered("get_advantage_estimator", "adv_estimator", self.adv_estimator)

@@ -20,28 +20,12 @@ from pathlib import Path
 from rl3d.algos import response_stats
 from rl3d.config import RL3DConfig
 from rl3d.config.pools import role_pools
+from rl3d.config.roles import old_logp_source
 from rl3d.controller.placement import round_seed, round_uids
 from rl3d.controller.rows import fit_rows
 from rl3d.single_controller.batch import DataBatch
 
 logger = logging.getLogger(__name__)
-
-
-def old_logp_source(cfg: RL3DConfig) -> str:
-    """Where this step's pi_old log-probs come from (`actor.recompute_old_logp`): "recompute"
-    (a forward of the actor before the update), "rollout" (the engine's), or "current": a step
-    that makes exactly one optimizer update over its samples updates pi_old itself, so the loss
-    uses its own detached log-probs, unless something reads pi_old before the update (KL in the
-    reward, or an adaptive KL controller measuring it)."""
-    actor, al = cfg.actor, cfg.algorithm
-    if actor.recompute_old_logp == "never":
-        return "rollout"
-    samples = cfg.data.prompts_per_step * cfg.rollout.n
-    on_policy = actor.ppo_epochs == 1 and actor.mini_batch_size == samples
-    reads_old = (al.kl.coef > 0 and al.kl_placement == "reward") or al.kl.controller == "adaptive"
-    if actor.recompute_old_logp == "auto" and on_policy and not reads_old:
-        return "current"
-    return "recompute"
 
 
 # Where every controller process appends its stage times, one JSON line per step, to

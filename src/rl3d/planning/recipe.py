@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from rl3d.config import RL3DConfig
 from rl3d.config.pools import role_pools
-from rl3d.config.roles import role_table
-from rl3d.controller.trainer import old_logp_source
+from rl3d.config.roles import old_logp_source, role_table
 from rl3d.models.spec import spec_of
 from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, Placement, PoolPlacement, Workload
 from rl3d.utils.dtypes import DTYPE_BYTES

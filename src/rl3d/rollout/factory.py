@@ -50,9 +50,11 @@ def engine_kwargs(
     dtype: str = "bfloat16",
     seed: int | None = None,
     lora_mode: str | None = None,
+    record_routing: bool = False,
 ) -> dict[str, Any]:
     """The keyword arguments of `engine_class(rollout.engine)` for this recipe and rank.
-    `lora_mode`: how the torch engine uses the adapters it is given (`actor.lora.engine_mode`)."""
+    `lora_mode`: how the torch engine uses the adapters it is given (`actor.lora.engine_mode`);
+    `record_routing`: the torch engine records a mixture of experts' routing per token."""
     name = rollout.engine
     engine_class(name)  # unknown names fail here
     if rollout.p_g != 1:
@@ -63,7 +65,12 @@ def engine_kwargs(
     kwargs: dict[str, Any] = dict(spec=spec, group=group, pad_token_id=pad_token_id)
     if name == "torch":  # generates on the resharded training weights unless told another dtype
         kwargs["dtype"] = torch_dtype(rollout.dtype) if rollout.dtype else None
+        kwargs |= {"record_routing": True} if record_routing else {}
         return kwargs if lora_mode is None else kwargs | {"lora_mode": lora_mode}
+    if record_routing:
+        raise ValueError(
+            f"algorithm.routing_replay: the {name} engine records no routing; use rollout.engine=torch"
+        )
     if not model_path:
         raise ValueError("model.hf_path: the sglang rollout engine starts from an HF directory; set it")
     sg = rollout.sglang
@@ -101,5 +108,5 @@ def _kv_tokens(setting: int | str | None) -> int | None:
 def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:
     """Build the engine `rollout.engine` with the section's settings; `options` are
     `engine_kwargs`'s (spec, group, control_group, pad_token_id, model_path, device, dtype, seed,
-    lora_mode)."""
+    lora_mode, record_routing)."""
     return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from rl3d.config import RL3DConfig
-from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, DataBatch
+from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, ROUTING, DataBatch
 from rl3d.single_controller.dispatch import INPUT_ROW
 
 TRAJECTORY = "trajectory"  # the agent loop's record of each row (multi-turn only)
@@ -92,7 +92,10 @@ class Generation:
         responses, index = out.responses(), out.prompt_index.tolist()
         order = sorted(range(len(out)), key=lambda j: index[j])  # stable: engine order within a prompt
         rows = [(index[j], responses[j], logps[j], out.finish_reasons[j]) for j in order]
-        return Generated(rows_to_batch(prompts, rows, self.pad_token_id), order)
+        batch = rows_to_batch(prompts, rows, self.pad_token_id)
+        if out.routing is not None:  # the engine's record (algorithm.routing_replay: rollout)
+            batch.set(ROUTING, routing_columns(batch, [out.routing[j] for j in order]))
+        return Generated(batch, order)
 
     def _multi_turn(self, prompts: DataBatch, params) -> DataBatch:
         """The agent loop's trajectories as a batch: observation tokens are in the context
@@ -195,3 +198,17 @@ def rows_to_batch(
         meta,
         {PAD_VALUES: {"input_ids": pad_token_id, "responses": pad_token_id}},
     )
+
+
+def routing_columns(batch: DataBatch, records: list[torch.Tensor]) -> torch.Tensor:
+    """Each row's routing record [prompt + response tokens, layers, k] placed in the batch's
+    columns: [B, T, layers, k], zeros at padding (left of the prompt, right of the response)."""
+    mask_BT = batch["attention_mask"]
+    out = torch.zeros(*mask_BT.shape, *records[0].shape[1:], dtype=records[0].dtype)
+    for i, record in enumerate(records):
+        cols = mask_BT[i].nonzero().squeeze(-1)
+        assert len(cols) == record.shape[0], (
+            f"row {i}: {record.shape[0]} routed tokens, {len(cols)} in the batch"
+        )
+        out[i, cols] = record
+    return out

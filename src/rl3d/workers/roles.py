@@ -105,20 +105,27 @@ class _LogProbMixin:
             logits, micro["responses"], self.groups.tp_group, vocab_size=self.spec.vocab_size
         )
 
-    def _forward_logprobs(self, role: MegatronRole, batch: DataBatch, micro_batch_size: int, key: str):
+    def _forward_logprobs(
+        self, role: MegatronRole, batch: DataBatch, micro_batch_size: int, key: str, *, routing: bool = False
+    ):
+        """`key`'s log-probs and entropies; with `routing` (the actor's old log-probs under
+        `algorithm.routing_replay`) also the forward's routing record or replay counts."""
+
         def extract(output, micro):
             logp, entropy = self._logp_entropy(output, micro, role)
             return torch.zeros(()), {key: logp.detach(), "entropy": entropy.detach()}
 
-        outs = role.run_forward(batch, micro_batch_size, extract)
+        record = routing and self.cfg.algorithm.routing_replay == "old"
+        outs = role.run_forward(batch, micro_batch_size, extract, record_routing=record)
         if outs is None:
             return None
-        return DataBatch(
+        out = DataBatch(
             {
                 key: torch.cat([o[key] for o in outs]),
                 f"{key}_entropy": torch.cat([o["entropy"] for o in outs]),
             }
         )
+        return out.union(role.replay.result) if routing and role.replay is not None else out
 
 
 class ActorRolloutWorker(_LogProbMixin):
@@ -144,6 +151,7 @@ class ActorRolloutWorker(_LogProbMixin):
             total_steps=cfg.trainer.total_steps,
             hf_path=cfg.model.hf_path,
             lora=cfg.actor.lora,
+            routing_replay=cfg.algorithm.routing_replay != "none",
         )
         self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
         he = cfg.hybrid_engine
@@ -201,6 +209,7 @@ class ActorRolloutWorker(_LogProbMixin):
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
             lora_mode=cfg.actor.lora.engine_mode if self.adapter_resharder is not None else None,
+            record_routing=cfg.algorithm.routing_replay == "rollout",
         )
         # single- or multi-turn (rollout.multi_turn), as a separate rollout pool generates
         self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)
@@ -293,7 +302,9 @@ class ActorRolloutWorker(_LogProbMixin):
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_log_prob(self, batch: DataBatch) -> DataBatch | None:
-        return self._forward_logprobs(self.role, batch, self.cfg.actor.micro_batch_size, "old_logp")
+        return self._forward_logprobs(
+            self.role, batch, self.cfg.actor.micro_batch_size, "old_logp", routing=True
+        )
 
     @register(Dispatch.MEGATRON_COMPUTE)
     def update_actor(self, batch: DataBatch) -> dict[str, float] | None:
