@@ -107,3 +107,39 @@ def test_packed_and_padded_record_the_same_routing(groups_1x1):
     # the same experts (fp32 rounding of the two layouts' attention may break a near tie)
     same = (a[real_BT].sort(-1).values == b[real_BT].sort(-1).values).all(-1).float().mean()
     assert same >= 0.99, same
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_engine_record_reaches_the_trainer_through_the_batch(groups_1x1, packing):
+    """The engine (fp32, the trainer's own weights) records its routing; two generation-DP
+    shares of different widths become rows (`rows_to_batch` + `routing_columns`), concatenate,
+    split over two DP ranks by tokens and run as micro-batches: the trainer's router then
+    agrees with the record it replays on every real token (a record shifted by one column or
+    sample would disagree on most)."""
+    from rl3d.rollout import SamplingParams, TorchRolloutEngine
+    from rl3d.single_controller.batch import PROMPT_WIDTH
+    from rl3d.single_controller.dispatch import Slot, _dp_share
+    from rl3d.workers.generation import routing_columns, rows_to_batch
+
+    role = _role(groups_1x1, packing=packing)
+    engine = TorchRolloutEngine(SPEC, role.global_shards(), record_routing=True)
+    gen = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(3, SPEC.vocab_size, (n,), generator=gen).tolist() for n in (3, 6, 2, 5)]
+    shares = []
+    for part, new_tokens in ((prompts[:2], 4), (prompts[2:], 7)):  # responses of two widths
+        share = DataBatch({"uid": torch.arange(len(part))}, {"prompt_ids": part}, {PROMPT_WIDTH: 6})
+        out = engine.generate(part, SamplingParams(max_new_tokens=new_tokens, n=2, seed=5))
+        rows = list(zip(out.prompt_index.tolist(), out.responses(), out.token_logprobs(), out.finish_reasons))
+        batch = rows_to_batch(share, rows, pad_token_id=0)
+        shares.append(batch.set(ROUTING, routing_columns(batch, out.routing)))
+    batch = DataBatch.concat(shares)
+    assert batch[ROUTING].shape == (8, 6 + 7, L, K)
+    real = 0
+    for rank in range(2):
+        share = _dp_share(batch, Slot(rank, 2, True, token_balance=len(batch)))
+        _forward(role, share, micro_batch_size=2)
+        result = role.replay.result
+        assert torch.equal(result[ROUTING_DECISIONS], share["attention_mask"].sum(1).float() * L)
+        assert result[ROUTING_DIFFER].sum() <= 0.01 * result[ROUTING_DECISIONS].sum(), result[ROUTING_DIFFER]
+        real += int(share["attention_mask"].sum())
+    assert real == int(batch["attention_mask"].sum())
