@@ -143,3 +143,44 @@ def test_engine_record_reaches_the_trainer_through_the_batch(groups_1x1, packing
         assert result[ROUTING_DIFFER].sum() <= 0.01 * result[ROUTING_DECISIONS].sum(), result[ROUTING_DIFFER]
         real += int(share["attention_mask"].sum())
     assert real == int(batch["attention_mask"].sum())
+
+
+def test_update_replays_the_old_forward_and_trains_as_without_replay(groups_1x1):
+    """`old`: the old-log-prob forward records, the update replays the record. Before the
+    optimizer steps nothing differs, so its mismatch is 0 and the step equals an update without
+    replay bit for bit; a foreign record changes the step."""
+    from rl3d.config.schema import OptimConfig
+
+    kw = dict(role="actor", params_dtype=torch.float32, total_steps=1, seed=3, optim=OptimConfig(lr=1e-2))
+    roles = [MegatronRole(SPEC, groups_1x1, routing_replay=replay, **kw) for replay in (True, False, True)]
+    for other in roles[1:]:
+        other.model.load_state_dict(roles[0].model.state_dict())
+    batch = _batch()
+    _forward(roles[0], batch, record_routing=True)
+    own = roles[0].replay.result[ROUTING]
+    gen = torch.Generator().manual_seed(1)
+    foreign = torch.rand(B, P + R, L, E, generator=gen).argsort(-1)[..., :K].to(torch.int16)
+
+    def update(role, routing):
+        def loss_of(output, micro):
+            logits = role.response_slice(output, micro).float()
+            return -(logits.log_softmax(-1).gather(-1, micro["responses"][..., None]).mean()), {}
+
+        with_record = batch if routing is None else batch.union(DataBatch({ROUTING: routing}))
+        rows = role.train_minibatches(
+            with_record,
+            mini_batch_size=B,
+            micro_batch_size=3,
+            epochs=1,
+            loss_of=loss_of,
+            count_unit=lambda m: 1.0,
+        )
+        return {k: v for r in rows for k, v in r.items() if k.startswith("moe/routing")}
+
+    assert update(roles[0], own) == {"moe/routing_mismatch_update": 0.0}
+    assert update(roles[1], None) == {}
+    foreign_metrics = update(roles[2], foreign)
+    assert foreign_metrics["moe/routing_mismatch_update"] > 0.5
+    after = [dict(r.unwrapped().named_parameters()) for r in roles]
+    assert all(torch.equal(p, after[1][n]) for n, p in after[0].items())
+    assert not all(torch.equal(p, after[1][n]) for n, p in after[2].items())
