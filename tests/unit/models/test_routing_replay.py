@@ -89,8 +89,14 @@ def test_replay_routes_by_the_record(groups_1x1, packing):
         (routing_map,) = maps.maps[layer]
         want = F.one_hot(ids_NLK[:, layer], E).sum(1).bool()
         assert torch.equal(routing_map[real_N], want[real_N])
-    # the counts: decisions (real token x layer) whose own expert set is not the target's
-    differ_BTL = (own.sort(-1).values != target.sort(-1).values).any(-1) & real_BT[..., None]
+    # the counts: decisions (real token x layer) whose own expert set is not the record's. A
+    # layer's own choice depends on the routing replayed below it: layer 0 replays its own
+    # record, so layer 1 reads the hidden states its own record was made on
+    mixed = target.clone()
+    mixed[:, :, 0] = own[:, :, 0]
+    _forward(role, batch.union(DataBatch({ROUTING: mixed})))
+    differ_BTL = (own.sort(-1).values != mixed.sort(-1).values).any(-1) & real_BT[..., None]
+    assert differ_BTL[..., 1].sum() > 0
     assert torch.equal(role.replay.result[ROUTING_DIFFER], differ_BTL.sum((1, 2)).float())
     fraction = differ_BTL.sum().item() / (real_BT.sum().item() * L)
     assert role.replay.mismatch(role.replay.result) == pytest.approx(fraction, abs=1e-12)
