@@ -1,6 +1,6 @@
 """Routing replay measured: a bf16 rollout engine against the fp32 trainer on a tiny MoE.
 
-    python benchmarks/moe_routing_replay.py --seeds 1 2 3 --steps 3
+    python benchmarks/moe_routing_replay.py --seeds 1 2 3 --steps 3 [--max-new-tokens 8] [--out DIR]
 
 Per `algorithm.routing_replay` mode (none, rollout, old) and seed: `rl3d train` of the demo
 recipe (`recipes/quickstart_cpu_grpo.yaml`) on `tiny-qwen3-moe` (8 experts, top 2, random
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=8, help="rollout.max_new_tokens")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/moe")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -121,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         for mode in MODES:
             overrides = [*COMMON, f"algorithm.routing_replay={mode}", f"trainer.seed={seed}"]
+            overrides.append(f"rollout.max_new_tokens={args.max_new_tokens}")
             steps, wall = train_run(
                 RECIPE, work / f"{mode}-{seed}", [*overrides, f"trainer.total_steps={args.steps}"]
             )
