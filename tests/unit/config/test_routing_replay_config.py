@@ -47,3 +47,9 @@ def test_default_is_none_and_the_modes_load():
 def test_bad_settings_name_their_key(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(GRPO, overrides)
+
+
+def test_a_separate_rollout_pool_is_refused_for_the_engines_record():
+    recipe = ROOT / "recipes/quickstart_cpu_grpo_async.yaml"
+    with pytest.raises(ConfigError, match=r"rollout\.placement: .*does not carry the routing record"):
+        load_config(recipe, ["model.name=tiny-qwen3-moe", "algorithm.routing_replay=rollout"])
