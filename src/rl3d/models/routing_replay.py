@@ -56,7 +56,8 @@ def token_routing(
     routing_BTLK: torch.Tensor, micro: DataBatch, top_k: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A micro-batch's record in megatron's token order: ids [N, layers, k] int64 and which
-    of the N slots are real tokens [N] bool (padding slots get experts 0 .. k-1)."""
+    of the N slots are real tokens [N] bool (padding slots without a recorded set get experts
+    0 .. k-1)."""
     real_BT = micro["attention_mask"].bool()
     if PACKED in micro.info:
         ids = routing_BTLK[real_BT].long()

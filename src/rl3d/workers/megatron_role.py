@@ -35,7 +35,6 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
 from rl3d.models.packing import PACKED
 from rl3d.models.params import OUTPUT_LAYER, local_param
-from rl3d.models.routing_replay import RoutingReplay
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import ROUTING, DataBatch, mini_batch_rows
@@ -94,7 +93,11 @@ class MegatronRole(MicroBatching):
         )
         self.te = packing and use_transformer_engine(groups.device, packed=True)
         # forwards route by a batch's `routing` record, or record their own (algorithm.routing_replay)
-        self.replay = RoutingReplay(self.model, spec, groups) if routing_replay else None
+        self.replay = None
+        if routing_replay:
+            from rl3d.models.routing_replay import RoutingReplay
+
+            self.replay = RoutingReplay(self.model, spec, groups)
         self.ddp = self.model  # wrapped below when trained
         if hf_path:
             from rl3d.models.weights import load_weights
