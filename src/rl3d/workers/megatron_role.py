@@ -202,6 +202,7 @@ class MegatronRole:
             targets=lora.targets,
             dropout=lora.dropout,
             use_rslora=lora.use_rslora,
+            lm_head=lora.lm_head,
             seed=seed,
         )
         if lora.init is not None:
