@@ -2,7 +2,8 @@
 
 Runs `rl3d train RECIPE trainer.seed=S [overrides]` once per seed, one run at a time (each takes
 both CPU cores), and writes, per sweep `--name`, into `--out`:
-- `<name>.csv`: per seed, the mean reward over the first and the last 20 steps, the final
+- `<name>.csv`: per seed, the mean reward over the first and the last 20 steps, the first step at
+  which the mean of the 20 steps up to it reaches the goal's last-20 mean (`steps_to_goal`), the final
   actor-reference KL (mean of `kl/actor_ref_k1` over the last 20 steps), the training time
   (sum of the steps' `time/step`) and the wall time of the whole command (start-up included);
 - `<name>.md`: the same as a table with the spread (min / mean / max) and the command;
@@ -31,7 +32,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 20
 GOAL_LAST, GOAL_FIRST, GOAL_TRAIN_S = 0.9, 0.6, 120.0
-COLUMNS = ("seed", "steps", "first20", "last20", "kl_last20", "train_s", "wall_s", "meets_goal")
+COLUMNS = (
+    "seed", "steps", "first20", "last20", "steps_to_goal", "kl_last20", "train_s", "wall_s", "meets_goal",
+)  # fmt: skip
 
 
 def train_run(recipe: Path, run_dir: Path, overrides: list[str]) -> tuple[list[dict], float]:
@@ -58,6 +61,7 @@ def run_one(recipe: Path, seed: int, overrides: list[str], run_dir: Path) -> dic
         "steps": len(steps),
         "first20": statistics.fmean(rewards[:WINDOW]),
         "last20": statistics.fmean(rewards[-WINDOW:]),
+        "steps_to_goal": steps_to_goal(rewards),
         "kl_last20": statistics.fmean(kls),
         "train_s": sum(r.get("time/step", 0.0) for r in steps),
         "wall_s": wall,
@@ -68,8 +72,18 @@ def run_one(recipe: Path, seed: int, overrides: list[str], run_dir: Path) -> dic
     return row | {"rewards": rewards}
 
 
+def steps_to_goal(rewards: list[float]) -> int | None:
+    """The first step whose trailing 20-step mean reward reaches GOAL_LAST (None: never)."""
+    for step in range(WINDOW, len(rewards) + 1):
+        if statistics.fmean(rewards[step - WINDOW : step]) >= GOAL_LAST:
+            return step
+    return None
+
+
 def spread(rows: list[dict], key: str) -> str:
-    values = [r[key] for r in rows]
+    values = [r[key] for r in rows if r[key] is not None]
+    if not values:
+        return "-"
     return f"{min(values):.3g} / {statistics.fmean(values):.3g} / {max(values):.3g}"
 
 
@@ -90,19 +104,23 @@ def write_outputs(out: Path, name: str, rows: list[dict], command: str, note: st
         "",
         f"`{command}`",
         "",
-        "| seed | first-20 reward | last-20 reward | actor-ref KL (last 20) | training s | wall s | goal |",
-        "|---|---|---|---|---|---|---|",
+        "| seed | first-20 reward | last-20 reward | steps to goal | actor-ref KL (last 20) | training s "
+        "| wall s | goal |",
+        "|---|---|---|---|---|---|---|---|",
         *(
-            f"| {r['seed']} | {r['first20']:.3f} | {r['last20']:.3f} | {r['kl_last20']:.2f} | "
+            f"| {r['seed']} | {r['first20']:.3f} | {r['last20']:.3f} | {r['steps_to_goal'] or 'never'} | "
+            f"{r['kl_last20']:.2f} | "
             f"{r['train_s']:.0f} | {r['wall_s']:.0f} | {'yes' if r['meets_goal'] else 'no'} |"
             for r in rows
         ),
         f"| min / mean / max | {spread(rows, 'first20')} | {spread(rows, 'last20')} | "
-        f"{spread(rows, 'kl_last20')} | {spread(rows, 'train_s')} | {spread(rows, 'wall_s')} | "
+        f"{spread(rows, 'steps_to_goal')} | {spread(rows, 'kl_last20')} | {spread(rows, 'train_s')} | "
+        f"{spread(rows, 'wall_s')} | "
         f"{sum(r['meets_goal'] for r in rows)}/{len(rows)} |",
         "",
         f"Goal: every seed's last-{WINDOW} mean >= {GOAL_LAST}, first-{WINDOW} <= {GOAL_FIRST}, "
-        f"training under {GOAL_TRAIN_S:.0f} s (2 CPU cores).",
+        f"training under {GOAL_TRAIN_S:.0f} s (2 CPU cores). Steps to goal: the first step whose "
+        f"trailing {WINDOW}-step mean reaches {GOAL_LAST}.",
         *([note] if note else []),
     ]
     (out / f"{name}.md").write_text("\n".join(lines) + "\n")

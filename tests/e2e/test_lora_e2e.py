@@ -1,7 +1,8 @@
-"""A LoRA run end to end (GRPO at tp=2 on an HF Qwen2 directory, adapters on every linear, the
-reference KL on: the reference is the actor's base): it trains, checkpoints, and comes back out
-as a PEFT adapter directory that real `peft` loads onto the HF base with the actor's logits, and
-as merged HF weights with the same logits."""
+"""A LoRA run end to end (GRPO at tp=2 on an HF Qwen2 directory, adapters on every linear, and on
+lm_head too: its vocabulary of 200 is padded to 256 in megatron; the reference KL on: the
+reference is the actor's base): it trains, checkpoints, and comes back out as a PEFT adapter
+directory that real `peft` loads onto the HF base with the actor's logits, and as merged HF
+weights with the same logits."""
 
 import subprocess
 import sys
@@ -11,10 +12,10 @@ import torch
 from test_hf_export import own_qwen2  # noqa: F401  (the fixture)
 from train_helpers import GRPO, metrics_by_step, run_train, train_env
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # 36 s at load 3
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # 36 s at load 3; both targets 250 s at load 18
 peft = pytest.importorskip("peft")
 
-LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.target_modules=[all-linear]"]
+LORA = ["actor.lora.rank=4", "actor.lora.alpha=8"]
 TOL = 1e-5  # fp32 logits, megatron vs HF kernels
 
 
@@ -25,7 +26,7 @@ def export(run_dir, *args):
     )  # fmt: skip
 
 
-def lora_logits(rank, world_size, hf_dir, checkpoint, ids):
+def lora_logits(rank, world_size, hf_dir, checkpoint, ids, targets):
     """rl3d's LoRA actor from the training checkpoint (megatron's loader, adapters included)."""
     from types import SimpleNamespace
 
@@ -38,7 +39,7 @@ def lora_logits(rank, world_size, hf_dir, checkpoint, ids):
 
     spec = spec_of(SimpleNamespace(name=None, hf_path=hf_dir))
     groups = init_megatron(ParallelLayout(1, 1, 1), seed=1)
-    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["all-linear"])
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=targets)
     role = MegatronRole(spec, groups, role="actor", params_dtype=torch.float32, optim=None, total_steps=1,
                         seed=1, lora=lora)  # fmt: skip
     load_checkpoint(checkpoint, ddp=role.model, optimizer=None, scheduler=None, groups=groups)
@@ -49,14 +50,22 @@ def lora_logits(rank, world_size, hf_dir, checkpoint, ids):
     return logits, float(moved)
 
 
-def test_a_lora_run_exports_a_peft_adapter_and_merged_weights_with_the_actor_s_logits(own_qwen2, tmp_path):  # noqa: F811
+@pytest.mark.parametrize(
+    "targets", [["all-linear"], ["all-linear", "lm_head"]], ids=["all-linear", "lm_head"]
+)
+def test_a_lora_run_exports_a_peft_adapter_and_merged_weights_with_the_actor_s_logits(
+    own_qwen2,  # noqa: F811
+    tmp_path,
+    targets,
+):
     from transformers import AutoModelForCausalLM
 
     from rl3d.testing.spawn import run_distributed
 
     run_dir = tmp_path / "run"
+    lora = [*LORA, f"actor.lora.target_modules=[{','.join(targets)}]"]
     proc = run_train(GRPO, run_dir, "model.name=null", f"model.hf_path={own_qwen2}", "trainer.total_steps=2",
-                     "checkpoint.save_every=2", *LORA)  # fmt: skip
+                     "checkpoint.save_every=2", *lora)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = metrics_by_step(run_dir)
     assert sorted(metrics) == [1, 2] and "time/ref_logp" in metrics[2]  # the reference ran
@@ -71,7 +80,7 @@ def test_a_lora_run_exports_a_peft_adapter_and_merged_weights_with_the_actor_s_l
     ids = torch.randint(0, 200, (2, 13), generator=torch.Generator().manual_seed(0))
     step_dir = run_dir / "checkpoints" / "step_00000002"
     ((ours, moved),) = run_distributed(
-        lora_logits, 1, str(own_qwen2), str(step_dir / "actor"), ids, timeout_s=300
+        lora_logits, 1, str(own_qwen2), str(step_dir / "actor"), ids, targets, timeout_s=300
     )
     assert moved > 0  # B starts at zero: the adapters trained
     with torch.no_grad():

@@ -83,7 +83,8 @@ def export_run(
         from rl3d.models.export import DistCheckpointReader
         from rl3d.models.lora_peft import checkpoint_adapters, save_peft_adapter
 
-        tensors = checkpoint_adapters(DistCheckpointReader(found[step] / ACTOR, spec), spec, adapters.targets)
+        reader = DistCheckpointReader(found[step] / ACTOR, spec)
+        tensors = checkpoint_adapters(reader, spec, adapters.targets, lm_head=adapters.lm_head)
         if lora is not None:
             return step, save_peft_adapter(lora, tensors, adapters, base=model.hf_path or model.name)
         merged = {"adapters": tensors, "scaling": adapters.scaling}

@@ -5,14 +5,16 @@
         rank: 8
         alpha: 16               # scaling = alpha / rank (rsLoRA: alpha / sqrt(rank))
         dropout: 0.0            # on the adapters' input, in training forwards only
-        target_modules: [q_proj, k_proj, v_proj, o_proj]   # or all-linear
+        target_modules: [q_proj, k_proj, v_proj, o_proj]   # or all-linear; lm_head: the output layer
         init: null              # a PEFT adapter directory to start from (else A random, B zero)
         use_rslora: false
         transition: auto        # adapters | merged | auto
         engine_mode: merge      # merge | apply: how the torch engine uses the adapters it receives
 
 The base weights stay frozen (no gradients, no optimizer state); only the adapters train, in
-fp32 whatever `model.dtype`. With a reference enabled, the reference log-probs come from the
+fp32 whatever `model.dtype`. `lm_head` (named beside the others; `all-linear` leaves it out, as in
+PEFT) adapts the untied output layer: a frozen output layer bounds the logits the adapters below it
+can reach (docs/lora.md). With a reference enabled, the reference log-probs come from the
 actor with its adapters switched off: no reference model is built. Off by default (`null`).
 
 `transition`: `adapters` resharding the base into the torch engine once and then moving only the
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rl3d.config.errors import FieldError
-from rl3d.models.lora_names import ALL_LINEAR, LORA_TARGETS, resolve_targets, scaling_of
+from rl3d.models.lora_names import ALL_LINEAR, LM_HEAD, LORA_TARGETS, resolve_targets, scaling_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,23 +56,33 @@ class LoraConfig:
             raise FieldError("dropout", f"must be in [0, 1), got {self.dropout}")
         if not self.target_modules:
             raise FieldError(
-                "target_modules", f"name at least one of {', '.join(LORA_TARGETS)} or {ALL_LINEAR}"
+                "target_modules", f"name at least one of {', '.join(LORA_TARGETS)}, {LM_HEAD} or {ALL_LINEAR}"
             )
+        known = [*LORA_TARGETS, LM_HEAD, ALL_LINEAR]
         for name in self.target_modules:
-            if name != ALL_LINEAR and name not in LORA_TARGETS:
-                close = difflib.get_close_matches(name, [*LORA_TARGETS, ALL_LINEAR], n=1)
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise FieldError(
-                    "target_modules",
-                    f"unknown module {name!r}{hint}; known: {', '.join(LORA_TARGETS)}, {ALL_LINEAR}",
+                    "target_modules", f"unknown module {name!r}{hint}; known: {', '.join(known)}"
                 )
         if self.init is not None and not Path(self.init).is_dir():
             raise FieldError("init", f"no such PEFT adapter directory: {self.init!r}")
 
     @property
     def targets(self) -> tuple[str, ...]:
-        """The HF projection names adapted, in forward order."""
+        """The decoder layers' HF projection names adapted, in forward order (not lm_head)."""
         return resolve_targets(self.target_modules)
+
+    @property
+    def lm_head(self) -> bool:
+        """Whether the output layer is adapted too."""
+        return LM_HEAD in self.target_modules
+
+    @property
+    def peft_targets(self) -> tuple[str, ...]:
+        """adapter_config.json's target_modules: the projections, then lm_head if adapted."""
+        return (*self.targets, LM_HEAD) if self.lm_head else self.targets
 
     @property
     def scaling(self) -> float:
@@ -88,6 +100,8 @@ def adapter_transition(cfg: Any) -> bool:
 
 def _adapters_refused(cfg: Any) -> str | None:
     """Why this run's engine cannot keep the base and take only adapters (None: it can)."""
+    if cfg.actor.lora.lm_head:
+        return "an adapted lm_head reaches the engine merged into the output layer"
     if cfg.rollout.engine != "torch":
         return f"rollout.engine {cfg.rollout.engine!r} gets merged weights (the torch engine takes adapters)"
     if cfg.rollout.placement != "colocated":

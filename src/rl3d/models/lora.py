@@ -15,6 +15,10 @@ column-parallel linears (qkv, fc1) keep A whole and split B's rows as the base s
 columns and keep B whole, the rank-r partial products summed over TP before B. The adapted output
 then equals the unsharded computation, and A's (column) or B's (row) gradient is the full one on
 every TP rank. Names of the projections and of PEFT's keys are `rl3d.models.lora_names`'.
+
+With `lm_head` the last stage's vocab-parallel output layer gets an adapter too, split like a
+column-parallel linear (A whole, B's vocabulary rows split). Its B holds megatron's padded
+vocabulary rows; PEFT's tensor has the HF vocabulary's (the padding is cut out and put back).
 """
 
 from __future__ import annotations
@@ -26,12 +30,13 @@ import torch
 import torch.distributed as dist
 
 from rl3d.models.bootstrap import MegatronGroups
-from rl3d.models.lora_names import FUSED, TARGETS, peft_key
+from rl3d.models.lora_names import FUSED, LM_HEAD, TARGETS, peft_key
 from rl3d.models.params import global_layer_index
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import qkv_hf_to_megatron
 
 ADAPTER_SUFFIX = "_lora"  # linear_qkv's adapter is the block's child linear_qkv_lora
+OUTPUT_LINEAR = "output_layer"  # the model's child output_layer_lora adapts it (lm_head)
 
 
 class LoraAdapter(torch.nn.Module):
@@ -116,6 +121,11 @@ class LoraAdapter(torch.nn.Module):
         )
 
 
+def _base_name(layer: int, linear: str) -> str:
+    """The global name of the base weight an adapter on (layer, megatron linear) updates."""
+    return f"{linear}.weight" if linear == OUTPUT_LINEAR else f"decoder.layers.{layer}.{linear}.weight"
+
+
 class _Switch:
     """Shared by a model's adapters: off, the model is its base."""
 
@@ -144,10 +154,7 @@ class LoraAdapters:
     def merged_deltas(self) -> dict[str, torch.Tensor]:
         """Global base parameter name -> scale * B @ A in that parameter's local shard layout."""
         with torch.no_grad():
-            return {
-                f"decoder.layers.{layer}.{linear}.weight": a.delta_weight()
-                for (layer, linear), a in self.by_linear.items()
-            }
+            return {_base_name(g, linear): a.delta_weight() for (g, linear), a in self.by_linear.items()}
 
     def local_factors(self) -> dict[str, tuple[torch.Tensor, int | None]]:
         """PEFT key -> (this rank's tensor, the dim it is split along over TP, or None)."""
@@ -170,6 +177,8 @@ class LoraAdapters:
                 parts = [torch.empty_like(tensor) for _ in range(t)]
                 dist.all_gather(parts, tensor.contiguous(), group=self.groups.tp_group)
                 tensor = torch.cat(parts, dim=dim)
+            if key == peft_key(None, LM_HEAD, "B"):
+                tensor = tensor[: self.spec.vocab_size]  # megatron's vocabulary padding out
             local[key] = tensor.float().cpu().clone()  # a copy, never the live tensor
         if self.groups.layout.p == 1:
             return local
@@ -189,6 +198,8 @@ class LoraAdapters:
                 want = list(param.shape)
                 if dim is not None:
                     want[dim] *= t
+                if key == peft_key(None, LM_HEAD, "B") and full.shape[0] == self.spec.vocab_size:
+                    full = torch.cat([full, full.new_zeros(want[0] - full.shape[0], *full.shape[1:])])
                 if list(full.shape) != want:
                     raise ValueError(f"{source}: {key} has shape {list(full.shape)}, the model needs {want}")
                 param.copy_(full if dim is None else full.chunk(t, dim=dim)[tp_rank])
@@ -204,11 +215,13 @@ def attach_lora(
     targets: tuple[str, ...],
     dropout: float = 0.0,
     use_rslora: bool = False,
+    lm_head: bool = False,
     seed: int = 0,
 ) -> LoraAdapters:
-    """Freeze `model` (this rank's GPTModel) and give each decoder layer adapters on `targets`.
-    A starts as PEFT's (Kaiming-uniform), B as zero, drawn per (layer, projection) from `seed`
-    in the full shape and then sliced, so every layout starts from the same adapters."""
+    """Freeze `model` (this rank's GPTModel) and give each decoder layer adapters on `targets`
+    (and the last stage's output layer one, with `lm_head`). A starts as PEFT's
+    (Kaiming-uniform), B as zero, drawn per (layer, projection) from `seed` in the full shape and
+    then sliced, so every layout starts from the same adapters."""
     from rl3d.models.lora_names import scaling_of
 
     model.requires_grad_(False)
@@ -265,7 +278,39 @@ def attach_lora(
             block.add_module(linear_name + ADAPTER_SUFFIX, adapter.to(groups.device))
             getattr(block, linear_name).register_forward_hook(_hook(adapter), with_kwargs=True)
             adapters.by_linear[(g, linear)] = adapter
+    if lm_head and groups.is_last_stage:
+        _attach_output(model, adapters, spec, groups, rank=rank, scaling=scaling, dropout=dropout, seed=seed)
     return adapters
+
+
+def _attach_output(model, adapters: LoraAdapters, spec: ModelSpec, groups, *, rank, scaling, dropout, seed):
+    if spec.tied_embeddings:
+        # the merged update would land in the embedding too, which shares the output layer's weight
+        raise ValueError(
+            f"actor.lora.target_modules: lm_head needs an untied output layer; {spec.name} ties it to "
+            "the embedding"
+        )
+    t = groups.layout.t
+    rows = model.output_layer.weight.shape[0]  # this rank's share of the padded vocabulary
+    adapter = LoraAdapter(
+        ((LM_HEAD, rows),),
+        spec.hidden_size,
+        adapted=(LM_HEAD,),
+        row_parallel=False,
+        rank=rank,
+        scaling=scaling,
+        dropout=dropout,
+        tp_group=groups.tp_group,
+        fuse=lambda p: p,
+        switch=adapters.switch,
+    )
+    _init_factors(
+        adapter, spec.num_layers, seed=seed, t=t, tp_rank=groups.tp_rank, outs={LM_HEAD: rows * t},
+        in_full=spec.hidden_size,
+    )  # fmt: skip
+    model.add_module(OUTPUT_LINEAR + ADAPTER_SUFFIX, adapter.to(groups.device))
+    model.output_layer.register_forward_hook(_hook(adapter), with_kwargs=True)
+    adapters.by_linear[(spec.num_layers, OUTPUT_LINEAR)] = adapter
 
 
 def _init_factors(
@@ -273,7 +318,8 @@ def _init_factors(
 ) -> None:
     with torch.no_grad():
         for n in adapter.A:
-            gen = torch.Generator().manual_seed(seed * 1_000_003 + layer * 16 + list(TARGETS).index(n))
+            index = list(TARGETS).index(n) if n in TARGETS else 0  # lm_head: "layer" num_layers
+            gen = torch.Generator().manual_seed(seed * 1_000_003 + layer * 16 + index)
             bound = in_full**-0.5  # kaiming_uniform_(a=sqrt(5)), as PEFT and nn.Linear
             full = (torch.rand(adapter.rank, in_full, generator=gen) * 2 - 1) * bound
             adapter.A[n].copy_(full.chunk(t, dim=1)[tp_rank] if adapter.row_parallel else full)

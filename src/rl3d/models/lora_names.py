@@ -8,6 +8,9 @@ a rollout engine) adapters are full (t=1) tensors under PEFT's saved keys for th
 
     base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight   [r, in]
     base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight   [out, r]
+
+The output layer can be adapted too (`lm_head`, as PEFT names it; not part of `all-linear`, as
+in PEFT): `base_model.model.lm_head.lora_A.weight` [r, h] and `...lora_B.weight` [vocab, r].
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ TARGETS = {
     )
 }
 LORA_TARGETS = tuple(TARGETS)  # a decoder layer's forward order
+LM_HEAD = "lm_head"  # the output layer (megatron's vocab-parallel output_layer), untied only
 # The HF projections fused in each megatron linear, in the fused tensor's order.
 FUSED = {
     _ATTN + "linear_qkv": ("q_proj", "k_proj", "v_proj"),
@@ -59,15 +63,19 @@ def resolve_targets(target_modules: list[str] | tuple[str, ...]) -> tuple[str, .
     return tuple(t for t in LORA_TARGETS if t in target_modules)
 
 
-def peft_key(layer: int, target: str, factor: str) -> str:
-    """PEFT's saved key of one factor ("A" or "B") of `target` in HF decoder layer `layer`."""
+def peft_key(layer: int | None, target: str, factor: str) -> str:
+    """PEFT's saved key of one factor ("A" or "B") of `target` in HF decoder layer `layer`
+    (of the output layer for `target` lm_head, whatever `layer`)."""
+    if target == LM_HEAD:
+        return f"{PEFT_PREFIX}{LM_HEAD}.lora_{factor}.weight"
     return f"{PEFT_PREFIX}model.layers.{layer}.{TARGETS[target].hf_module}.lora_{factor}.weight"
 
 
 def adapter_config(
     *, rank: int, alpha: float, targets: tuple[str, ...], dropout: float, use_rslora: bool, base: str | None
 ) -> dict[str, Any]:
-    """The adapter_config.json PEFT writes for a LoRA adapter on a causal LM."""
+    """The adapter_config.json PEFT writes for a LoRA adapter on a causal LM (`targets` may
+    end with lm_head)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -16,6 +16,7 @@ import torch
 from rl3d.models.lora_names import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
+    LM_HEAD,
     LORA_TARGETS,
     TARGETS,
     adapter_config,
@@ -37,7 +38,7 @@ def save_peft_adapter(
     config = adapter_config(
         rank=lora.rank,
         alpha=lora.alpha,
-        targets=lora.targets,
+        targets=getattr(lora, "peft_targets", lora.targets),
         dropout=lora.dropout,
         use_rslora=lora.use_rslora,
         base=base,
@@ -69,17 +70,23 @@ def load_peft_adapter(directory: str | Path, lora: Any) -> dict[str, torch.Tenso
     targets = config.get("target_modules") or []
     if isinstance(targets, str):  # PEFT writes "all-linear" or a regex as one string
         targets = [targets]
-    unknown = [t for t in targets if t not in LORA_TARGETS and t != "all-linear"]
+    unknown = [t for t in targets if t not in (*LORA_TARGETS, LM_HEAD, "all-linear")]
     if unknown:
-        raise ValueError(f"{where}: target_modules {unknown} are not among {', '.join(LORA_TARGETS)}")
+        raise ValueError(
+            f"{where}: target_modules {unknown} are not among {', '.join(LORA_TARGETS)}, {LM_HEAD}"
+        )
     theirs = {
         "r": config.get("r"),
         "scaling": scaling_of(
             config.get("r", 8), config.get("lora_alpha", 8), config.get("use_rslora", False)
         ),
-        "target_modules": sorted(resolve_targets(targets)),
+        "target_modules": sorted(resolve_targets(targets)) + ([LM_HEAD] if LM_HEAD in targets else []),
     }
-    ours = {"r": lora.rank, "scaling": lora.scaling, "target_modules": sorted(lora.targets)}
+    ours = {
+        "r": lora.rank,
+        "scaling": lora.scaling,
+        "target_modules": sorted(lora.targets) + ([LM_HEAD] if lora.lm_head else []),
+    }
     for key, value in ours.items():
         same = abs(theirs[key] - value) < 1e-12 if key == "scaling" else theirs[key] == value
         if not same:
@@ -88,16 +95,22 @@ def load_peft_adapter(directory: str | Path, lora: Any) -> dict[str, torch.Tenso
     if not weights.is_file():
         raise FileNotFoundError(f"{directory}: no {ADAPTER_WEIGHTS}")
     state = load_file(str(weights))
-    # PEFT's saved keys carry no adapter name; a few writers keep ".default"
-    return {k.replace(".default.weight", ".weight"): v.float() for k, v in state.items()}
+    # PEFT's saved keys carry no adapter name; a few writers keep ".default". With lm_head targeted
+    # peft also saves the base output layer (`lm_head.base_layer.weight`): the base is model.hf_path's
+    kept = {k: v for k, v in state.items() if ".base_layer." not in k}
+    return {k.replace(".default.weight", ".weight"): v.float() for k, v in kept.items()}
 
 
 def merge_into_hf(
     hf_state: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], *, scaling: float, num_layers: int
 ) -> dict[str, torch.Tensor]:
     """HF weights with every adapter merged: W + scaling * B @ A (summed in fp32, back in W's
-    dtype). `hf_state` is not changed."""
+    dtype; lm_head too when adapted). `hf_state` is not changed."""
     out = dict(hf_state)
+    if peft_key(None, LM_HEAD, "A") in adapters:
+        w = hf_state["lm_head.weight"]
+        b, a = adapters[peft_key(None, LM_HEAD, "B")], adapters[peft_key(None, LM_HEAD, "A")]
+        out["lm_head.weight"] = (w.float() + scaling * b.float() @ a.float()).to(w.dtype)
     for layer in range(num_layers):
         for target in LORA_TARGETS:
             a_key = peft_key(layer, target, "A")
@@ -110,12 +123,18 @@ def merge_into_hf(
     return out
 
 
-def checkpoint_adapters(reader: Any, spec: Any, targets: tuple[str, ...]) -> dict[str, torch.Tensor]:
+def checkpoint_adapters(
+    reader: Any, spec: Any, targets: tuple[str, ...], *, lm_head: bool = False
+) -> dict[str, torch.Tensor]:
     """The adapters of a LoRA actor's dist checkpoint (`rl3d.models.export.DistCheckpointReader`:
     each factor stacked over the layers, TP shards at their offsets) under PEFT's keys."""
-    from rl3d.models.lora import ADAPTER_SUFFIX
+    from rl3d.models.lora import ADAPTER_SUFFIX, OUTPUT_LINEAR
 
     out = {}
+    if lm_head:
+        for factor in ("A", "B"):
+            full = reader.full(f"{OUTPUT_LINEAR}{ADAPTER_SUFFIX}.{factor}.{LM_HEAD}").float()
+            out[peft_key(None, LM_HEAD, factor)] = full[: spec.vocab_size] if factor == "B" else full
     for layer in range(spec.num_layers):
         for target in targets:
             linear = TARGETS[target].linear
@@ -141,6 +160,13 @@ class MergedReader:
 
     def full(self, name: str) -> torch.Tensor:
         base = self.reader.full(name)
+        lm_a = peft_key(None, LM_HEAD, "A")
+        if name == "output_layer.weight" and lm_a in self.adapters:  # [V_pad, h]: the vocabulary's rows
+            b = self.adapters[peft_key(None, LM_HEAD, "B")]
+            delta = self.scaling * b.float() @ self.adapters[lm_a].float()
+            out = base.float()
+            out[: delta.shape[0]] += delta
+            return out.to(base.dtype)
         tmap = self.maps.get(name)
         if tmap is None or not name.startswith("decoder.layers.") or not name.endswith(".weight"):
             return base  # adapters change weights only (a QKV bias stays as it is)

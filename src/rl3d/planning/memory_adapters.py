@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from rl3d.models.lora_names import FUSED, TARGETS
 from rl3d.models.spec import ModelSpec
+from rl3d.parallel.sharding import padded_vocab_size
 from rl3d.planning.memory_train import ADAM_STATES, FP32, RoleBytes, ddp_buffer_numel
 
 
@@ -26,6 +27,12 @@ def adapter_numels(spec: ModelSpec, targets: tuple[str, ...], rank: int, *, tp: 
             else:  # A whole, B split by output rows
                 per_layer += [rank * in_, out // tp * rank]
     return per_layer * (spec.num_layers // pp)
+
+
+def lm_head_numels(spec: ModelSpec, rank: int, *, tp: int) -> list[int]:
+    """Elements of the output layer's adapter factors on one last-stage rank: A whole, B's rows
+    split like megatron's padded vocabulary."""
+    return [rank * spec.hidden_size, padded_vocab_size(spec.vocab_size, tp) // tp * rank]
 
 
 def lora_static_bytes(

@@ -100,9 +100,11 @@ def role_train_bytes(
     numels = stage_numels(spec, role.model_role, tp=layout.t, pp=layout.p, pp_rank=coords.pp)
     lora = cfg.actor.lora if role.name == "actor" else None
     if lora is not None:
-        from rl3d.planning.memory_adapters import adapter_numels, lora_static_bytes
+        from rl3d.planning.memory_adapters import adapter_numels, lm_head_numels, lora_static_bytes
 
         adapters = adapter_numels(spec, lora.targets, lora.rank, tp=layout.t, pp=layout.p)
+        if lora.lm_head and coords.pp == layout.p - 1:
+            adapters += lm_head_numels(spec, lora.rank, tp=layout.t)
         static = lora_static_bytes(
             numels,
             adapters,

@@ -193,6 +193,7 @@ class MegatronRole(MicroBatching):
             targets=lora.targets,
             dropout=lora.dropout,
             use_rslora=lora.use_rslora,
+            lm_head=lora.lm_head,
             seed=seed,
         )
         if lora.init is not None:

@@ -1,10 +1,11 @@
 """The adapter-only transition over gloo, into the torch engine.
 
-Two ranks hold the t=2 training shards of the base and of the adapters (split as the actor
-trains them). The executor moves the adapters alone to the generation layout (t_g=1 and t_g=2):
-the bytes each rank counts equal the planned bytes, and the engine, loading the base once and
-then the transition's adapter shards, generates the same tokens and log-probs as with the whole
-PEFT tensors, in the apply and the merge mode.
+Two ranks hold the training shards of the base and of the adapters (split as the actor trains
+them), at t=2 or at p=2 (each stage its layers' adapters). The executor moves the adapters alone
+to the generation layout (t_g=1 and t_g=2 from t=2; t_g=1 from p=2, where each rank receives the
+other stage's layers): the bytes each rank counts equal the planned bytes, and the engine, loading
+the base once and then the transition's adapter shards, generates the same tokens and log-probs as
+with the whole PEFT tensors, in the apply and the merge mode.
 """
 
 import pytest
@@ -13,7 +14,7 @@ import torch
 PROMPTS = [[5, 17, 3], [200, 9, 31, 44, 2, 7, 99], [64]]
 
 
-def transition_worker(rank, world, full, tensors, config):
+def transition_worker(rank, world, full, tensors, config, train_pdt, t_gs):
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.lora_plan import lora_params, plan_lora_transition
     from rl3d.hybrid_engine.params import model_params
@@ -23,14 +24,14 @@ def transition_worker(rank, world, full, tensors, config):
     from rl3d.parallel.groups import build_hybrid_groups
     from rl3d.rollout import SamplingParams, TorchRolloutEngine
 
-    spec, train = get_model_spec("tiny-llama"), ParallelLayout(1, 2, 1)
-    base_params, adapter_params = model_params(spec, train_tp=2), lora_params(spec, config["r"])
-    base = training_shards(full, base_params, pp_rank=0, pp=1, tp_rank=rank, tp=2, num_layers=spec.num_layers)
-    adapters = training_shards(
-        tensors, adapter_params, pp_rank=0, pp=1, tp_rank=rank, tp=2, num_layers=spec.num_layers
-    )
+    spec, train = get_model_spec("tiny-llama"), ParallelLayout(*train_pdt)
+    at = dict(pp_rank=train.coords(rank).pp, pp=train.p, tp_rank=train.coords(rank).tp, tp=train.t,
+              num_layers=spec.num_layers)  # fmt: skip
+    base_params, adapter_params = model_params(spec, train_tp=train.t), lora_params(spec, config["r"])
+    base = training_shards(full, base_params, **at)
+    adapters = training_shards(tensors, adapter_params, **at)
     out = {}
-    for t_g in (1, 2):
+    for t_g in t_gs:
         groups = build_hybrid_groups(GenerationLayout.from_training(train, t_g), timeout_s=60)
         weights = Resharder(spec, groups, dtype=torch.float32).to_generation(base)
         moved = Resharder(spec, groups, params=adapter_params, dtype=torch.float32)
@@ -56,7 +57,8 @@ def transition_worker(rank, world, full, tensors, config):
 
 
 @pytest.mark.distributed
-def test_adapter_transition_bytes_and_engine(tmp_path):
+@pytest.mark.parametrize(("train_pdt", "t_gs"), [((1, 2, 1), (1, 2)), ((2, 1, 1), (1,))], ids=["tp2", "pp2"])
+def test_adapter_transition_bytes_and_engine(tmp_path, train_pdt, t_gs):
     from rl3d.hybrid_engine.params import model_params
     from rl3d.models.spec import get_model_spec
     from rl3d.testing.lora import megatron_from_hf, peft_adapter
@@ -65,14 +67,15 @@ def test_adapter_transition_bytes_and_engine(tmp_path):
 
     spec = get_model_spec("tiny-llama")
     model = make_tiny_hf_model(spec, seed=2)
-    full = megatron_from_hf(spec, model, model_params(spec, train_tp=2)[0].shape[0])
+    full = megatron_from_hf(spec, model, model_params(spec, train_tp=train_pdt[1])[0].shape[0])
     _, tensors, config = peft_adapter(model, tmp_path, rank=4, alpha=8)
-    results = run_distributed(transition_worker, 2, full, tensors, config, timeout_s=240)
+    results = run_distributed(transition_worker, 2, full, tensors, config, train_pdt, t_gs, timeout_s=240)
     for rank in range(2):
-        for t_g in (1, 2):
+        for t_g in t_gs:
             recv, planned_recv, send, planned_send = results[rank][(t_g, "bytes")]
             assert recv == planned_recv and send == planned_send, (rank, t_g)
-            assert (recv > 0) == (t_g == 1)  # t_g = t: every rank already holds its shard
+            # nothing moves only at t_g = t and p = 1, where each rank already holds its shard
+            assert (recv > 0) == (t_g != train_pdt[1] or train_pdt[0] > 1), (rank, t_g)
             for mode in ("apply", "merge"):
                 ids, logprobs, ids_whole, logprobs_whole = results[rank][(t_g, mode)]
                 assert torch.equal(ids, ids_whole), (rank, t_g, mode)

@@ -17,6 +17,9 @@ def test_off_by_default_and_all_linear_resolves_in_forward_order():
     assert rs.config.actor.lora.scaling == 4.0
     picked = load_config(RECIPE, ["actor.lora.target_modules=[v_proj,q_proj]"]).config.actor.lora
     assert picked.targets == ("q_proj", "v_proj")
+    assert not picked.lm_head and picked.peft_targets == ("q_proj", "v_proj")
+    head = load_config(RECIPE, ["actor.lora.target_modules=[all-linear,lm_head]"]).config.actor.lora
+    assert head.lm_head and len(head.targets) == 7 and head.peft_targets[-1] == "lm_head"
 
 
 @pytest.mark.parametrize(
@@ -61,5 +64,9 @@ def test_adapter_transition_where_the_engine_keeps_the_base():
     assert not adapter_transition(load_config(pool, ["actor.lora.rank=4"]).config)
     with pytest.raises(ConfigError, match="'adapters' does not run here: a separate rollout pool"):
         load_config(pool, ["actor.lora.rank=4", "actor.lora.transition=adapters"])
+    head = ["actor.lora.target_modules=[q_proj,lm_head]"]
+    assert not adapter_transition(load_config(RECIPE, head).config)  # lm_head goes merged
+    with pytest.raises(ConfigError, match="'adapters' does not run here: an adapted lm_head"):
+        load_config(RECIPE, [*head, "actor.lora.transition=adapters"])
     with pytest.raises(ConfigError, match="actor.lora.engine_mode"):
         load_config(RECIPE, ["actor.lora.engine_mode=fuse"])

@@ -55,6 +55,7 @@ def _hf_logits(hf_dir, ids, adapter_dir=None):
         ("tiny-llama", ["q_proj", "v_proj"]),
         ("tiny-qwen2", ["all-linear"]),
         ("tiny-llama", ["k_proj", "up_proj", "o_proj"]),
+        ("tiny-llama", ["q_proj", "v_proj", "lm_head"]),
     ],
 )
 def test_a_peft_adapter_loads_into_the_actor_with_peft_s_logits_and_exports_back(
@@ -63,7 +64,7 @@ def test_a_peft_adapter_loads_into_the_actor_with_peft_s_logits_and_exports_back
     hf_dir = tiny_hf_dirs[name]
     spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=targets, init=None)
-    peft_targets = list(lora.targets)  # peft's own "all-linear" would also take lm_head
+    peft_targets = list(lora.peft_targets)  # peft's own "all-linear" would also take lm_head
     made = _peft_adapter(hf_dir, tmp_path / "made", peft_targets)
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=targets, init=str(made))
     role = MegatronRole(spec, groups_1x1, role="actor", params_dtype=torch.float32, optim=None,
@@ -87,8 +88,8 @@ def test_merged_weights_equal_peft_s_merge(tiny_hf_dirs, tmp_path):
 
     hf_dir = tiny_hf_dirs["tiny-llama"]
     spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
-    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["all-linear"])
-    made = _peft_adapter(hf_dir, tmp_path / "made", lora.targets, seed=2)
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["all-linear", "lm_head"])
+    made = _peft_adapter(hf_dir, tmp_path / "made", lora.peft_targets, seed=2)
     base = AutoModelForCausalLM.from_pretrained(hf_dir).state_dict()
     ours = merge_into_hf(
         base, load_peft_adapter(made, lora), scaling=lora.scaling, num_layers=spec.num_layers
@@ -98,6 +99,15 @@ def test_merged_weights_equal_peft_s_merge(tiny_hf_dirs, tmp_path):
     ).merge_and_unload()
     for k, v in theirs.state_dict().items():
         assert (ours[k] - v).abs().max() < 1e-6, k
+
+
+def test_lm_head_on_a_model_that_ties_it_to_the_embedding_is_refused(groups_1x1, tiny_hf_dirs):
+    hf_dir = tiny_hf_dirs["tiny-qwen2"]
+    spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    lora = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "lm_head"])
+    with pytest.raises(ValueError, match="actor.lora.target_modules: lm_head needs an untied output layer"):
+        MegatronRole(spec, groups_1x1, role="actor", params_dtype=torch.float32, optim=None,
+                     total_steps=1, seed=3, hf_path=str(hf_dir), lora=lora)  # fmt: skip
 
 
 def test_an_adapter_that_disagrees_with_actor_lora_is_refused_by_name(tiny_hf_dirs, tmp_path):

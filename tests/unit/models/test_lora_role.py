@@ -21,9 +21,9 @@ ONE_RANK = ["actor.parallel.tp=1", "rollout.t_g=1", "launch.nproc_per_node=1"]
 LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.target_modules=[all-linear]"]
 
 
-@pytest.fixture(scope="module")
-def actor(groups_1x1):
-    cfg = load_config(RECIPE, [*ONE_RANK, *LORA]).config
+@pytest.fixture(scope="module", params=["all-linear", "all-linear,lm_head"])
+def actor(groups_1x1, request):
+    cfg = load_config(RECIPE, [*ONE_RANK, *LORA, f"actor.lora.target_modules=[{request.param}]"]).config
     spec = spec_of(cfg.model)
     role = MegatronRole.from_config(
         spec, groups_1x1, role="actor", model=cfg.model, seed=3, batching=cfg.actor, optim=cfg.actor.optim,
@@ -69,9 +69,10 @@ def test_the_transition_s_merged_weights_give_the_adapted_logits(groups_1x1, act
     moved, base = role.transition_shards(), role.global_shards()
     assert moved.keys() == base.keys()
     merged = {g for g in moved if not torch.equal(moved[g], base[g])}
-    assert merged == {
-        g for g in base if g.endswith(("linear_qkv.weight", "linear_proj.weight", "fc1.weight", "fc2.weight"))
-    }
+    adapted = ("linear_qkv.weight", "linear_proj.weight", "fc1.weight", "fc2.weight")
+    assert merged == {g for g in base if g.endswith(adapted)} | (
+        {"output_layer.weight"} if cfg.actor.lora.lm_head else set()
+    )
     with torch.no_grad():
         for g, t in plain.global_shards().items():
             t.copy_(moved[g])
@@ -85,11 +86,12 @@ def test_the_transition_s_merged_weights_give_the_adapted_logits(groups_1x1, act
 
 def test_the_memory_plan_counts_the_adapters_the_model_holds_and_no_reference(actor):
     from rl3d.planning import plan_memory
-    from rl3d.planning.memory_adapters import adapter_numels
+    from rl3d.planning.memory_adapters import adapter_numels, lm_head_numels
 
     cfg, spec, role = actor
     held = sum(p.numel() for p in role.lora.parameters())
-    assert sum(adapter_numels(spec, cfg.actor.lora.targets, 4, tp=1, pp=1)) == held
+    head = lm_head_numels(spec, 4, tp=1) if cfg.actor.lora.lm_head else []
+    assert sum(adapter_numels(spec, cfg.actor.lora.targets, 4, tp=1, pp=1) + head) == held
     assert peft_key(0, "q_proj", "A") in role.lora_state_dict()
     plan = plan_memory(cfg).ranks[0].phases["train"]
     full = plan_memory(load_config(RECIPE, ONE_RANK).config).ranks[0].phases["train"]
