@@ -2,16 +2,17 @@
 
 The microbenchmarks (`benchmarks/simulator_microbench.py`) time rl3d's own components: megatron
 forwards and training passes of the model at several layer and micro-batch counts in one process
-and, in two, at tensor parallelism 2; the torch rollout engine at several response lengths; a
-matmul at the model's shapes; gloo's all-reduce between two processes. They write a calibration
-JSON:
+and, in two, at tensor parallelism 2; the torch rollout engine at several response lengths; the
+controller's whole generate stage in a one-rank run; a matmul at the model's shapes; gloo's
+all-reduce between two processes. They write a calibration JSON:
 
     {"matmul_gflops": .., "copy_gbps": .., "gloo_gbps": .., "gloo_call_cpu_us": ..,
      "gather_cpu_us": .., "gather_rollout_cpu_us": ..,
-     "rows": [{"kind": .., "counts": {cost: n}, "flops": F, "seconds": t}]}
+     "rows": [{"kind": .., "counts": {cost: n}, "flops": F, "seconds": t, "times": [..]}]}
 
 Each row says how many of each fixed cost (`DeviceClass.fixed`, or `step_overhead_s`) the timed
-call paid, its FLOPs (on the timed rank), and its seconds. `fit_fixed` solves, per kind,
+call paid, its FLOPs (on the timed rank), and its seconds (the low percentile of its repeats'
+`times`). `fit_fixed` solves, per kind,
 seconds - FLOPs / matmul throughput = sum of count x cost by least squares with every cost >= 0;
 the kinds of `LATER_KINDS` afterwards, from what is left once the costs already fitted are
 taken off: the tensor-parallel ones also less their rows' layer all-reduces (`allreduces` of
@@ -127,10 +128,10 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
 def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
     """The CPU device class: FLOPs at the measured matmul throughput (every efficiency 1: the
     measurement already is what a rank achieves), memory reads at the measured copy bandwidth,
-    for every collective call gloo's CPU seconds per call (what a rank spends, the quantity the
-    validation compares) and its fitted bandwidth, and the fitted fixed costs. A
-    worker call also pays one object gather of its outputs over the role's ranks (its CPU
-    seconds: `gather_cpu_us` of a forward's outputs, `gather_rollout_cpu_us` of a replica's
+    for every collective call gloo's CPU seconds per call and per byte (what a rank spends, the
+    quantity the validation compares; a wait for a late peer costs none), and the fitted fixed
+    costs. A worker call also pays one object gather of its outputs over the role's ranks (its
+    CPU seconds: `gather_cpu_us` of a forward's outputs, `gather_rollout_cpu_us` of a replica's
     rollout rows)."""
     missing = [k for k in (*FACTS, "rows") if k not in calibration]
     if missing:
