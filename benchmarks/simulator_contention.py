@@ -13,6 +13,9 @@ questions decide whether that is the right quantity on 2 cores shared by more ra
    micro-batches) in two ranks, alone, beside a process that polls every 2 ms (what an idle
    rollout-pool rank does), and beside 1 and 3 busy processes; `--rounds` rounds, the
    conditions interleaved, each the least and the median of 6 forwards on each rank.
+3. Does the first forward after a rollout cost more (the rollout leaving caches cold)? In a
+   one-rank run of the PPO quickstart (`RLTrainer` as `rl3d train` builds it), the actor's
+   `compute_log_prob` right after each step's `generate` and once more, over 9 steps.
 
     python benchmarks/simulator_contention.py  # about a minute on a quiet machine
 """
@@ -126,6 +129,49 @@ def _worker(rank: int, port: int, args) -> None:
     dist.destroy_process_group()
 
 
+def _after_rollout(steps: int) -> None:
+    import os
+    import tempfile
+
+    from rl3d.config import load_config
+    from rl3d.controller.build import build_run
+    from rl3d.launch.spmd_backend import SPMDRun
+
+    torch.set_num_threads(1)
+    os.environ |= {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    run_dir = tempfile.mkdtemp()
+    overrides = [
+        "launch.nproc_per_node=1",
+        "rollout.t_g=1",
+        f"trainer.run_dir={run_dir}",
+        "checkpoint.save_every=0",
+    ]
+    overrides += [f"{role}.parallel.{axis}=1" for role in ("actor", "critic") for axis in ("tp", "dp")]
+    trainer = build_run(
+        load_config(ROOT / "recipes/quickstart_cpu_ppo.yaml", overrides).config, Path(run_dir), SPMDRun()
+    )
+    trainer.placement.start(0, trainer.sampler.sampler.state_dict)
+    first, second = [], []
+    for step in range(1, steps + 1):
+        trainer.publish_weights(step - 1)
+        batch = trainer.generate(step, {})
+        for times in (first, second):
+            cpu = time.process_time()
+            trainer.roles.actor.call("compute_log_prob", batch)
+            times.append(time.process_time() - cpu)
+    trainer.placement.stop(None)
+    print(f"forward right after the rollout, CPU ms, least / median of {steps}: "
+          f"{min(first) * 1e3:.1f} / {statistics.median(first) * 1e3:.1f}; the next one: "
+          f"{min(second) * 1e3:.1f} / {statistics.median(second) * 1e3:.1f}", flush=True)  # fmt: skip
+    dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -134,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     args.store_port = free_port()
     mp.spawn(_worker, args=(free_port(), args), nprocs=2)
-    return 0
+    proc = mp.get_context("spawn").Process(target=_after_rollout, args=(9,))
+    proc.start()
+    proc.join()
+    return proc.exitcode
 
 
 if __name__ == "__main__":
