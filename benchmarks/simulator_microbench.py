@@ -4,10 +4,12 @@ Times rl3d's own components with one thread per process (as each quickstart rank
 matmul at the model's shapes, a memory copy, megatron forwards (log-probs) and training passes
 (PPO-style mini/micro-batches, Adam) of the recipe's model at 1 and 2 layers and 1-4
 micro-batches in one process and at tensor parallelism 2 in two, the torch rollout engine at 1
-and 2 layers and 1-8 new tokens; and between two processes gloo's all-reduce (CPU seconds per
-call, bandwidth fitted) and an object gather of a worker's output. Everything is timed as
-process CPU seconds (the least of `--repeats`), which other processes on a busy machine barely
-change, but gloo's bandwidth, fitted to wall seconds (the least of the repeats).
+and 2 layers and 1-8 new tokens, the controller's whole generate stage in a one-rank run; and
+between two processes gloo's all-reduce (CPU seconds per call, bandwidth fitted) and an object
+gather of a worker's output. Everything is timed as process CPU seconds, the quantity the
+validation measures in its runs: a rank's own work, without the time it waits for a peer or
+for a core (gloo blocks while it waits). A row keeps all `--repeats` and, as its seconds, their
+low percentile (`rl3d.planning.calibration.low_percentile`); a fact the least of the repeats.
 Writes the calibration JSON that `rl3d.planning.calibration.cpu_device` reads:
 
     python benchmarks/simulator_microbench.py recipes/quickstart_cpu_ppo.yaml --out calib.json
@@ -29,20 +31,27 @@ import torch.distributed as dist
 from rl3d.bench.cost_model import fit_alpha_beta
 from rl3d.config import load_config
 from rl3d.models.spec import spec_of
+from rl3d.planning.calibration import low_percentile
 from rl3d.planning.simulator import forward_flops
 from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.net import free_port
 
 
-def cpu_min(fn, repeats: int) -> float:
-    """The least process CPU seconds of `repeats` calls (after one warm-up call)."""
+def cpu_times(fn, repeats: int, setup=lambda: None) -> list[float]:
+    """The process CPU seconds of `repeats` calls (after one warm-up call), each after `setup()`."""
+    setup()
     fn()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
+        setup()
         start = time.process_time()
         fn()
-        best = min(best, time.process_time() - start)
-    return best
+        times.append(time.process_time() - start)
+    return times
+
+
+def cpu_min(fn, repeats: int) -> float:
+    return min(cpu_times(fn, repeats))
 
 
 def wall_min(fn, repeats: int) -> float:
@@ -61,7 +70,7 @@ def _gloo_worker(rank: int, port: int, repeats: int, rollout: DataBatch, out) ->
     rows = []
     for n in [2**k for k in range(10, 23, 2)]:
         t = torch.zeros(n // 4)
-        rows.append((1, n, wall_min(lambda t=t: dist.all_reduce(t), repeats)))
+        rows.append((1, n, cpu_min(lambda t=t: dist.all_reduce(t), repeats)))
     output = {"old_logp": torch.randn(16, 8), "entropy": torch.randn(16, 8)}  # a rank's share
     gathered: list = [None, None]
     small = torch.zeros(64)
@@ -83,8 +92,9 @@ def _gloo_worker(rank: int, port: int, repeats: int, rollout: DataBatch, out) ->
 
 
 def gloo_facts(repeats: int, rollout: DataBatch) -> dict:
-    """gloo between two processes: all-reduces of 1 KiB-4 MiB (wall) and of 64 floats (CPU per
-    call), an object gather of a forward's outputs and of a replica's rollout rows (CPU)."""
+    """gloo between two processes, in CPU seconds: all-reduces of 1 KiB-4 MiB (their bandwidth)
+    and of 64 floats (per call), an object gather of a forward's outputs and of a replica's
+    rollout rows (and the former's wall seconds)."""
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -115,8 +125,10 @@ def batch_of(spec, samples: int, prompt_len: int, response_len: int) -> DataBatc
     })  # fmt: skip
 
 
-def _row(kind: str, layers: int, flops: float, seconds: float, **counts: int) -> dict:
-    return {"kind": kind, "layers": layers, "flops": flops, "seconds": seconds, "counts": counts}
+def _row(kind: str, layers: int, flops: float, times: list[float], **counts: int) -> dict:
+    """A calibration row: `times` are its repeats' CPU seconds, `seconds` their low percentile."""
+    return {"kind": kind, "layers": layers, "flops": flops, "seconds": low_percentile(times),
+            "times": times, "counts": counts}  # fmt: skip
 
 
 def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list[dict]:
@@ -180,14 +192,14 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
 
     for micro in (samples, samples // 2, samples // 4):
         k = samples // micro
-        seconds = cpu_min(lambda m=micro: role.run_forward(batch, m, extract), repeats)
-        rows.append(tp_row(_row("forward", layers, flops, seconds, call_s=1, call_layer_s=layers, micro_s=k,
+        times = cpu_times(lambda m=micro: role.run_forward(batch, m, extract), repeats)
+        rows.append(tp_row(_row("forward", layers, flops, times, call_s=1, call_layer_s=layers, micro_s=k,
                                 layer_s=k * layers), micro, k, 2))  # fmt: skip
     quarter = samples // 4
     for mini, micro in ((samples, samples), (samples, quarter), (samples // 2, quarter), (quarter, quarter)):
         k, steps = samples // micro, samples // mini
-        seconds = cpu_min(lambda a=mini, b=micro: train(a, b), repeats)
-        row = _row("train", layers, 3 * flops, seconds, train_call_s=1, train_call_layer_s=layers,
+        times = cpu_times(lambda a=mini, b=micro: train(a, b), repeats)
+        row = _row("train", layers, 3 * flops, times, train_call_s=1, train_call_layer_s=layers,
                    train_micro_s=k, train_layer_s=k * layers, optim_step_s=steps)  # fmt: skip
         rows.append(tp_row(row, micro, k, 4))
     return rows
@@ -256,8 +268,8 @@ def _engine_rows(cfg, layers: int, repeats: int) -> list[dict]:
             with_(cfg, rollout=with_(cfg.rollout, max_new_tokens=k)), engine, None, pad_token_id=0
         )
         flops = forward_flops(spec, seqs * P, P / 2) + k * forward_flops(spec, seqs, P + k / 2)
-        seconds = cpu_min(lambda g=gen: g.generate(share, step=1, gen_dp_rank=0), repeats)
-        rows.append(_row("generate", layers, flops, seconds, gen_call_s=1, step_overhead_s=k,
+        times = cpu_times(lambda g=gen: g.generate(share, step=1, gen_dp_rank=0), repeats)
+        rows.append(_row("generate", layers, flops, times, gen_call_s=1, step_overhead_s=k,
                          decode_layer_s=(k + 1) * layers))  # fmt: skip
     return rows
 
@@ -286,8 +298,71 @@ def _score_rows(cfg, batch: DataBatch, repeats: int) -> list[dict]:
 
     worker, rows = RewardWorker(cfg, run_tokenizer(cfg, spec_of(cfg.model))), []
     for part in (batch, batch.select(list(range(len(batch) // 2)))):
-        seconds = cpu_min(lambda b=part: worker.compute_reward(b), repeats)
-        rows.append(_row("score", 0, 0.0, seconds, score_sample_s=len(part)))
+        times = cpu_times(lambda b=part: worker.compute_reward(b), repeats)
+        rows.append(_row("score", 0, 0.0, times, score_sample_s=len(part)))
+    return rows
+
+
+def _stage_row(recipe: str, prompts: int, repeats: int, run_dir: str) -> dict:
+    """The controller's whole `generate` stage as `rl3d train` runs it, on one rank (world 1,
+    colocated, t_g = 1) at `prompts` prompts a step: prompts sampled, the engine's cache resumed,
+    one replica's rollout, the rule reward, the rows joined; the weights published (untimed)
+    before each step's."""
+    from rl3d.controller.build import build_run
+    from rl3d.launch.spmd_backend import SPMDRun
+    from rl3d.models.bootstrap import destroy_megatron
+
+    overrides = [f"data.prompts_per_step={prompts}", "launch.nproc_per_node=1", "rollout.t_g=1",
+                 f"trainer.run_dir={run_dir}", "checkpoint.save_every=0"]  # fmt: skip
+    overrides += [f"{role}.parallel.{axis}=1" for role in ("actor", "critic") for axis in ("tp", "dp")]
+    cfg = load_config(recipe, overrides).config
+    trainer = build_run(cfg, Path(run_dir), SPMDRun())
+    trainer.placement.start(0, trainer.sampler.sampler.state_dict)
+    steps, step = iter(range(1, 10 * repeats)), 0
+
+    def publish() -> None:
+        nonlocal step
+        step = next(steps)
+        trainer.publish_weights(step - 1)
+
+    times = cpu_times(lambda: trainer.generate(step, {}), repeats, setup=publish)
+    trainer.placement.stop(None)
+    destroy_megatron()
+    spec, k, P = spec_of(cfg.model), cfg.rollout.max_new_tokens, cfg.data.max_prompt_length
+    n, L = prompts * cfg.rollout.n, spec.num_layers
+    flops = forward_flops(spec, n * P, P / 2) + k * forward_flops(spec, n, P + k / 2)
+    return _row("generate_stage", L, flops, times, gen_call_s=1, step_overhead_s=k,
+                decode_layer_s=(k + 1) * L,
+                score_sample_s=n, control_step_s=1, control_sample_s=n)  # fmt: skip
+
+
+def _stage_worker(recipe: str, repeats: int, out) -> None:
+    import tempfile
+
+    torch.set_num_threads(1)
+    os.environ |= {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+    }
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    prompts, run_dir = load_config(recipe).config.data.prompts_per_step, tempfile.mkdtemp()
+    out.put([_stage_row(recipe, m, repeats, run_dir) for m in (prompts, prompts // 2)])
+    dist.destroy_process_group()
+
+
+def stage_rows(recipe: Path, repeats: int) -> list[dict]:
+    """`_stage_row` at the recipe's prompts a step and half, in a process of its own (it builds
+    a whole run)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_stage_worker, args=(str(recipe), repeats, queue))
+    proc.start()
+    rows = queue.get(timeout=1200)
+    proc.join()
     return rows
 
 
@@ -312,6 +387,7 @@ def calibrate(recipe: Path, repeats: int) -> dict:
         + tp_rows(recipe, repeats)
         + [r for L in (1, 2) for r in _engine_rows(cfg, L, repeats)]
         + _score_rows(cfg, rollout, repeats)
+        + stage_rows(recipe, repeats)
     )
     facts["load_after"] = os.getloadavg()
     return facts

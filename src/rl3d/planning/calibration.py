@@ -2,21 +2,23 @@
 
 The microbenchmarks (`benchmarks/simulator_microbench.py`) time rl3d's own components: megatron
 forwards and training passes of the model at several layer and micro-batch counts in one process
-and, in two, at tensor parallelism 2; the torch rollout engine at several response lengths; a
-matmul at the model's shapes; gloo's all-reduce between two processes. They write a calibration
-JSON:
+and, in two, at tensor parallelism 2; the torch rollout engine at several response lengths; the
+controller's whole generate stage in a one-rank run; a matmul at the model's shapes; gloo's
+all-reduce between two processes. They write a calibration JSON:
 
     {"matmul_gflops": .., "copy_gbps": .., "gloo_gbps": .., "gloo_call_cpu_us": ..,
      "gather_cpu_us": .., "gather_rollout_cpu_us": ..,
-     "rows": [{"kind": .., "counts": {cost: n}, "flops": F, "seconds": t}]}
+     "rows": [{"kind": .., "counts": {cost: n}, "flops": F, "seconds": t, "times": [..]}]}
 
 Each row says how many of each fixed cost (`DeviceClass.fixed`, or `step_overhead_s`) the timed
-call paid, its FLOPs (on the timed rank), and its seconds. `fit_fixed` solves, per kind,
+call paid, its FLOPs (on the timed rank), and its seconds (the low percentile of its repeats'
+`times`). `fit_fixed` solves, per kind,
 seconds - FLOPs / matmul throughput = sum of count x cost by least squares with every cost >= 0;
-the tensor-parallel kinds (`TP_KINDS`) afterwards, from what is left once the costs already
-fitted and their rows' layer all-reduces (`allreduces` of `allreduce_bytes` each, at gloo's
-cost per call and bandwidth) are taken off. Nothing is fitted to the runs the simulator then
-predicts.
+the kinds of `LATER_KINDS` afterwards, from what is left once the costs already fitted are
+taken off: the tensor-parallel ones also less their rows' layer all-reduces (`allreduces` of
+`allreduce_bytes` each, at gloo's cost per call and bandwidth), the controller's generate stage
+(`generate_stage`, a whole step's rollout as the loop runs it) less the engine's and the
+reward's costs. Nothing is fitted to the runs the simulator then predicts.
 """
 
 from __future__ import annotations
@@ -35,7 +37,11 @@ KINDS = {
     "generate": ("gen_call_s", "step_overhead_s", "decode_layer_s"),
     "score": ("score_sample_s",),
 }
-TP_KINDS = {"forward_tp": ("tp_micro_s",), "train_tp": ("train_tp_micro_s", "train_tp_step_s")}
+LATER_KINDS = {
+    "forward_tp": ("tp_micro_s",),
+    "train_tp": ("train_tp_micro_s", "train_tp_step_s"),
+    "generate_stage": ("control_step_s", "control_sample_s"),
+}
 FACTS = (
     "matmul_gflops",
     "copy_gbps",
@@ -44,6 +50,23 @@ FACTS = (
     "gather_cpu_us",
     "gather_rollout_cpu_us",
 )
+
+
+# Which of a timing's repeats stands for it: noise on a shared machine only adds CPU seconds
+# (caches emptied by other processes, a peer held off its core), so a low one; not the least,
+# which one lucky repeat decides. The validation reads its runs' stages the same way.
+LOW_PERCENTILE = 20
+
+
+def low_percentile(times: list[float], q: float = LOW_PERCENTILE) -> float:
+    """The `q`-th percentile of `times` (linear between the two nearest)."""
+    if not times:
+        raise ValueError("calibration: a timing without repeats")
+    ordered = sorted(times)
+    pos = (len(ordered) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def nonnegative_lstsq(A: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -71,31 +94,33 @@ def _fit_kind(kind: str, names: tuple[str, ...], rows: list[dict], rest) -> dict
 
 
 def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[str, float]:
-    """Every fixed cost of `KINDS` and `TP_KINDS` from the calibration rows (see the module
-    docstring); `allreduce_s(nbytes)` is one layer all-reduce's seconds (for `TP_KINDS`)."""
+    """Every fixed cost of `KINDS` and `LATER_KINDS` from the calibration rows (see the module
+    docstring); `allreduce_s(nbytes)` is one layer all-reduce's seconds (for rows that count
+    `allreduces`)."""
     if matmul_flops <= 0:
         raise ValueError(f"calibration: matmul throughput must be > 0, got {matmul_flops}")
-    known = {n for names in (*KINDS.values(), *TP_KINDS.values()) for n in names}
+    known = {n for names in (*KINDS.values(), *LATER_KINDS.values()) for n in names}
     for r in rows:
         unknown = set(r["counts"]) - known
-        if r["kind"] not in KINDS and r["kind"] not in TP_KINDS or unknown:
+        if r["kind"] not in KINDS and r["kind"] not in LATER_KINDS or unknown:
             raise ValueError(f"calibration {r['kind']} row: unknown kind or costs {sorted(unknown)}")
     costs: dict[str, float] = {}
     for kind, names in KINDS.items():
         costs |= _fit_kind(kind, names, rows, lambda r: r.get("flops", 0.0) / matmul_flops)
-    if any(r["kind"] in TP_KINDS for r in rows):
-        if allreduce_s is None:
-            raise ValueError("calibration: tensor-parallel rows need the all-reduce cost")
+    if allreduce_s is None and any(r.get("allreduces") for r in rows):
+        raise ValueError("calibration: tensor-parallel rows need the all-reduce cost")
 
-        def rest(r: dict) -> float:
-            paid = sum(n * costs[c] for c, n in r["counts"].items() if c in costs)
-            return (
-                r.get("flops", 0.0) / matmul_flops
-                + paid
-                + r["allreduces"] * allreduce_s(r["allreduce_bytes"])
-            )
+    def rest(r: dict) -> float:
+        paid = sum(n * costs[c] for c, n in r["counts"].items() if c in costs)
+        allreduces = r.get("allreduces", 0)
+        return (
+            r.get("flops", 0.0) / matmul_flops
+            + paid
+            + (allreduces and allreduces * allreduce_s(r["allreduce_bytes"]))
+        )
 
-        for kind, names in TP_KINDS.items():
+    for kind, names in LATER_KINDS.items():
+        if any(r["kind"] == kind for r in rows):
             costs |= _fit_kind(kind, names, rows, rest)
     return costs
 
@@ -103,10 +128,10 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
 def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
     """The CPU device class: FLOPs at the measured matmul throughput (every efficiency 1: the
     measurement already is what a rank achieves), memory reads at the measured copy bandwidth,
-    for every collective call gloo's CPU seconds per call (what a rank spends, the quantity the
-    validation compares) and its fitted bandwidth, and the fitted fixed costs. A
-    worker call also pays one object gather of its outputs over the role's ranks (its CPU
-    seconds: `gather_cpu_us` of a forward's outputs, `gather_rollout_cpu_us` of a replica's
+    for every collective call gloo's CPU seconds per call and per byte (what a rank spends, the
+    quantity the validation compares; a wait for a late peer costs none), and the fitted fixed
+    costs. A worker call also pays one object gather of its outputs over the role's ranks (its
+    CPU seconds: `gather_cpu_us` of a forward's outputs, `gather_rollout_cpu_us` of a replica's
     rollout rows)."""
     missing = [k for k in (*FACTS, "rows") if k not in calibration]
     if missing:

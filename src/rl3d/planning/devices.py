@@ -62,6 +62,10 @@ class FixedCosts:
     train_tp_step_s: float = 0.0  # per optimizer step on a tensor-parallel layout (norms over ranks)
     gen_call_s: float = 0.0  # a generation call on a replica: sampling set-up, log-probs, output
     score_sample_s: float = 0.0  # the rule reward of one sample (detokenize, score) on the controller
+    # the controller's side of a step's rollout besides the engine and the reward: sampling the
+    # prompts, dealing them out, collecting and joining the rows, resuming the engine's cache
+    control_step_s: float = 0.0  # per step
+    control_sample_s: float = 0.0  # per sample
     decode_layer_s: float = 0.0  # one layer of a decode step
 
     def __post_init__(self) -> None:

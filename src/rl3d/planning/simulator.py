@@ -23,7 +23,8 @@ works, so the step is the longer of the two):
 Every worker call, micro-batch, layer, optimizer step and decode step also pays the device's
 fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU), and so does the
 rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
-seconds). Nothing here overlaps compute with communication.
+seconds), and so does the controller's work around a step's rollout (`control`: per step and per
+sample). Nothing here overlaps compute with communication.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ def pool_stages(
 
 
 STAGE_ORDER = (
-    "prefill", "decode", "score", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
+    "prefill", "decode", "score", "control", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
     "update_critic", "update_actor", "reshard",
 )  # fmt: skip
 
@@ -267,8 +268,11 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
     for pool in placement.pools:
         for stage, seconds in pool_stages(w, placement, device, pool, kv_budget.get(pool.name, 0.0)).items():
             stages[stage] += seconds
-    # the rule reward: every controller scores every rollout (rl3d times it inside `generate`)
-    stages["score"] = w.samples * w.generations * device.fixed.score_sample_s
+    # the rule reward: every controller scores every rollout (rl3d times it inside `generate`),
+    # and the controller's own work around the rollout (also inside `generate`)
+    rollouts, fixed = w.samples * w.generations, device.fixed
+    stages["score"] = rollouts * fixed.score_sample_s
+    stages["control"] = fixed.control_step_s + rollouts * fixed.control_sample_s
     stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     generation = stages["prefill"] + stages["decode"]
     total = sum(stages.values())

@@ -7,7 +7,14 @@ import torch
 from rl3d.bench.modeled import ADAM_BYTES_PER_PARAM
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
-from rl3d.planning.calibration import KINDS, TP_KINDS, cpu_device, fit_fixed, nonnegative_lstsq
+from rl3d.planning.calibration import (
+    KINDS,
+    LATER_KINDS,
+    cpu_device,
+    fit_fixed,
+    low_percentile,
+    nonnegative_lstsq,
+)
 from rl3d.planning.devices import A100, FixedCosts
 from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate
 from rl3d.planning.workload import Placement, PoolPlacement, Workload
@@ -18,6 +25,7 @@ TRUE = {
     "train_call_s": 5e-3, "train_call_layer_s": 4e-3, "train_micro_s": 3e-3, "train_layer_s": 2.5e-3,
     "optim_step_s": 6e-3, "gen_call_s": 1e-3, "step_overhead_s": 4e-4, "decode_layer_s": 3e-4,
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
+    "control_step_s": 5e-3, "control_sample_s": 8e-5,
 }  # fmt: skip
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
@@ -41,6 +49,10 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
             counts = {"gen_call_s": 1, "step_overhead_s": k, "decode_layer_s": (k + 1) * layers}
             rows.append({"kind": "generate", "counts": counts, "flops": 2e5 * k})
     rows += [{"kind": "score", "counts": {"score_sample_s": n}, "flops": 0.0} for n in (16, 8)]
+    for n in (32, 16, 8):  # a whole step's rollout on one rank: the engine, the reward, the controller
+        counts = {"gen_call_s": 1, "step_overhead_s": 8, "decode_layer_s": 9 * 2, "score_sample_s": n,
+                  "control_step_s": 1, "control_sample_s": n}  # fmt: skip
+        rows.append({"kind": "generate_stage", "counts": counts, "flops": 2e5 * n})
     for r in [r for r in rows if r["kind"] in ("forward", "train")]:  # the same at tensor parallelism 2
         tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
         k = r["counts"].get("micro_s", r["counts"].get("train_micro_s"))
@@ -65,7 +77,7 @@ def calibration(costs=TRUE) -> dict:
 
 def test_the_fit_recovers_the_costs_that_made_the_rows():
     fitted = fit_fixed(rows_from(TRUE), GFLOPS * 1e9, allreduce_s)
-    assert set(fitted) == {c for names in (*KINDS.values(), *TP_KINDS.values()) for c in names}
+    assert set(fitted) == {c for names in (*KINDS.values(), *LATER_KINDS.values()) for c in names}
     for name, value in TRUE.items():
         assert fitted[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 
@@ -150,3 +162,20 @@ def test_the_simulator_charges_each_fixed_cost_per_its_unit():
 
 def test_the_gpu_classes_pay_no_fixed_costs():
     assert A100.fixed == FixedCosts()
+
+
+def test_the_controller_s_rollout_work_is_charged_per_step_and_sample_inside_generate():
+    w = Workload(actor=TINY, prompts=8, samples_per_prompt=4, prompt_len=16, response_len=8)
+    placement = Placement(pools=(PoolPlacement("actor", ParallelLayout(1, 1, 2), w.roles),))
+    est = simulate(w, placement, cpu_device(calibration()))
+    assert est.stages["control"] == pytest.approx(TRUE["control_step_s"] + 32 * TRUE["control_sample_s"])
+    assert est.stages["score"] == pytest.approx(32 * TRUE["score_sample_s"])
+    assert "control" not in simulate(w, placement, A100).stages  # zero on a GPU class: not listed
+
+
+def test_a_timing_is_the_low_percentile_of_its_repeats():
+    assert low_percentile([5.0, 1.0, 3.0]) == pytest.approx(1.8)  # 20th: 1 + 0.4 x (3 - 1)
+    assert low_percentile([2.0]) == 2.0
+    assert low_percentile([4.0, 1.0, 2.0, 3.0, 9.0], q=0) == 1.0  # the least
+    with pytest.raises(ValueError, match="without repeats"):
+        low_percentile([])
