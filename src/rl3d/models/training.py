@@ -124,6 +124,13 @@ def forward_backward(
     def step(data_iterator: Any, chunk: Any) -> tuple[torch.Tensor, Callable]:
         return forward_step(next(data_iterator), chunk)
 
+    if getattr(unwrapped.config, "num_moe_experts", None):
+        # megatron keeps the aux-loss scale in a class attribute, shared by every model in the
+        # process, and copies each schedule's scale into it in place: a role with an optimizer
+        # (a 0-d scale) then a forward-only role (shape [1]) would clash; each schedule sets it anew
+        from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+        MoEAuxLossAutoScaler.main_loss_backward_scale = None
     kwargs: dict[str, Any] = dict(pg_collection=groups.pg_collection)
     if groups.layout.p > 1:
         kwargs["p2p_communicator"] = p2p
