@@ -192,6 +192,8 @@ class PlanContext:
         """Indices of the parameters training rank `rank` holds: its stage's, of the experts
         only its EP rank's."""
         c = self.train.coords(rank)
+        if self.train.ep == 1:
+            return self.stage_params(c.pp, self.train.p)
         key = ("train", c.pp, c.ep)
         if key not in self._cache:
             stage = self.stage_params(c.pp, self.train.p)
@@ -206,7 +208,7 @@ class PlanContext:
 
     def train_segs(self, rank: int) -> frozenset[int]:
         c = self.train.coords(rank)
-        return self.holding(c.pp, self.train.p, c.tp, self.train.t, c.ep)
+        return self.holding(c.pp, self.train.p, c.tp, self.train.t, c.ep if self.train.ep > 1 else None)
 
     def gen_segs(self, rank: int) -> frozenset[int]:
         c = self.gen.coords(rank)
@@ -364,15 +366,19 @@ def plan_transition(
     nodes: NodeMap | None = None,
 ) -> TransitionPlan:
     """Plan the train -> generate transition with the given strategies (default: every one
-    registered). `nodes` groups ranks into nodes for the strategies that plan per node (the
-    hierarchical gather); the others ignore it. Raises ValueError on an impossible layout, an
-    unknown strategy, or nodes that leave a rank out."""
+    registered that plans the layout: with expert parallelism, those that `supports_ep`).
+    `nodes` groups ranks into nodes for the strategies that plan per node (the hierarchical
+    gather); the others ignore it. Raises ValueError on an impossible layout, an unknown
+    strategy (or one that cannot plan expert parallelism), or nodes that leave a rank out."""
     gen = GenerationLayout.from_training(train, t_g, p_g)
     if spec.num_layers % train.p:
         raise ValueError(f"pipeline size p={train.p} must divide the {spec.num_layers} layers of {spec.name}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-    names = tuple(STRATEGIES) if strategies is None else strategies
+    if strategies is None:  # every registered one that plans this layout
+        names = tuple(n for n in STRATEGIES if train.ep == 1 or STRATEGIES[n].supports_ep)
+    else:
+        names = strategies
     classes = {name: get_strategy(name) for name in names}
     if train.ep > 1:
         for name, cls in classes.items():
