@@ -11,7 +11,7 @@ import pytest
 
 from rl3d.testing.spawn import run_distributed
 
-pytestmark = pytest.mark.distributed
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 RECIPE = "recipes/quickstart_cpu_moe_grpo.yaml"
 STATIC = ("params", "grads", "master", "optimizer")
@@ -64,7 +64,10 @@ def held_worker(rank, world, overrides):
 
 @pytest.mark.parametrize("distributed_optimizer", [False, True])
 def test_plan_equals_held_bytes_at_ep2(distributed_optimizer):
-    overrides = [f"actor.optim.distributed_optimizer={str(distributed_optimizer).lower()}"]
+    overrides = [
+        f"actor.optim.distributed_optimizer={str(distributed_optimizer).lower()}",
+        "algorithm.kl.coef=0.0",
+    ]
     for rank, (held, engine, planned, planned_engine, local_experts) in enumerate(
         run_distributed(held_worker, 2, overrides, timeout_s=300)
     ):
