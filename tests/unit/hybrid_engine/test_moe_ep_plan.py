@@ -111,3 +111,23 @@ def test_a_rollout_pool_gets_each_expert_from_its_ep_rank():
             assert holder == (0 if expert is None else expert // 2), params[i].name
     total = sum(p.numel for p in params if not p.tied_copy) * 4
     assert pool.bytes_to(0) == total
+
+
+def test_cli_plans_an_expert_parallel_layout():
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "rl3d.cli", "plan", "--model", "qwen3-30b-a3b", "--train", "1,4,8,8"]
+    out = subprocess.run([*cmd, "--gen", "4,1", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)
+    experts, dense = plan["moe"]["experts"], plan["moe"]["dense"]
+    # a rank trains 1/(t ep) of the experts and generates with 1/t_g of them: it receives the rest
+    assert experts["train_max"] == experts["model_bytes"] // 32
+    assert experts["held_max"] == experts["model_bytes"] // 4
+    assert experts["recv_max"] == experts["held_max"] - experts["train_max"]
+    assert dense["recv_max"] == 0  # t_g = t: the dense weights stay in place
+    assert set(plan["strategies"]) == {"hybridflow", "hybridflow_hier"}  # the baselines do not plan ep
+    bad = subprocess.run([*cmd[:-1], "1,4,8,3", "--gen", "4,1"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "ep=3 must divide the data-parallel size d=8" in bad.stderr
