@@ -49,14 +49,15 @@ def plan_moe_split(
 
 
 def format_moe(split: dict) -> str:
-    """`rl3d plan`'s mixture-of-experts section."""
-    gb = 1e9
-    lines = [f"mixture of experts: the transition by weight class (GB per rank, {split['strategy']}):"]
+    """`rl3d plan`'s mixture-of-experts section, in GB, or MB / KB for a small model."""
+    largest = max(split[name]["model_bytes"] for name in ("experts", "dense"))
+    unit, size = next(((u, s) for u, s in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)) if largest >= s), ("B", 1))
+    lines = [f"mixture of experts: the transition by weight class ({unit} per rank, {split['strategy']}):"]
     lines.append(f"{'':<10}{'model':>10}{'trained':>10}{'recv max':>12}{'recv mean':>12}{'held max':>12}")
     for name in ("experts", "dense"):
         c = split[name]
         lines.append(
-            f"{name:<10}{c['model_bytes'] / gb:>10.3f}{c['train_max'] / gb:>10.3f}{c['recv_max'] / gb:>12.3f}"
-            f"{c['recv_mean'] / gb:>12.3f}{c['held_max'] / gb:>12.3f}"
+            f"{name:<10}{c['model_bytes'] / size:>10.3f}{c['train_max'] / size:>10.3f}"
+            f"{c['recv_max'] / size:>12.3f}{c['recv_mean'] / size:>12.3f}{c['held_max'] / size:>12.3f}"
         )
     return "\n".join(lines)
