@@ -5,7 +5,8 @@ stage, and each generation weight equals the slice of the original HF checkpoint
 A rank trains only its EP rank's experts (megatron-core builds the EP groups; rl3d's layout is
 checked against them at bootstrap), so if the planner took an expert from a rank that does not
 hold it, the gather would miss the tensor or deliver another expert's values. The bytes each rank
-counts equal the plan's, and what it receives from each peer is what the plan's pieces weigh.
+counts equal the plan's. With `hybrid_engine.verify` the executor also checks each shard against
+the full model gathered by another path (every expert from the data-parallel rank training it).
 """
 
 import pytest
@@ -39,6 +40,7 @@ def worker(rank, world, hf_dir, p, t, d, ep, t_g):
             f"actor.parallel={{pp: {p}, tp: {t}, dp: {d}, ep: {ep}}}",
             f"launch.nproc_per_node={world}",
             f"rollout.t_g={t_g}",
+            "hybrid_engine.verify=true",  # and the executor's own check against the gathered model
         ],
     ).config
     layout = ParallelLayout(p, t, d, ep=ep)
