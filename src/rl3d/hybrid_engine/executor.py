@@ -188,6 +188,9 @@ class Resharder:
             buffers += [buf] if buf is not None else []
         return views, buffers
 
+    def _is_expert(self, name: str) -> bool:
+        return name in self.by_name and self.by_name[name].expert is not None
+
     @staticmethod
     def is_replicated(param: ParamInfo) -> bool:
         return param.kind is ShardKind.REPLICATED
@@ -327,10 +330,13 @@ class Resharder:
         """The full model on every rank via all_gather_object (slow; verification only)."""
         import torch.distributed as dist
 
+        coords = self.train.coords(self.rank) if self.rank < self.train.world_size else None
         if zero_shards is not None:
             mine = ("zero", self.rank, {k: v.cpu() for k, v in zero_shards.items()})
-        elif self.rank < self.train.world_size and self.train.coords(self.rank).dp == 0:
-            mine = ("tp", self.train.coords(self.rank).tp, {k: v.cpu() for k, v in train.items()})
+        elif coords is not None and coords.dp < self.train.ep:
+            # data-parallel rank 0 sends every weight it holds; ranks 1 .. ep-1 their experts
+            sent = {k: v for k, v in train.items() if coords.dp == 0 or self._is_expert(k)}
+            mine = ("tp", coords.tp, {k: v.cpu() for k, v in sent.items()})
         else:
             mine = ("none", 0, {})
         group = None if self.impl.uses_rollout_ranks else self.groups.world

@@ -5,6 +5,13 @@ every member needs, so one all-gather inside the group builds it, and each rank'
 training shard is a piece of it in place (no copy, no redundant memory). Replicated norms
 travel only when PP folds into micro-DP (s > 1), and then only among the members with the
 same training TP rank (each stage's norms come from one holder).
+
+With expert parallelism (ep > 1, the experts of a layer split over ep data-parallel ranks) a
+micro-DP group holds only its EP rank's experts, while every generation rank needs all
+experts of its stage. The micro-DP groups of one EP group's ep ranks, joined, hold each
+expert's generation shard exactly once between them (member (k, b, e): EP rank k's experts,
+training TP shard b, stage e), so a second all-gather over those ep * d_g ranks gives every
+member exactly the expert shards it lacks, each once, from the rank that trains them.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 from rl3d.hybrid_engine.params import stages_of
 from rl3d.hybrid_engine.plan import Collective, PlanContext, RankCost, StrategyPlan, shard_contributions
 from rl3d.hybrid_engine.strategy import Strategy, register_strategy
+from rl3d.models.params import expert_owner
 from rl3d.parallel.sharding import ShardKind
 
 
@@ -30,22 +38,30 @@ def _same_tp_subgroups(ctx: PlanContext, groups: list[list[int]]) -> list[list[i
 class HybridFlow(Strategy):
     name = "hybridflow"
     overlaps_buckets = True
+    supports_ep = True
 
     def plan(self, ctx: PlanContext) -> StrategyPlan:
         # identity (d_g = 1): every micro-DP group is one rank, which already holds its
         # generation shard, so there is no collective at all (not even a one-rank all-gather)
         groups = ctx.gen.micro_dp_groups() if not ctx.gen.is_identity else []
+        # expert parallelism: a rank holds only its EP rank's experts, so experts are a class of
+        # their own, gathered over the EP group's micro-DP groups joined (with ep = 1 they ride
+        # with the other sharded weights)
+        expert_class = ctx.train.ep > 1
 
-        wanted: dict[tuple[int, bool], frozenset[int]] = {}
+        def class_of(i: int) -> str:
+            if ctx.replicated(i):
+                return "replicated"
+            return "expert" if expert_class and ctx.expert_rank(i) is not None else "sharded"
 
-        def needed(replicated: bool):
+        wanted: dict[tuple[int, str], frozenset[int]] = {}
+
+        def needed(kind: str):
             def of(group: list[int]) -> frozenset[int]:
-                # a micro-DP group shares one generation stage: its first rank speaks for all
-                key = (ctx.gen.coords(group[0]).pp_g, replicated)
+                # a (micro-DP or expert) group shares one generation stage: its first rank speaks
+                key = (ctx.gen.coords(group[0]).pp_g, kind)
                 if key not in wanted:
-                    wanted[key] = frozenset(
-                        i for i in ctx.gen_params(group[0]) if ctx.replicated(i) == replicated
-                    )
+                    wanted[key] = frozenset(i for i in ctx.gen_params(group[0]) if class_of(i) == kind)
                 return wanted[key]
 
             return of
@@ -54,7 +70,22 @@ class HybridFlow(Strategy):
         if groups:
             collectives.append(
                 Collective(
-                    "all_gather", "micro_dp", "shard", groups, shard_contributions(ctx, groups, needed(False))
+                    "all_gather",
+                    "micro_dp",
+                    "shard",
+                    groups,
+                    shard_contributions(ctx, groups, needed("sharded")),
+                )
+            )
+        if expert_class:
+            expert_groups = ctx.gen.expert_micro_dp_groups()
+            collectives.append(
+                Collective(
+                    "all_gather",
+                    "expert_micro_dp",
+                    "shard",
+                    expert_groups,
+                    shard_contributions(ctx, expert_groups, needed("expert")),
                 )
             )
         if ctx.gen.s > 1:
@@ -65,7 +96,7 @@ class HybridFlow(Strategy):
                     "pp_micro",
                     "shard",
                     norm_groups,
-                    shard_contributions(ctx, norm_groups, needed(True)),
+                    shard_contributions(ctx, norm_groups, needed("replicated")),
                 )
             )
         recv, send = ctx.traffic(collectives)
@@ -84,14 +115,18 @@ class HybridFlow(Strategy):
 
 def assemble(engine, train: dict, received, buffers: list):
     """This rank's generation weights from its own training shards (in place) and the pieces
-    `received(holder, param)` it got from the other members of its micro-DP group."""
+    `received(holder, param)` it got from the other members of its micro-DP group (an expert's
+    from the member of its EP group that holds the expert)."""
     gen, me = engine.gen, engine.rank
     c = gen.coords(me)
-    my_tp = engine.train.coords(me).tp
+    mine = engine.train.coords(me)
     pieces = {}
     for p in engine.stage_params(c.pp_g, gen.p_g):
         stage = stages_of(p, engine.spec.num_layers, engine.train.p)[0]
-        tps = [my_tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
-        holders = [engine.train.rank_of(pp=stage, dp=c.dp, tp=i) for i in tps]
+        tps = [mine.tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
+        dp = c.dp
+        if p.expert is not None:  # the data-parallel rank of this EP group that holds the expert
+            dp += expert_owner(engine.spec, p.expert, engine.train.ep)[0] - mine.ep
+        holders = [engine.train.rank_of(pp=stage, dp=dp, tp=i) for i in tps]
         pieces[p.name] = [train[p.name] if h == me else received(h, p) for h in holders]
     return engine.weights(pieces, {}, buffers, c.tp_g)

@@ -31,6 +31,7 @@ from statistics import mean
 from rl3d.hybrid_engine.nodes import LinkBytes, NodeMap, link_bytes
 from rl3d.hybrid_engine.params import ParamInfo, SegmentTable, model_params, stages_of
 from rl3d.hybrid_engine.registry import STRATEGIES, get_strategy
+from rl3d.models.params import expert_owner
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import GenerationLayout, ParallelLayout
 from rl3d.parallel.sharding import ShardKind
@@ -158,15 +159,24 @@ class PlanContext:
     def train(self) -> ParallelLayout:
         return self.gen.train
 
-    def holding(self, pp_rank: int, pp_size: int, tp_rank: int, tp_size: int) -> frozenset[int]:
-        """Segments held by the (pp_rank, tp_rank) shard of a pp_size x tp_size layout."""
-        key = (pp_rank, pp_size, tp_rank, tp_size)
+    def holding(
+        self, pp_rank: int, pp_size: int, tp_rank: int, tp_size: int, ep_rank: int | None = None
+    ) -> frozenset[int]:
+        """Segments held by the (pp_rank, tp_rank) shard of a pp_size x tp_size layout: every
+        expert of the stage, or (`ep_rank`) only the training EP rank's."""
+        key = (pp_rank, pp_size, tp_rank, tp_size, ep_rank)
         if key not in self._cache:
             segs: set[int] = set()
             for i in self.stage_params(pp_rank, pp_size):
-                segs.update(self.table.shard(i, tp_rank, tp_size))
+                if ep_rank is None or self.expert_rank(i) in (None, ep_rank):
+                    segs.update(self.table.shard(i, tp_rank, tp_size))
             self._cache[key] = frozenset(segs)
         return self._cache[key]
+
+    def expert_rank(self, index: int) -> int | None:
+        """The training EP rank holding parameter `index` (None: not an expert's, every rank)."""
+        expert = self.params[index].expert
+        return None if expert is None else expert_owner(self.spec, expert, self.train.ep)[0]
 
     def stage_params(self, pp_rank: int, pp_size: int) -> tuple[int, ...]:
         """Indices of the parameters pipeline stage `pp_rank` of `pp_size` holds."""
@@ -179,7 +189,16 @@ class PlanContext:
         return self._cache[key]
 
     def train_params(self, rank: int) -> tuple[int, ...]:
-        return self.stage_params(self.train.coords(rank).pp, self.train.p)
+        """Indices of the parameters training rank `rank` holds: its stage's, of the experts
+        only its EP rank's."""
+        c = self.train.coords(rank)
+        if self.train.ep == 1:
+            return self.stage_params(c.pp, self.train.p)
+        key = ("train", c.pp, c.ep)
+        if key not in self._cache:
+            stage = self.stage_params(c.pp, self.train.p)
+            self._cache[key] = tuple(i for i in stage if self.expert_rank(i) in (None, c.ep))
+        return self._cache[key]
 
     def gen_params(self, rank: int) -> tuple[int, ...]:
         return self.stage_params(self.gen.coords(rank).pp_g, self.gen.p_g)
@@ -189,7 +208,7 @@ class PlanContext:
 
     def train_segs(self, rank: int) -> frozenset[int]:
         c = self.train.coords(rank)
-        return self.holding(c.pp, self.train.p, c.tp, self.train.t)
+        return self.holding(c.pp, self.train.p, c.tp, self.train.t, c.ep if self.train.ep > 1 else None)
 
     def gen_segs(self, rank: int) -> frozenset[int]:
         c = self.gen.coords(rank)
@@ -347,16 +366,27 @@ def plan_transition(
     nodes: NodeMap | None = None,
 ) -> TransitionPlan:
     """Plan the train -> generate transition with the given strategies (default: every one
-    registered). `nodes` groups ranks into nodes for the strategies that plan per node (the
-    hierarchical gather); the others ignore it. Raises ValueError on an impossible layout, an
-    unknown strategy, or nodes that leave a rank out."""
+    registered that plans the layout: with expert parallelism, those that `supports_ep`).
+    `nodes` groups ranks into nodes for the strategies that plan per node (the hierarchical
+    gather); the others ignore it. Raises ValueError on an impossible layout, an unknown
+    strategy (or one that cannot plan expert parallelism), or nodes that leave a rank out."""
     gen = GenerationLayout.from_training(train, t_g, p_g)
     if spec.num_layers % train.p:
         raise ValueError(f"pipeline size p={train.p} must divide the {spec.num_layers} layers of {spec.name}")
     if dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPE_BYTES)}")
-    names = tuple(STRATEGIES) if strategies is None else strategies
+    if strategies is None:  # every registered one that plans this layout
+        names = tuple(n for n in STRATEGIES if train.ep == 1 or STRATEGIES[n].supports_ep)
+    else:
+        names = strategies
     classes = {name: get_strategy(name) for name in names}
+    if train.ep > 1:
+        for name, cls in classes.items():
+            if not cls.supports_ep:
+                raise ValueError(
+                    f"strategy {name} does not plan expert parallelism (actor.parallel.ep={train.ep}); "
+                    f"those that do: {', '.join(n for n in STRATEGIES if STRATEGIES[n].supports_ep)}"
+                )
     params = params if params is not None else model_params(spec, train_tp=train.t)
     if nodes is not None and not nodes.covers(range(train.world_size)):
         raise ValueError(f"nodes {nodes.to_json()} leave out some of the {train.world_size} training ranks")

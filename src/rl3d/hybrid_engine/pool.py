@@ -12,7 +12,9 @@ generation-TP shard is made of:
 - t_g > t (k = t_g/t): rank `a` gets training shard a // k and cuts piece a % k of it;
 - replicated parameters (norms) come once, from training TP rank 0;
 - a parameter comes from the first pipeline stage holding it (a tied output layer is skipped:
-  the engine uses the embedding).
+  the engine uses the embedding);
+- with expert parallelism an expert comes from the data-parallel rank of replica 0's EP group
+  that trains it (dp = its EP rank).
 So each rollout rank receives M / t_g bytes (M: the model's bytes), the lower bound for a
 layout that holds M / t_g; every engine (d_g of them) gets its own copy.
 
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 from rl3d.hybrid_engine.params import ParamInfo, model_params, shard_shape, stages_of
 from rl3d.hybrid_engine.plan import RankCost, StrategyPlan, Transfer, bucket_bounds
+from rl3d.models.params import expert_owner
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.parallel.sharding import ShardKind
@@ -117,8 +120,10 @@ def plan_pool_transition(
             if p.tied_copy:
                 continue
             stage = stages_of(p, spec.num_layers, train.p)[0]
+            # data-parallel rank 0, or for an expert the EP rank that holds it (dp = ep rank)
+            dp = 0 if p.expert is None else expert_owner(spec, p.expert, train.ep)[0]
             for tp in [0] if p.kind is ShardKind.REPLICATED else wanted:
-                by_src.setdefault(tp + t * train.d * stage, []).append(i)  # tp + t*(dp + d*pp), dp 0
+                by_src.setdefault(train.rank_of(pp=stage, dp=dp, tp=tp), []).append(i)
         routes += [(src, train.world_size + j, by_src[src]) for src in sorted(by_src)]
     phases: list[list[Transfer]] = []
     recv = [0] * (train.world_size + gen_tp * gen_dp)

@@ -33,7 +33,7 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", nargs="?", help="recipe YAML (takes model and layouts from it)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for the recipe")
     parser.add_argument("--model", help="model name, e.g. llama2-70b (instead of a recipe)")
-    parser.add_argument("--train", help="training layout P,T,D")
+    parser.add_argument("--train", help="training layout P,T,D or P,T,D,EP (EP: expert parallelism)")
     parser.add_argument("--gen", help="generation layout TG,PG")
     parser.add_argument("--strategy", choices=list(STRATEGIES), action="append", help="only these strategies")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES), help="default bfloat16")
@@ -55,7 +55,7 @@ def _inputs(args: argparse.Namespace, cfg: Any):
         dtype = args.dtype or cfg.model.dtype
         return (
             spec_of(cfg.model),
-            ParallelLayout(par.pp, par.tp, par.dp),
+            ParallelLayout(par.pp, par.tp, par.dp, ep=par.ep),
             cfg.rollout.t_g,
             cfg.rollout.p_g,
             dtype,
@@ -63,9 +63,10 @@ def _inputs(args: argparse.Namespace, cfg: Any):
         )
     if not (args.model and args.train and (args.gen or args.auto)):
         raise ValueError("give a RECIPE, or --model NAME --train P,T,D --gen TG,PG")
-    p, t, d = _ints(args.train, 3, "--train")
+    p, t, d, *ep = _ints(args.train, 4 if args.train.count(",") == 3 else 3, "--train")
     t_g, p_g = _ints(args.gen, 2, "--gen") if args.gen else (t, p)
-    return get_model_spec(args.model), ParallelLayout(p, t, d), t_g, p_g, args.dtype or "bfloat16", None
+    layout = ParallelLayout(p, t, d, ep=ep[0] if ep else 1)
+    return get_model_spec(args.model), layout, t_g, p_g, args.dtype or "bfloat16", None
 
 
 def identity_line(plan: TransitionPlan, engine: tuple[str, str | None, str] | None = None) -> str | None:
@@ -74,6 +75,11 @@ def identity_line(plan: TransitionPlan, engine: tuple[str, str | None, str] | No
     if not plan.gen.is_identity:
         return None
     head = "identity: each rank's generation shard is its training shard; hybridflow moves 0 bytes"
+    if plan.train.ep > 1:
+        head = (
+            "identity for the dense weights (in place); experts: each rank trains its EP rank's and "
+            "receives the others' over its EP group"
+        )
     if engine is None:
         return f"{head}; the torch engine reads the training parameters in place unless rollout.dtype differs"
     name, engine_dtype, train_dtype = engine
@@ -110,6 +116,7 @@ def format_plan(plan: TransitionPlan, engine: tuple[str, str | None, str] | None
         _groups_text("generation TP", gen.gen_tp_groups()),
         _groups_text("generation PP", gen.gen_pp_groups()),
         _groups_text("micro-DP", gen.micro_dp_groups()),
+        *([_groups_text("expert micro-DP", gen.expert_micro_dp_groups())] if train.ep > 1 else []),
         _groups_text("generation DP", gen.gen_dp_groups()),
         *filter(None, [identity_line(plan, engine)]),
         "",

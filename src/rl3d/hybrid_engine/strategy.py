@@ -34,6 +34,8 @@ class Strategy:
     needs_zero_shards: ClassVar[bool] = False
     # Runs its transfer as bucketed all-gathers that can start while the optimizer step goes on.
     overlaps_buckets: ClassVar[bool] = False
+    # Plans a training layout with expert parallelism (each rank holding only its EP rank's experts).
+    supports_ep: ClassVar[bool] = False
 
     def plan(self, ctx: PlanContext) -> StrategyPlan:
         raise NotImplementedError

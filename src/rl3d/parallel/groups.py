@@ -50,6 +50,8 @@ class HybridGroups:
     # gen_tp's gloo twin: control messages that wait on SGLang (its launch, each generate) stay
     # off NCCL, whose waits time out and spin on the GPUs SGLang runs on
     gen_tp_control: Group | None = None
+    # expert parallelism (ep > 1): the micro-DP groups of one EP group, joined; experts travel here
+    expert_micro_dp: Group | None = None
 
 
 def _pp_micro_groups(gen: GenerationLayout) -> list[list[int]]:
@@ -94,6 +96,8 @@ def build_hybrid_groups(
     make("model_parallel", gen.train.model_parallel_groups())
     make("pipeline", gen.train.pp_groups())
     make("world", [list(range(train_world))])
+    if gen.train.ep > 1:
+        make("expert_micro_dp", gen.expert_micro_dp_groups())
     if rollout_ranks:
         make("rollout_broadcast", [[0, *range(train_world, expected)]])
     if control_timeout_s is not None:
@@ -113,4 +117,5 @@ def build_hybrid_groups(
         world=mine.get("world"),
         rollout_broadcast=mine.get("rollout_broadcast"),
         gen_tp_control=mine.get("gen_tp_control"),
+        expert_micro_dp=mine.get("expert_micro_dp"),
     )

@@ -219,6 +219,24 @@ class GenerationLayout:
             for a in range(self.t_g)
         ]
 
+    def expert_micro_dp_groups(self) -> list[list[int]]:
+        """The micro-DP groups of one EP group's `ep` data-parallel ranks, joined (for each fixed
+        (edp, c, a)): between them they hold every expert of generation shard (a, c) once, each
+        member its own EP rank's experts, so one all-gather gives each member all of them. With
+        ep = 1 these are the micro-DP groups."""
+        ep = self.train.ep
+        return [
+            sorted(
+                self._rank(dp=edp * ep + k, a=a, b=b, c=c, e=e)
+                for k in range(ep)
+                for e in range(self.s)
+                for b in range(self.r)
+            )
+            for edp in range(self.train.d // ep)
+            for c in range(self.p_g)
+            for a in range(self.t_g)
+        ]
+
     def gen_dp_groups(self) -> list[list[int]]:
         """All d_g*d ranks that hold the same generation shard (a, c)."""
         return [

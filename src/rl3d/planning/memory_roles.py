@@ -10,7 +10,7 @@ from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
-from rl3d.planning.memory_train import RoleBytes, stage_numels, static_bytes
+from rl3d.planning.memory_train import RoleBytes, layout_static_bytes, stage_numels
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 OFFLOADABLE = ("params", "grads", "optimizer")  # `<role>.offload`; "optimizer" takes the master copy too
@@ -97,11 +97,12 @@ def role_train_bytes(
     """The role's bytes on pool rank `rank` while it runs its heaviest micro-batch."""
     coords = layout.coords(rank)
     dtype_bytes = DTYPE_BYTES[cfg.model.dtype]
-    numels = stage_numels(spec, role.model_role, tp=layout.t, pp=layout.p, pp_rank=coords.pp)
     lora = cfg.actor.lora if role.name == "actor" else None
     if lora is not None:
         from rl3d.planning.memory_adapters import adapter_numels, lm_head_numels, lora_static_bytes
 
+        where = {"tp": layout.t, "pp": layout.p, "pp_rank": coords.pp}
+        numels = stage_numels(spec, role.model_role, **where, ep=layout.ep)
         adapters = adapter_numels(spec, lora.targets, lora.rank, tp=layout.t, pp=layout.p)
         if lora.lm_head and coords.pp == layout.p - 1:
             adapters += lm_head_numels(spec, lora.rank, tp=layout.t)
@@ -113,11 +114,16 @@ def role_train_bytes(
             distributed_optimizer=role.distributed_optimizer,
         )
     else:
-        static = static_bytes(
-            numels,
+        static = layout_static_bytes(
+            spec,
+            role.model_role,
+            tp=layout.t,
+            pp=layout.p,
+            pp_rank=coords.pp,
+            dp=layout.d,
+            ep=layout.ep,
             dtype_bytes=dtype_bytes,
             trainable=role.trainable,
-            dp=layout.d,
             distributed_optimizer=role.distributed_optimizer,
         )
     shape = micro_batch_shape(cfg, role, layout, coords.pp)

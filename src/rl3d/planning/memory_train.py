@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from rl3d.models.params import ParamInfo, megatron_params, stages_of
+from rl3d.models.params import ParamInfo, expert_owner, megatron_params, stages_of
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import ShardKind, padded_vocab_size
 
@@ -76,13 +76,25 @@ def local_numel(param: ParamInfo, tp: int) -> int:
     return param.numel // tp
 
 
-def stage_numels(spec: ModelSpec, role: str, *, tp: int, pp: int, pp_rank: int) -> list[int]:
+def stage_numels(
+    spec: ModelSpec, role: str, *, tp: int, pp: int, pp_rank: int, ep: int = 1, experts: bool | None = None
+) -> list[int]:
     """Elements of each parameter a rank of PP stage `pp_rank` holds, in megatron's order; a
-    tied model's last stage (pp > 1) also holds the synced output copy of the embedding."""
+    tied model's last stage (pp > 1) also holds the synced output copy of the embedding.
+
+    With expert parallelism `ep` a rank holds E/ep of each layer's routed experts (every EP rank
+    as many, of the same shapes). `experts` selects the routed experts' weights only (True),
+    every other parameter only (False), or all (None)."""
     vocab = padded_vocab_size(spec.vocab_size, tp)
     params = megatron_params(spec, role=role, padded_vocab=vocab)
-    out = [local_numel(p, tp) for p in params if pp_rank in stages_of(p, spec.num_layers, pp)]
-    if spec.tied_embeddings and role != "critic" and pp > 1 and pp_rank == pp - 1:
+    out = [
+        local_numel(p, tp)
+        for p in params
+        if pp_rank in stages_of(p, spec.num_layers, pp)
+        and (experts is None or experts == (p.expert is not None))
+        and (p.expert is None or expert_owner(spec, p.expert, ep)[0] == 0)
+    ]
+    if experts is not True and spec.tied_embeddings and role != "critic" and pp > 1 and pp_rank == pp - 1:
         out.append(vocab * spec.hidden_size // tp)
     return out
 
@@ -97,6 +109,37 @@ def ddp_buffer_numel(numels: list[int], *, dp: int, distributed_optimizer: bool)
         end = math.ceil(end / DIST_OPT_PARAM_ALIGN) * DIST_OPT_PARAM_ALIGN + n
     divisor = math.lcm(dp, DIST_OPT_BUCKET_ALIGN)
     return math.ceil(end / divisor) * divisor
+
+
+def layout_static_bytes(
+    spec: ModelSpec,
+    role: str,
+    *,
+    tp: int,
+    pp: int,
+    pp_rank: int,
+    dp: int,
+    ep: int,
+    dtype_bytes: int,
+    trainable: bool,
+    distributed_optimizer: bool,
+) -> RoleBytes:
+    """`static_bytes` of a rank of a p-t-d layout with expert parallelism `ep`. With ep > 1
+    megatron marks the routed experts expert-parallel and gives them their own param/grad
+    buffer, data-parallel over the d/ep ranks holding the same experts (its distributed
+    optimizer shards their master and Adam states over those); at ep 1 they sit in the one
+    buffer with the rest."""
+    common = {
+        "dtype_bytes": dtype_bytes,
+        "trainable": trainable,
+        "distributed_optimizer": distributed_optimizer,
+    }
+    where = {"tp": tp, "pp": pp, "pp_rank": pp_rank}
+    if ep == 1 or not spec.is_moe:
+        return static_bytes(stage_numels(spec, role, **where), dp=dp, **common)
+    dense = static_bytes(stage_numels(spec, role, **where, ep=ep, experts=False), dp=dp, **common)
+    experts = static_bytes(stage_numels(spec, role, **where, ep=ep, experts=True), dp=dp // ep, **common)
+    return RoleBytes(**{k: v + experts.items()[k] for k, v in dense.items().items()})
 
 
 def static_bytes(

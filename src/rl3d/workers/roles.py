@@ -221,12 +221,6 @@ class ActorRolloutWorker(_LogProbMixin):
     def reshard(self) -> dict[str, float]:
         """Training layout -> generation layout, loaded into the engine. An engine that holds its
         own copy of the weights (SGLang) gets it now, and the resharded buffer is freed at once."""
-        if self.groups.layout.ep > 1:
-            # each rank holds only its experts; the transition plans every expert on every rank
-            raise NotImplementedError(
-                f"actor.parallel.ep={self.groups.layout.ep}: moving expert-parallel weights to the "
-                "rollout engine is not supported yet (training and conversion are); use ep 1"
-            )
         if self.engine is None:
             self.start_engine([])
         if self.adapter_resharder is not None:
