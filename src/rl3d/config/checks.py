@@ -66,6 +66,15 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
             raise fail(
                 f"{section}.parallel.ep", f"ep={ep}: {spec.name} is dense (no experts to split); use ep 1"
             )
+        if spec.is_moe and t > 1 and pool.name == ACTOR:
+            # megatron-core's MoE layer refuses a training forward at TP > 1 without sequence
+            # parallelism, which rl3d's models do not run: stop here, before any process starts
+            raise fail(
+                f"{section}.parallel.tp",
+                f"tp={t}: training a mixture of experts ({spec.name}) at tp > 1 needs sequence "
+                "parallelism, which rl3d does not run yet; use tp 1 and split the experts with "
+                "actor.parallel.ep (docs/moe.md)",
+            )
         if spec.is_moe and spec.num_experts % ep:
             raise fail(
                 f"{section}.parallel.ep",

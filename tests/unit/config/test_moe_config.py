@@ -43,8 +43,12 @@ def test_ep_reaches_the_actor_layout_and_the_router_losses_megatron():
             r"actor\.parallel\.ep: ep=4 must divide dp=2",
         ),
         ([*MOE, "actor.moe.aux_loss_coef=-1"], r"actor\.moe\.aux_loss_coef: must be a number >= 0"),
+        (
+            ["model.name=tiny-qwen3-moe", "actor.parallel={tp: 2, pp: 1, dp: 1}"],
+            r"actor\.parallel\.tp: tp=2: training a mixture of experts .* needs sequence parallelism",
+        ),
     ],
-    ids=["dense", "experts", "dp", "negative-coef"],
+    ids=["dense", "experts", "dp", "negative-coef", "tp"],
 )
 def test_bad_keys_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
