@@ -21,7 +21,8 @@ works, so the step is the longer of the two):
   weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
   nodes' links (or NVLink when the whole job shares one node).
 Every worker call, micro-batch, layer, optimizer step and decode step also pays the device's
-fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU), and so does the
+fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU; a value model's
+micro-batches and layers its own), and so does the
 rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
 seconds), and so does the controller's work around a step's rollout (`control`: per step and per
 sample). Nothing here overlaps compute with communication.
