@@ -3,7 +3,8 @@
 Times rl3d's own components with one thread per process (as each quickstart rank runs): a
 matmul at the model's shapes, a memory copy, megatron forwards (log-probs) and training passes
 (PPO-style mini/micro-batches, Adam) of the recipe's model at 1 and 2 layers and 1-4
-micro-batches in one process and at tensor parallelism 2 in two, the torch rollout engine at 1
+micro-batches in one process and at tensor parallelism 2 in two, the critic's (value head,
+value loss) in one, the torch rollout engine at 1
 and 2 layers and 1-8 new tokens, the controller's whole generate stage in a one-rank run; and
 between two processes gloo's all-reduce (CPU seconds per call, bandwidth fitted) and an object
 gather of a worker's output. Everything is timed as process CPU seconds, the quantity the
@@ -122,6 +123,7 @@ def batch_of(spec, samples: int, prompt_len: int, response_len: int) -> DataBatc
         "input_ids": ids, "attention_mask": torch.ones(samples, T, dtype=torch.long),
         "responses": ids[:, prompt_len:], "response_mask": torch.ones(samples, response_len),
         "old_logp": logp, "rollout_logp": logp, "advantages": torch.randn(samples, response_len),
+        "values": torch.randn(samples, response_len), "returns": torch.randn(samples, response_len),
     })  # fmt: skip
 
 
@@ -131,9 +133,31 @@ def _row(kind: str, layers: int, flops: float, times: list[float], **counts: int
             "times": times, "counts": counts}  # fmt: skip
 
 
-def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list[dict]:
-    """Forward and training rows of one role; at tensor parallelism t > 1 each row also counts
-    the layer all-reduces the simulator charges (2 per layer forward, 4 forward + backward)."""
+def _critic_passes(cfg, role):
+    """The critic's forward (its values) and loss (the clipped value loss), as its worker runs them."""
+    from rl3d.algos import clipped_value_loss
+
+    def values(output, micro):
+        return role.response_slice(output, micro)[..., 0].float()
+
+    def extract(output, micro):
+        return torch.zeros(()), {"values": values(output, micro).detach()}
+
+    def loss_of(output, micro):
+        loss, metrics = clipped_value_loss(
+            values_BT=values(output, micro), old_values_BT=micro["values"], returns_BT=micro["returns"],
+            mask_BT=micro["response_mask"].bool(), clip_range=cfg.algorithm.value_clip_range,
+            loss_agg_mode=cfg.algorithm.loss_agg_mode,
+        )  # fmt: skip
+        return loss, {k: v.detach() for k, v in metrics.items()}
+
+    return extract, loss_of
+
+
+def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: str = "actor") -> list[dict]:
+    """Forward and training rows of one role (`name`: actor or critic); at tensor parallelism
+    t > 1 each row also counts the layer all-reduces the simulator charges (2 per layer forward,
+    4 forward + backward)."""
     from rl3d.algos import policy_loss_of
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.workers.megatron_role import MegatronRole
@@ -142,9 +166,9 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
     role = MegatronRole(
         spec,
         groups,
-        role="actor",
+        role=name,
         params_dtype=torch.float32,
-        optim=cfg.actor.optim,
+        optim=getattr(cfg, name).optim,
         total_steps=1000,
         seed=1,
     )
@@ -170,6 +194,10 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
         )  # fmt: skip
         return loss, {k: v.detach() for k, v in metrics.items()}
 
+    critic = name == "critic"
+    if critic:
+        extract, loss_of = _critic_passes(cfg, role)
+
     def train(mini: int, micro: int) -> None:
         role.train_minibatches(
             batch, mini_batch_size=mini, micro_batch_size=micro, epochs=1, loss_of=loss_of,
@@ -178,7 +206,13 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
 
     samples, T = batch["input_ids"].shape
     t = groups.layout.t
+    if critic and t > 1:
+        raise ValueError("microbench: the critic's rows are timed at tensor parallelism 1")
     flops, rows, tp = forward_flops(spec, samples * T, T / 2) / t, [], t > 1
+    # the critic's rows name its own micro-batch and layer costs; FLOPs as the simulator counts them
+    fwd_kind, train_kind, pre = (
+        ("critic_forward", "critic_train", "critic_") if critic else ("forward", "train", "")
+    )
 
     def tp_row(row: dict, micro: int, k: int, per_layer: int) -> dict:
         if tp:
@@ -193,21 +227,23 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int) -> list
     for micro in (samples, samples // 2, samples // 4):
         k = samples // micro
         times = cpu_times(lambda m=micro: role.run_forward(batch, m, extract), repeats)
-        rows.append(tp_row(_row("forward", layers, flops, times, call_s=1, call_layer_s=layers, micro_s=k,
-                                layer_s=k * layers), micro, k, 2))  # fmt: skip
+        counts = {"call_s": 1, "call_layer_s": layers, f"{pre}micro_s": k, f"{pre}layer_s": k * layers}
+        rows.append(tp_row(_row(fwd_kind, layers, flops, times, **counts), micro, k, 2))
     quarter = samples // 4
     for mini, micro in ((samples, samples), (samples, quarter), (samples // 2, quarter), (quarter, quarter)):
         k, steps = samples // micro, samples // mini
         times = cpu_times(lambda a=mini, b=micro: train(a, b), repeats)
-        row = _row("train", layers, 3 * flops, times, train_call_s=1, train_call_layer_s=layers,
-                   train_micro_s=k, train_layer_s=k * layers, optim_step_s=steps)  # fmt: skip
+        counts = {"train_call_s": 1, "train_call_layer_s": layers, f"{pre}train_micro_s": k,
+                  f"{pre}train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+        row = _row(train_kind, layers, 3 * flops, times, **counts)
         rows.append(tp_row(row, micro, k, 4))
     return rows
 
 
 def megatron_rows(cfg, repeats: int, rank: int = 0, tp: int = 1, port: int | None = None) -> list[dict]:
     """Forward and training passes of the recipe's model at 1 and 2 layers, on this process as
-    rank `rank` of a world of `tp` ranks in tensor parallelism."""
+    rank `rank` of a world of `tp` ranks in tensor parallelism: the actor's, and at `tp` 1 the
+    critic's."""
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.parallel.layout import ParallelLayout
 
@@ -218,7 +254,8 @@ def megatron_rows(cfg, repeats: int, rank: int = 0, tp: int = 1, port: int | Non
     torch.manual_seed(0)  # the same batch on every rank
     samples = cfg.data.prompts_per_step * cfg.rollout.n
     batch = batch_of(spec_of(cfg.model), samples, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens)
-    rows = [r for layers in (1, 2) for r in _role_rows(cfg, groups, batch, layers, repeats)]
+    names = ("actor", "critic") if tp == 1 else ("actor",)
+    rows = [r for n in names for layers in (1, 2) for r in _role_rows(cfg, groups, batch, layers, repeats, n)]
     destroy_megatron()
     dist.destroy_process_group()
     return rows

@@ -18,7 +18,10 @@ the kinds of `LATER_KINDS` afterwards, from what is left once the costs already 
 taken off: the tensor-parallel ones also less their rows' layer all-reduces (`allreduces` of
 `allreduce_bytes` each, at gloo's cost per call and bandwidth), the controller's generate stage
 (`generate_stage`, a whole step's rollout as the loop runs it) less the engine's and the
-reward's costs. Nothing is fitted to the runs the simulator then predicts.
+reward's costs, the critic's forward and training passes (`critic_forward`, `critic_train`: the
+value head and value loss as the critic's worker runs them) less the actor's worker call and
+optimizer step costs, leaving the critic's own micro-batch and layer costs. Nothing is fitted
+to the runs the simulator then predicts.
 """
 
 from __future__ import annotations
@@ -41,6 +44,15 @@ LATER_KINDS = {
     "forward_tp": ("tp_micro_s",),
     "train_tp": ("train_tp_micro_s", "train_tp_step_s"),
     "generate_stage": ("control_step_s", "control_sample_s"),
+    "critic_forward": ("critic_micro_s", "critic_layer_s"),
+    "critic_train": ("critic_train_micro_s", "critic_train_layer_s"),
+}
+# a calibration without the critic's rows charges the value models the actor's costs
+CRITIC_FALLBACK = {
+    "critic_micro_s": "micro_s",
+    "critic_layer_s": "layer_s",
+    "critic_train_micro_s": "train_micro_s",
+    "critic_train_layer_s": "train_layer_s",
 }
 FACTS = (
     "matmul_gflops",
@@ -122,6 +134,8 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
     for kind, names in LATER_KINDS.items():
         if any(r["kind"] == kind for r in rows):
             costs |= _fit_kind(kind, names, rows, rest)
+    for critic, actor in CRITIC_FALLBACK.items():
+        costs.setdefault(critic, costs[actor])
     return costs
 
 

@@ -54,6 +54,13 @@ class FixedCosts:
     train_micro_s: float = 0.0  # forward + backward of a micro-batch outside the layers
     train_layer_s: float = 0.0  # forward + backward of one layer of a micro-batch
     optim_step_s: float = 0.0  # an optimizer step: gradient norm, clipping, Adam, zeroing
+    # the value models' (critic, cost_critic) micro-batch and layer costs in place of the four
+    # above: a [hidden, 1] value head and a value loss, no log-softmax over the vocabulary nor
+    # policy loss; the worker call and optimizer step costs are the actor's
+    critic_micro_s: float = 0.0
+    critic_layer_s: float = 0.0
+    critic_train_micro_s: float = 0.0
+    critic_train_layer_s: float = 0.0
     # per micro-batch of a forward (or forward + backward) on a tensor-parallel layout (t > 1):
     # what tensor parallelism costs besides the layers' all-reduces the latency model charges
     # (the embedding's and the log-probs' reductions, megatron's bookkeeping)

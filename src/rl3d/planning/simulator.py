@@ -21,7 +21,8 @@ works, so the step is the longer of the two):
   weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
   nodes' links (or NVLink when the whole job shares one node).
 Every worker call, micro-batch, layer, optimizer step and decode step also pays the device's
-fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU), and so does the
+fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU; a value model's
+micro-batches and layers its own), and so does the
 rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
 seconds), and so does the controller's work around a step's rollout (`control`: per step and per
 sample). Nothing here overlaps compute with communication.
@@ -45,6 +46,7 @@ from rl3d.planning.workload import Placement, PoolPlacement, Workload
 
 GRAD_BYTES = 4  # fp32 gradients (the paper's setup: BF16 parameters, FP32 gradients and optimizer)
 SYNC_BUCKET_BYTES = 64 * 2**20  # rollout.async.bucket_mb's default: one call per bucket
+VALUE_MODELS = ("critic", "cost_critic")  # their passes pay the critic's fixed costs
 
 
 @dataclass(frozen=True)
@@ -102,8 +104,10 @@ def pass_seconds(
     *,
     samples: float,
     backward: bool,
+    critic: bool = False,
 ) -> float:
-    """A forward (or forward + backward) of `samples` full sequences on `layout`."""
+    """A forward (or forward + backward) of `samples` full sequences on `layout`; `critic`: of
+    a value model (its own micro-batch and layer fixed costs)."""
     passes = 3 if backward else 1
     tokens = samples * w.seq_len
     compute = (
@@ -120,17 +124,27 @@ def pass_seconds(
     fixed, layers = device.fixed, spec.num_layers / layout.p
     split = layout.t > 1
     if backward:
-        overhead = micro * (
-            fixed.train_micro_s + layers * fixed.train_layer_s + split * fixed.train_tp_micro_s
+        own = (
+            fixed.critic_train_micro_s + layers * fixed.critic_train_layer_s
+            if critic
+            else fixed.train_micro_s + layers * fixed.train_layer_s
         )
+        overhead = micro * (own + split * fixed.train_tp_micro_s)
     else:
-        overhead = micro * (fixed.micro_s + layers * fixed.layer_s + split * fixed.tp_micro_s)
+        own = (
+            fixed.critic_micro_s + layers * fixed.critic_layer_s
+            if critic
+            else fixed.micro_s + layers * fixed.layer_s
+        )
+        overhead = micro * (own + split * fixed.tp_micro_s)
     return (compute + tp + overhead) * bubble
 
 
 def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Workload) -> float:
-    spec = w.spec(role)
-    passes = w.ppo_epochs * pass_seconds(spec, layout, device, w, samples=w.samples, backward=True)
+    spec, critic = w.spec(role), role in VALUE_MODELS
+    passes = w.ppo_epochs * pass_seconds(
+        spec, layout, device, w, samples=w.samples, backward=True, critic=critic
+    )
     steps = w.ppo_epochs * max(1, w.samples // w.mini_batch_size)
     shard = spec.num_params() / (layout.t * layout.p)
     grads = ring_allreduce_seconds(shard * GRAD_BYTES, layout.d, layout.world_size, device)
@@ -230,7 +244,9 @@ def pool_stages(
         return sum(
             fixed.call_s
             + w.spec(r).num_layers / lay.p * fixed.call_layer_s
-            + pass_seconds(w.spec(r), lay, device, w, samples=w.samples, backward=False)
+            + pass_seconds(
+                w.spec(r), lay, device, w, samples=w.samples, backward=False, critic=r in VALUE_MODELS
+            )
             for r in roles
         )
 
@@ -243,7 +259,7 @@ def pool_stages(
     ):
         if set(roles) & set(hosted):
             stages[stage] = forward(*roles)
-    critics = [r for r in ("critic", "cost_critic") if r in hosted]
+    critics = [r for r in VALUE_MODELS if r in hosted]
     if critics:
         stages["values"] = forward(*critics)
         stages["update_critic"] = sum(update_seconds(r, lay, device, w) for r in critics)

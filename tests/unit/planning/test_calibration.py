@@ -25,7 +25,8 @@ TRUE = {
     "train_call_s": 5e-3, "train_call_layer_s": 4e-3, "train_micro_s": 3e-3, "train_layer_s": 2.5e-3,
     "optim_step_s": 6e-3, "gen_call_s": 1e-3, "step_overhead_s": 4e-4, "decode_layer_s": 3e-4,
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
-    "control_step_s": 5e-3, "control_sample_s": 8e-5,
+    "control_step_s": 5e-3, "control_sample_s": 8e-5, "critic_micro_s": 0.5e-3, "critic_layer_s": 0.7e-3,
+    "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3,
 }  # fmt: skip
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
@@ -45,6 +46,13 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
             counts = {"train_call_s": 1, "train_call_layer_s": layers, "train_micro_s": k,
                       "train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
             rows.append({"kind": "train", "counts": counts, "flops": 3e6 * k})
+        for k in (1, 2, 4):  # the critic's: the actor's worker call, its own micro-batch and layer costs
+            counts = {"call_s": 1, "call_layer_s": layers, "critic_micro_s": k, "critic_layer_s": k * layers}
+            rows.append({"kind": "critic_forward", "counts": counts, "flops": 1e6 * k})
+        for k, steps in ((1, 1), (4, 1), (4, 2), (4, 4)):
+            counts = {"train_call_s": 1, "train_call_layer_s": layers, "critic_train_micro_s": k,
+                      "critic_train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+            rows.append({"kind": "critic_train", "counts": counts, "flops": 3e6 * k})
         for k in (1, 4, 8):
             counts = {"gen_call_s": 1, "step_overhead_s": k, "decode_layer_s": (k + 1) * layers}
             rows.append({"kind": "generate", "counts": counts, "flops": 2e5 * k})
@@ -179,3 +187,52 @@ def test_a_timing_is_the_low_percentile_of_its_repeats():
     assert low_percentile([4.0, 1.0, 2.0, 3.0, 9.0], q=0) == 1.0  # the least
     with pytest.raises(ValueError, match="without repeats"):
         low_percentile([])
+
+
+def _ppo(layout: ParallelLayout):
+    w = Workload(actor=TINY, roles=("actor", "critic", "cost_critic"), prompts=16, samples_per_prompt=2,
+                 prompt_len=16, response_len=8, micro_batch_size=8, mini_batch_size=16,
+                 dtype_bytes=4)  # fmt: skip
+    return w, Placement(pools=(PoolPlacement("actor", layout, w.roles),))
+
+
+@pytest.mark.parametrize("layout", [ParallelLayout(1, 1, 2), ParallelLayout(1, 2, 1)])
+def test_the_value_models_passes_pay_the_critic_s_costs_and_the_rest_the_actor_s(layout):
+    device = cpu_device(calibration())
+    fixed, L = device.fixed, TINY.num_layers
+    w, placement = _ppo(layout)
+    est = simulate(w, placement, device)
+    actor_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False)
+    critic_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False, critic=True)
+    micro = 32 // layout.d // 8
+    own = fixed.critic_micro_s + L * fixed.critic_layer_s - fixed.micro_s - L * fixed.layer_s
+    assert critic_fwd - actor_fwd == pytest.approx(micro * own, rel=1e-9)
+    actor_bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True)
+    critic_bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True, critic=True)
+    own = fixed.critic_train_micro_s + L * fixed.critic_train_layer_s
+    assert critic_bwd - actor_bwd == pytest.approx(
+        micro * (own - fixed.train_micro_s - L * fixed.train_layer_s), rel=1e-9
+    )
+    # both value models (critic, cost_critic): the critic's passes; the actor's stages: its own
+    call = fixed.call_s + L * fixed.call_layer_s
+    assert est.stages["values"] == pytest.approx(2 * (call + critic_fwd), rel=1e-9)
+    assert est.stages["old_logp"] == pytest.approx(call + actor_fwd, rel=1e-9)
+    assert est.stages["update_critic"] - 2 * critic_bwd == pytest.approx(
+        2 * (est.stages["update_actor"] - actor_bwd), rel=1e-9
+    )
+    assert est.stages["values"] < 2 * est.stages["old_logp"]  # the critic's costs are the cheaper here
+
+
+def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_actor_s_costs():
+    c = calibration()
+    c["rows"] = [r for r in c["rows"] if not r["kind"].startswith("critic_")]
+    fixed = cpu_device(c).fixed
+    assert (fixed.critic_micro_s, fixed.critic_layer_s) == (fixed.micro_s, fixed.layer_s)
+    assert (fixed.critic_train_micro_s, fixed.critic_train_layer_s) == (
+        fixed.train_micro_s,
+        fixed.train_layer_s,
+    )
+    w, placement = _ppo(ParallelLayout(1, 1, 2))
+    est = simulate(w, placement, cpu_device(c))
+    assert est.stages["values"] == pytest.approx(2 * est.stages["old_logp"], rel=1e-12)
+    assert est.stages["update_critic"] == pytest.approx(2 * est.stages["update_actor"], rel=1e-12)
