@@ -1,7 +1,7 @@
 """`algorithm.routing_replay: rollout` with a separate rollout pool (`rollout.placement:
-separate`; 1 training rank and 1 rollout rank, tiny-qwen3-moe in fp32): the pool's engine
-records every token's experts and the rows it hands over carry the record to the trainer, whose
-forwards replay it.
+separate`; 1 rollout rank beside 1 training rank, or 2 training ranks at EP 2; tiny-qwen3-moe
+in fp32): the pool's engine records every token's experts and the rows it hands over carry the
+record to the trainer, whose forwards replay it.
 
 - max_staleness 0 (the pool samples with the trainer's newest weights): the trainer's own
   router agrees with the record as in the colocated test (`moe/routing_mismatch` within near
@@ -26,13 +26,19 @@ MOE = (
 )
 
 
-@pytest.mark.parametrize("staleness", [0, 1])
-def test_a_separate_pool_carries_the_engines_routing_record(tmp_path, staleness):
+EP2 = ("actor.parallel={tp: 1, pp: 1, dp: 2, ep: 2}", "launch.nproc_per_node=3")
+
+
+@pytest.mark.parametrize(
+    ("staleness", "layout"), [(0, ()), (1, ()), (0, EP2)], ids=["sync", "stale", "sync-ep2"]
+)
+def test_a_separate_pool_carries_the_engines_routing_record(tmp_path, staleness, layout):
     steps = 3
     proc = run_train(
         ASYNC,
         tmp_path / "run",
         *MOE,
+        *layout,
         f"rollout.async.max_staleness={staleness}",
         f"trainer.total_steps={steps}",
     )
