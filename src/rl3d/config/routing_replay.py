@@ -2,10 +2,15 @@
 
 - `none` (default): each forward's own router chooses its experts.
 - `rollout`: the rollout engine records every token's experts per layer (prompt and response)
-  and the batch carries the record (`routing`) to the trainer: the old-log-prob forward, the
-  reference when it is the actor's own frozen base (LoRA) and the update all route by it
-  (megatron-core's `RouterReplay`). The trainer's log-probs then differ from the engine's by
-  numerical precision alone, not by a token sent to other experts. `moe/routing_mismatch` is the
+  and the batch carries the record (`routing`) to the trainer, from a separate rollout pool too
+  (in the rows it hands over): the old-log-prob forward, the reference when it is the actor's
+  own frozen base (LoRA) and the update all route by it (megatron-core's `RouterReplay`). The
+  trainer's log-probs then differ from the engine's by numerical precision alone, not by a
+  token sent to other experts. With `rollout.async.max_staleness > 0` the record is the routing
+  the tokens were sampled under, by weights up to that many versions behind the trainer's
+  (with partial rollouts, each token's by the version that made it): the trainer routes as
+  the sampler did, so the ratio and the rollout correction compare the same experts, while the
+  weights' own gap remains. `moe/routing_mismatch` is the
   fraction of decisions (real token x layer) where the trainer's own router chose another
   expert set than the engine did, measured at the old-log-prob forward.
 - `old`: the old-log-prob forward records its own routing and the update replays it, so the
@@ -50,12 +55,6 @@ def check_routing_replay(cfg: RL3DConfig, fail) -> None:
     if ro.engine != "torch":
         raise fail(
             "rollout.engine", "algorithm.routing_replay='rollout' needs the torch engine's routing record"
-        )
-    if ro.placement != "colocated":
-        raise fail(
-            "rollout.placement",
-            "algorithm.routing_replay='rollout': a separate rollout pool does not carry the routing "
-            "record yet; use colocated, or algorithm.routing_replay='old'",
         )
     if ro.multi_turn.enabled or ro.agent.enabled:
         raise fail(

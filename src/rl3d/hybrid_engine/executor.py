@@ -115,15 +115,19 @@ class Resharder:
         return param.numel
 
     def gather(
-        self, collective: Collective, train: dict[str, torch.Tensor], *, copy_own: bool
+        self, collective: Collective, train: dict[str, torch.Tensor], *, copy_own: bool, last: bool = True
     ) -> tuple[dict[tuple[int, str], torch.Tensor], torch.Tensor | None]:
         """Run this rank's group of an all-gather of training shards, bucketed.
 
         Returns views (member, name) -> shard into one buffer holding the peers' shards (and
-        the rank's own too when `copy_own`), plus that buffer; ({}, None) off the collective."""
+        the rank's own too when `copy_own`), plus that buffer; ({}, None) off the collective.
+        `last`: the transition's last all-gather, after whose buckets an update hook hears None
+        (an earlier one's buckets would otherwise see the rest of the step run before them)."""
         assert collective.op == "all_gather" and collective.unit == "shard", collective
         found = collective.group_of(self.rank)
         if found is None:
+            if last and self._on_bucket is not None:
+                self._on_bucket(None)
             return {}, None
         ranks, contrib = found
         group = getattr(self.groups, collective.group_kind)
@@ -171,7 +175,7 @@ class Resharder:
                 self.comm.all_gather_v(group, chunks)
             else:
                 pending.append((self.comm.all_gather_v(group, chunks, async_op=True), chunks))
-        if self._on_bucket is not None:
+        if last and self._on_bucket is not None:
             self._on_bucket(None)  # the rest of the step, while the last buckets move
         for works, _ in pending:
             self.comm.wait(works, group)
@@ -182,8 +186,9 @@ class Resharder:
         views, buffers = {}, []
         if not plan.collectives and self._on_bucket is not None:
             self._on_bucket(None)  # nothing moves (identity): the whole update runs here
-        for collective in plan.collectives:
-            got, buf = self.gather(collective, train, copy_own=copy_own)
+        for k, collective in enumerate(plan.collectives):
+            last = k == len(plan.collectives) - 1
+            got, buf = self.gather(collective, train, copy_own=copy_own, last=last)
             views.update(got)
             buffers += [buf] if buf is not None else []
         return views, buffers
@@ -277,8 +282,10 @@ class Resharder:
         `on_bucket(params)` overlaps the transition with the optimizer step: it is called with
         the parameters of this rank's next bucket and must return once their update is done;
         the bucket's all-gather then starts in the background while the next bucket updates.
-        Once a collective's buckets are all started it is called with None: update whatever
-        is left, while they finish. Without it (the default) every all-gather runs to
+        Once the last collective's buckets are all started it is called with None (once):
+        update whatever is left, while they finish. With several all-gathers (expert
+        parallelism's experts after the dense weights, PP's norms) each piece is offered once,
+        in the order it is packed. Without it (the default) every all-gather runs to
         completion before the next starts, exactly as before."""
         if on_bucket is not None and not self.impl.overlaps_buckets:
             raise ValueError(

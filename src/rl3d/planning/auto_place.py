@@ -3,23 +3,29 @@ placements of its roles on N devices, and print the best few and the chosen one 
 overrides that `rl3d train` and `rl3d validate` accept.
 
 Every reported candidate is validated as a recipe (the recipe, its command-line overrides,
-then the candidate's) before it is listed; one the loader refuses is dropped and counted.
+then the candidate's) before it is listed; one the loader refuses is dropped and counted. The
+search itself skips an actor layout the loader refuses by an `actor.parallel` key (asked once
+per layout with every role on the actor's devices), so refused layouts (a mixture of experts
+at a tensor-parallel size its trainer does not run, say) never crowd out the ones it takes.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 from collections.abc import Callable
 
 from rl3d.config import RL3DConfig, load_config
+from rl3d.config.errors import ConfigError
+from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass, get_device
 from rl3d.planning.memory import plan_memory
 from rl3d.planning.placement_search import Candidate, search_placements
 from rl3d.planning.recipe import placement_of, workload_of
 from rl3d.planning.simulator import simulate
-from rl3d.planning.workload import Placement
+from rl3d.planning.workload import Placement, PoolPlacement
 
 logger = logging.getLogger(__name__)
 
@@ -41,10 +47,11 @@ def _parallel(section: str, lay) -> list[str]:
     ]
 
 
-def overrides_of(placement: Placement, gpus_per_node: int) -> list[str]:
-    """The recipe overrides that put a run in `placement`."""
+def overrides_of(placement: Placement, gpus_per_node: int, *, ep: bool = False) -> list[str]:
+    """The recipe overrides that put a run in `placement`; `ep`: state the actor's expert
+    parallelism too (a mixture of experts)."""
     actor = placement.pool_of("actor")
-    out = _parallel("actor", actor.layout)
+    out = _parallel("actor", actor.layout) + ([f"actor.parallel.ep={actor.layout.ep}"] if ep else [])
     for role, section in SECTIONS.items():
         if any(role in p.roles for p in placement.pools):
             pool = placement.pool_of(role)
@@ -66,6 +73,27 @@ def overrides_of(placement: Placement, gpus_per_node: int) -> list[str]:
     return out + [f"launch.nnodes={nnodes}", f"launch.nproc_per_node={world // nnodes}"]
 
 
+def actor_layout_check(
+    load: Callable[[list[str]], RL3DConfig], roles: tuple[str, ...], gpus_per_node: int, *, ep: bool
+) -> Callable[[ParallelLayout], bool]:
+    """`ok(layout)`: False when the recipe refuses the actor in `layout` by an `actor.parallel`
+    key (the loader's own checks, with every role on the actor's devices); any other refusal
+    is left to the candidate's own validation."""
+
+    @functools.cache
+    def ok(layout: ParallelLayout) -> bool:
+        alone = Placement(pools=(PoolPlacement("actor", layout, roles),))
+        try:
+            load(overrides_of(alone, gpus_per_node, ep=ep))
+        except ConfigError as err:
+            return not (err.key or "").startswith("actor.parallel")
+        except ValueError:
+            return True
+        return True
+
+    return ok
+
+
 def _entry(c: Candidate, overrides: list[str]) -> dict:
     return {"placement": c.placement.describe(), "overrides": overrides, **c.estimate.to_json()}
 
@@ -80,10 +108,12 @@ def auto_place(
     own = placement_of(cfg)
     mine = simulate(w, own, device)
     listed, rejected = [], []
-    for c in search_placements(w, device, gpus, rollout_pool=True)[:MAX_VALIDATIONS]:
+    ep = w.actor.is_moe
+    actor_ok = actor_layout_check(load, w.roles, device.gpus_per_node, ep=ep)
+    for c in search_placements(w, device, gpus, rollout_pool=True, actor_ok=actor_ok)[:MAX_VALIDATIONS]:
         if len(listed) >= top:
             break
-        overrides = overrides_of(c.placement, device.gpus_per_node)
+        overrides = overrides_of(c.placement, device.gpus_per_node, ep=ep)
         try:
             loaded = load(overrides)
         except ValueError as err:  # ConfigError: the key and the reason

@@ -2,30 +2,44 @@
 fit, and how much KV cache is left for generation (decode runs in waves when a step's
 sequences do not fit at once).
 
-Per rank of a pool, for each role it hosts (parameters sharded over t*p):
-- a trained role: BF16 parameters (2 bytes), FP32 gradients (4) and Adam's FP32 master, m and
-  v (12, over d with the distributed optimizer): the paper's training setup;
-- a forward-only role (reference, reward and cost models): its BF16 parameters;
+Per rank of a pool (the worst pipeline stage), for each role it hosts:
+- a trained role: its parameters, fp32 gradient buffer, fp32 master copy and Adam's m and v
+  (sharded over d with the distributed optimizer), as the memory plan counts them
+  (`rl3d.planning.memory_train.layout_static_bytes`): with the pool's expert parallelism `ep` a
+  rank holds E/ep of each layer's routed experts, their optimizer state sharded over d/ep;
+- a forward-only role (reference, reward and cost models): its parameters;
 - activations of the largest trained role while it trains, counted as the memory plan counts
   them (`rl3d.planning.memory_activations`: no recompute; flash attention or megatron's local
   attention as `Workload.flash_attention` says);
-- generation on the actor's pool: the generation shard beyond the training shard, then KV.
+- generation on the actor's pool: the generation shard beyond the actor's training shard (all
+  experts of the stage, TP-sharded, against the E/ep it trains), then KV.
 Everything stays resident (nothing offloaded during generation), and `USABLE` of the device's
 memory is available (the rest: CUDA context, NCCL buffers, fragmentation; an assumption).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 from rl3d.models.spec import ModelSpec
+from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
 from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
-from rl3d.planning.workload import TRAINED, Placement, PoolPlacement, Workload
+from rl3d.planning.memory_generate import GenShape, gen_weight_numel
+from rl3d.planning.memory_train import layout_static_bytes, stage_numels
+from rl3d.planning.workload import ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
 
 USABLE = 0.9
-TRAIN_STATE_BYTES = 2 + 4  # parameters + gradients
-ADAM_STATE_BYTES = 12
+# the megatron model each role builds: a language-model head, or a value / score head
+HEAD = {
+    "actor": "actor",
+    "reference": "actor",
+    "critic": "critic",
+    "cost_critic": "critic",
+    "reward_model": "critic",
+    "cost_model": "critic",
+}
 
 
 def kv_bytes_per_seq(spec: ModelSpec, t_g: int, p_g: int, w: Workload) -> float:
@@ -44,19 +58,62 @@ def decode_waves(
     return waves, math.ceil(seqs / waves)
 
 
-def _static_bytes(pool: PoolPlacement, w: Workload) -> float:
+@functools.lru_cache(maxsize=4096)
+def role_static_bytes(
+    spec: ModelSpec,
+    role: str,
+    layout: ParallelLayout,
+    pp_rank: int,
+    dtype_bytes: int,
+    distributed_optimizer: bool,
+) -> int:
+    """Parameters, gradient buffer, master copy and Adam states of `role` on a rank of
+    `layout`'s stage `pp_rank`: the memory plan's count (frozen roles: parameters only)."""
+    return layout_static_bytes(
+        spec,
+        HEAD[role],
+        tp=layout.t,
+        pp=layout.p,
+        pp_rank=pp_rank,
+        dp=layout.d,
+        ep=layout.ep,
+        dtype_bytes=dtype_bytes,
+        trainable=role in TRAINED,
+        distributed_optimizer=distributed_optimizer,
+    ).static
+
+
+def _static_bytes(pool: PoolPlacement, w: Workload, pp_rank: int) -> int:
+    return sum(
+        role_static_bytes(w.spec(role), role, pool.layout, pp_rank, w.dtype_bytes, w.distributed_optimizer)
+        for role in pool.roles
+        if role != ROLLOUT and role in w.roles
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _gen_numel(spec: ModelSpec, gen: GenShape) -> int:
+    return gen_weight_numel(spec, gen)
+
+
+@functools.lru_cache(maxsize=4096)
+def _train_numel(spec: ModelSpec, layout: ParallelLayout, pp_rank: int) -> int:
+    return sum(stage_numels(spec, "actor", tp=layout.t, pp=layout.p, pp_rank=pp_rank, ep=layout.ep))
+
+
+def generation_extra_bytes(w: Workload, placement: Placement, pool: PoolPlacement, pp_rank: int) -> int:
+    """The generation weights a rank of `pool` holds beyond the actor's training shard: on the
+    actor's pool, its generation shard (stage pp_rank // (p / p_g), at t_g) less the training
+    shard it reads in place (HybridFlow: no redundant copy); on a separate rollout pool, all of
+    its generation shard."""
+    actor = placement.pool_of("actor").layout
+    if pool.name == ROLLOUT:
+        gen = GenShape(tp=pool.layout.t, pp=1, pp_rank=0, dp_size=pool.layout.d, train_tp=actor.t)
+        return _gen_numel(w.actor, gen) * w.dtype_bytes
     lay = pool.layout
-    total = 0.0
-    for role in pool.roles:
-        if role == "rollout" or role not in w.roles:
-            continue
-        shard = w.spec(role).num_params() / (lay.t * lay.p)
-        if role in TRAINED:
-            adam = ADAM_STATE_BYTES / (lay.d if w.distributed_optimizer else 1)
-            total += shard * (TRAIN_STATE_BYTES + adam)
-        else:
-            total += shard * w.dtype_bytes
-    return total
+    stage = pp_rank // (lay.p // placement.p_g)
+    gen = GenShape(tp=placement.t_g, pp=placement.p_g, pp_rank=stage, dp_size=lay.d, train_tp=lay.t)
+    return (_gen_numel(w.actor, gen) - _train_numel(w.actor, lay, pp_rank)) * w.dtype_bytes
 
 
 def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
@@ -92,24 +149,22 @@ def pool_footprint(
     w: Workload, placement: Placement, device: DeviceClass, pool: PoolPlacement
 ) -> tuple[int, float | None]:
     """(peak bytes per rank, KV bytes left per device for generation: None where the pool does
-    not generate, < 0 where not one sequence fits)."""
+    not generate, < 0 where not one sequence fits); the worst pipeline stage of each."""
     usable = device.memory_gb * 1e9 * USABLE
-    static = _static_bytes(pool, w)
-    train_peak = static + _activation_bytes(pool, w)
-    if pool.name == "rollout":
+    statics = [_static_bytes(pool, w, j) for j in range(pool.layout.p)]
+    train_peak = max(statics) + _activation_bytes(pool, w)
+    if pool.name == ROLLOUT:
         t_g, p_g = pool.layout.t, 1
-        extra = w.actor.num_params() * w.dtype_bytes / t_g
     elif "actor" in pool.roles and placement.separate is None:
         t_g, p_g = placement.t_g, placement.p_g
-        lay = pool.layout
-        extra = w.actor.num_params() * w.dtype_bytes * (1 / (t_g * p_g) - 1 / (lay.t * lay.p))
     else:
         return int(train_peak), None
-    budget = usable - static - extra
+    held = [st + generation_extra_bytes(w, placement, pool, j) for j, st in enumerate(statics)]
+    budget = usable - max(held)
     one_seq = kv_bytes_per_seq(w.actor, t_g, p_g, w)
     replicas = pool.size // (t_g * p_g)
     seqs = math.ceil(w.samples * w.generations / replicas)
-    gen_peak = static + extra + min(max(budget, 0.0), seqs * one_seq)
+    gen_peak = max(h + min(max(usable - h, 0.0), seqs * one_seq) for h in held)
     return int(max(train_peak, gen_peak)), (budget if budget >= one_seq else -1.0)
 
 

@@ -25,11 +25,11 @@ import math
 from dataclasses import dataclass, replace
 
 from rl3d.config.schema import RL3DConfig
-from rl3d.models.params import megatron_params, stages_of
+from rl3d.models.params import stages_of
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
 from rl3d.planning.memory_activations import MicroBatchShape, layer_bytes
-from rl3d.planning.memory_train import FP32, ByteItems, local_numel
+from rl3d.planning.memory_train import FP32, ByteItems, local_numel, model_inventory
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 MB = 1 << 20
@@ -60,7 +60,7 @@ class GenShape:
 
 def gen_weight_numel(spec: ModelSpec, shape: GenShape) -> int:
     vocab = padded_vocab_size(spec.vocab_size, shape.train_tp)
-    params = megatron_params(spec, role="actor", padded_vocab=vocab)
+    params = model_inventory(spec, "actor", vocab)
     return sum(
         local_numel(p, shape.tp) for p in params if shape.pp_rank in stages_of(p, spec.num_layers, shape.pp)
     )

@@ -16,6 +16,7 @@ What megatron-core 0.16 allocates, as rl3d builds it (`rl3d.models.training`):
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 
@@ -76,6 +77,13 @@ def local_numel(param: ParamInfo, tp: int) -> int:
     return param.numel // tp
 
 
+@functools.lru_cache(maxsize=16)
+def model_inventory(spec: ModelSpec, role: str, padded_vocab: int) -> tuple[ParamInfo, ...]:
+    """`megatron_params`, kept: a search over layouts asks for the same model many times, and a
+    large mixture of experts lists tens of thousands of expert weights."""
+    return tuple(megatron_params(spec, role=role, padded_vocab=padded_vocab))
+
+
 def stage_numels(
     spec: ModelSpec, role: str, *, tp: int, pp: int, pp_rank: int, ep: int = 1, experts: bool | None = None
 ) -> list[int]:
@@ -86,7 +94,7 @@ def stage_numels(
     as many, of the same shapes). `experts` selects the routed experts' weights only (True),
     every other parameter only (False), or all (None)."""
     vocab = padded_vocab_size(spec.vocab_size, tp)
-    params = megatron_params(spec, role=role, padded_vocab=vocab)
+    params = model_inventory(spec, role, vocab)
     out = [
         local_numel(p, tp)
         for p in params

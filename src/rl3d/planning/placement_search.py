@@ -6,18 +6,23 @@ The search (after HybridFlow's mapping algorithm, EuroSys'25 section 6) runs ove
   or without a separate rollout pool;
 - splits of the devices over the structure's pools (whole nodes once the job spans nodes);
 - per pool and size, its parallel layout (p divides the layers, t the heads and KV heads and
-  stays inside a node) and, on the actor's pool, the generation layout (t_g | t, p_g | p).
+  stays inside a node; for a mixture of experts' actor also ep, dividing d and the experts) and,
+  on the actor's pool, the generation layout (t_g | t, p_g | p). An actor layout the recipe
+  refuses (`actor_ok`, from `rl3d.planning.auto_place`) is not taken.
 The stages of one pool do not depend on the other pools' layouts (the weight sync aside, which
 takes the rest of the devices as the actor's), so each pool's best layout per size is found
 once, splits are ranked by the sum, and the best few per structure are simulated whole. A
 pool's layout that does not fit memory is taken only when none fits; such a candidate is
-reported with `fits: false` and never chosen.
+reported with `fits: false` and never chosen. Of a layout's ep options only the reshard's time
+differs (the experts gathered over the EP group; the tokens' all-to-all is not modelled), so ep
+> 1 is taken where the footprint needs it; of equally fast options the smaller footprint wins.
 """
 
 from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rl3d.models.spec import ModelSpec
@@ -63,18 +68,28 @@ def compositions(total: int, parts: int, sizes: list[int]):
 def tp_fits(spec: ModelSpec, t: int, device: DeviceClass) -> bool:
     """Tensor parallelism inside one node, splitting heads, KV heads and the MLP evenly."""
     return t <= device.gpus_per_node and not (
-        spec.num_attention_heads % t or spec.num_query_groups % t or spec.ffn_hidden_size % t
+        spec.num_attention_heads % t
+        or spec.num_query_groups % t
+        or spec.ffn_hidden_size % t
+        or spec.moe_ffn_hidden_size % t
     )
 
 
-def layouts(spec: ModelSpec, size: int, device: DeviceClass) -> list[ParallelLayout]:
+def layouts(
+    spec: ModelSpec, size: int, device: DeviceClass, *, experts: bool = False
+) -> list[ParallelLayout]:
+    """p-t-d layouts of `size` devices; with `experts` (a mixture of experts' actor) each with
+    every expert parallelism ep that divides d and the experts."""
     out = []
     for t in divisors(size):
         if not tp_fits(spec, t, device):
             continue
         for p in divisors(size // t):
-            if spec.num_layers % p == 0:
-                out.append(ParallelLayout(p, t, size // (t * p)))
+            if spec.num_layers % p:
+                continue
+            d = size // (t * p)
+            eps = [ep for ep in divisors(d) if spec.num_experts % ep == 0] if experts else [1]
+            out += [ParallelLayout(p, t, d, ep=ep) for ep in eps]
     return out
 
 
@@ -103,8 +118,15 @@ def _pools(structure, layouts_: list[ParallelLayout]) -> tuple[PoolPlacement, ..
 class Search:
     """The best layout of each pool at each size, then the best splits, per structure."""
 
-    def __init__(self, w: Workload, device: DeviceClass, gpus: int):
+    def __init__(
+        self,
+        w: Workload,
+        device: DeviceClass,
+        gpus: int,
+        actor_ok: Callable[[ParallelLayout], bool] | None = None,
+    ):
         self.w, self.device, self.gpus = w, device, gpus
+        self.actor_ok = actor_ok
         self.sizes = pool_sizes(gpus, device)
 
     def _options(self, structure, index: int, size: int):
@@ -115,10 +137,13 @@ class Search:
                     yield ParallelLayout(1, t, size // t), 1, 1
             return
         spec = self.w.spec(roles[0])
-        for lay in layouts(spec, size, self.device):
+        actor = roles[0] == "actor"
+        for lay in layouts(spec, size, self.device, experts=actor and spec.is_moe):
             if not self._splits_batch(roles, lay.d):
                 continue
-            if roles[0] == "actor" and structure[-1] != (ROLLOUT,):
+            if actor and self.actor_ok is not None and not self.actor_ok(lay):
+                continue
+            if actor and structure[-1] != (ROLLOUT,):
                 for t_g, p_g in itertools.product(divisors(lay.t), divisors(lay.p)):
                     yield lay, t_g, p_g
             else:
@@ -134,7 +159,8 @@ class Search:
 
     @functools.cache  # noqa: B019  (one search object per query)
     def best_pool(self, structure, index: int, size: int):
-        """(seconds, fits, layout, t_g, p_g) of the pool's best option at `size`, or None."""
+        """(seconds, fits, layout, t_g, p_g, peak bytes) of the pool's best option at `size`, or
+        None; of equally fast ones the smallest footprint."""
         best = None
         others = self.gpus - size
         for lay, t_g, p_g in self._options(structure, index, size):
@@ -150,11 +176,11 @@ class Search:
             bound = sum(
                 pool_stages(self.w, placement, self.device, pool, budget or 0.0, transition=False).values()
             )
-            if best is not None and (not fits, bound) >= (not best[1], best[0]):
+            if best is not None and (not fits, bound) > (not best[1], best[0]):
                 continue
             seconds = sum(pool_stages(self.w, placement, self.device, pool, budget or 0.0).values())
-            if best is None or (not fits, seconds) < (not best[1], best[0]):
-                best = (seconds, fits, lay, t_g, p_g)
+            if best is None or (not fits, seconds, peak) < (not best[1], best[0], best[5]):
+                best = (seconds, fits, lay, t_g, p_g, peak)
         return best
 
     def splits(self, structure):
@@ -184,9 +210,15 @@ class Search:
 
 
 def search_placements(
-    w: Workload, device: DeviceClass, gpus: int, *, rollout_pool: bool = True
+    w: Workload,
+    device: DeviceClass,
+    gpus: int,
+    *,
+    rollout_pool: bool = True,
+    actor_ok: Callable[[ParallelLayout], bool] | None = None,
 ) -> list[Candidate]:
-    """Every structure's best few placements on `gpus` devices, fastest fitting first."""
+    """Every structure's best few placements on `gpus` devices, fastest fitting first;
+    `actor_ok(layout)` False: the actor may not train in that layout."""
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
-    return Search(w, device, gpus).candidates(rollout_pool)
+    return Search(w, device, gpus, actor_ok).candidates(rollout_pool)

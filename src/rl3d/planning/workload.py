@@ -109,6 +109,7 @@ class Placement:
         for p in self.pools:
             lay = p.layout
             what = "+".join(sorted(p.roles, key=lambda r: (r != "actor", r)))  # one spelling per pool
-            parts.append(f"{what}[{p.size}: p{lay.p} t{lay.t} d{lay.d}]")
+            ep = f" ep{lay.ep}" if lay.ep > 1 else ""
+            parts.append(f"{what}[{p.size}: p{lay.p} t{lay.t} d{lay.d}{ep}]")
         gen = "" if self.separate else f" gen t_g{self.t_g} p_g{self.p_g}"
         return " ".join(parts) + gen

@@ -16,7 +16,7 @@ from rl3d.config.lora import adapter_transition
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
-from rl3d.single_controller.batch import DataBatch
+from rl3d.single_controller.batch import ROUTING, DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
 from rl3d.utils.dtypes import torch_dtype
 from rl3d.workers.context import RoleContext
@@ -294,8 +294,18 @@ class ActorRolloutWorker(_LogProbMixin):
             self.engine.pause()
             self.generating = False
 
+    def _check_record(self, batch: DataBatch) -> None:
+        """`routing_replay: rollout` without the engine's record in the rows would route by the
+        trainer's own routers without a word: refuse the batch."""
+        if self.cfg.algorithm.routing_replay == "rollout" and ROUTING not in batch:
+            raise RuntimeError(
+                "algorithm.routing_replay='rollout': the batch has no routing record (`routing`): "
+                "its rows came from an engine that did not record one"
+            )
+
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_log_prob(self, batch: DataBatch) -> DataBatch | None:
+        self._check_record(batch)
         return self._forward_logprobs(
             self.role, batch, self.cfg.actor.micro_batch_size, "old_logp", routing=True
         )
@@ -306,6 +316,7 @@ class ActorRolloutWorker(_LogProbMixin):
         rollout correction applied) and, when the KL goes in the loss (GRPO), the reference KL
         term. Without `old_logp` in the batch (skipped on policy: `actor.recompute_old_logp`)
         pi_old is the policy being updated: its own log-probs, detached."""
+        self._check_record(batch)
         al, kl = self.cfg.algorithm, self.cfg.algorithm.kl
         kl_in_loss = kl.coef > 0 and al.kl_placement == "loss"
 

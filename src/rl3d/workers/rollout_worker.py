@@ -67,6 +67,7 @@ class RolloutWorker:
             device=device,
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
+            record_routing=cfg.algorithm.routing_replay == "rollout",  # rows carry it to the trainer
         )
         self.dtype = torch_dtype(cfg.model.dtype)
         self.generation = Generation(cfg, self.engine, tokenizer, pad_token_id=pad_token_id)

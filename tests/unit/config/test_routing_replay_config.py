@@ -49,7 +49,16 @@ def test_bad_settings_name_their_key(overrides, message):
         load_config(GRPO, overrides)
 
 
-def test_a_separate_rollout_pool_is_refused_for_the_engines_record():
+def test_a_separate_rollout_pool_takes_the_engines_record():
+    """Its rows carry the record (tests/e2e/test_routing_replay_async_e2e.py), stale ones too."""
     recipe = ROOT / "recipes/quickstart_cpu_grpo_async.yaml"
-    with pytest.raises(ConfigError, match=r"rollout\.placement: .*does not carry the routing record"):
-        load_config(recipe, ["model.name=tiny-qwen3-moe", "algorithm.routing_replay=rollout"])
+    for staleness in (0, 1):
+        cfg = load_config(
+            recipe,
+            [
+                "model.name=tiny-qwen3-moe",
+                "algorithm.routing_replay=rollout",
+                f"rollout.async.max_staleness={staleness}",
+            ],
+        ).config
+        assert (cfg.rollout.placement, cfg.algorithm.routing_replay) == ("separate", "rollout")

@@ -1,0 +1,130 @@
+"""Automatic placement of a mixture of experts: the step simulator's footprint counts a rank's
+experts as the memory plan does (E/ep of them, their optimizer state over d/ep), the search
+tries expert parallelism for the actor, and it lists only candidates the recipe accepts."""
+
+import pytest
+
+from rl3d.config import load_config
+from rl3d.config.errors import ConfigError
+from rl3d.parallel import ParallelLayout
+from rl3d.planning import plan_memory
+from rl3d.planning.auto_place import actor_layout_check, auto_place, overrides_of
+from rl3d.planning.devices import A100, H100, H200
+from rl3d.planning.footprint import _static_bytes, generation_extra_bytes
+from rl3d.planning.placement_search import search_placements
+from rl3d.planning.recipe import placement_of, workload_of
+from rl3d.planning.workload import Placement, PoolPlacement
+
+MOE = "recipes/quickstart_cpu_moe_grpo.yaml"
+# a published shape on the 7B GRPO recipe's workload (bf16, packing, the distributed optimizer)
+GPU = "recipes/gpu_llama2_7b_grpo.yaml"
+Q30 = ["model.name=qwen3-30b-a3b", "actor.parallel.tp=1", "rollout.t_g=1"]
+
+
+def _loader(recipe, base=()):
+    return lambda overrides: load_config(recipe, [*base, *overrides]).config
+
+
+def _footprint_against_plan(cfg):
+    """(footprint, plan) per rank of the actor's pool: static bytes, generation weights added."""
+    w, placement = workload_of(cfg), placement_of(cfg)
+    pool = placement.pool_of("actor")
+    plan = plan_memory(cfg)
+    got, want = [], []
+    for rank in plan.ranks:
+        stage = pool.layout.coords(rank.rank).pp
+        got.append((_static_bytes(pool, w, stage), generation_extra_bytes(w, placement, pool, stage)))
+        train = rank.phases["train"]
+        statics = sum(e.static for name, e in train.items() if name != "engine")
+        want.append((statics, rank.phases["reshard"]["engine"].resharded))
+    return got, want
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides"),
+    [
+        (MOE, []),  # ep 2 on 2 ranks, fp32
+        (MOE, ["actor.parallel.ep=1"]),
+        (GPU, [*Q30, "actor.parallel.dp=8", "actor.parallel.ep=8"]),  # bf16, distributed optimizer
+        (GPU, [*Q30, "actor.parallel.pp=2", "actor.parallel.dp=4", "actor.parallel.ep=2"]),
+    ],
+)
+def test_footprint_counts_the_experts_as_the_memory_plan_does(recipe, overrides):
+    cfg = load_config(recipe, [*overrides, f"launch.nproc_per_node={_world(overrides)}"]).config
+    got, want = _footprint_against_plan(cfg)
+    assert got == want  # byte for byte, every rank
+
+
+def _world(overrides):
+    par = {k.split(".")[-1]: int(v) for k, v in (o.split("=") for o in overrides if "parallel" in o)}
+    return par.get("pp", 1) * par.get("tp", 1) * par.get("dp", 2)
+
+
+def test_footprint_divides_the_experts_by_ep():
+    base = [*Q30, "actor.parallel.dp=8", "launch.nproc_per_node=8"]
+    ep1 = load_config(GPU, [*base, "actor.parallel.ep=1"]).config
+    ep8 = load_config(GPU, [*base, "actor.parallel.ep=8"]).config
+    w, spec = workload_of(ep1), workload_of(ep1).actor
+    one, eight = (_static_bytes(placement_of(c).pools[0], w, 0) for c in (ep1, ep8))
+    experts = spec.num_layers * spec.num_experts * 3 * spec.hidden_size * spec.moe_ffn_hidden_size
+    # the actor, distributed optimizer, d 8. ep 1: every expert, bf16 params + fp32 grads (6 bytes)
+    # and fp32 master + Adam (12) over 8 ranks. ep 8: 1/8 of the experts, their master + Adam
+    # over d/ep = 1. The reference (KL) on the same ranks: bf16 params (2), 1/8 of them at ep 8
+    assert w.roles == ("actor", "reference")
+    actor = (6 + 12 / 8) - (6 + 12) / 8
+    reference = 2 - 2 / 8
+    assert one - eight == pytest.approx(experts * (actor + reference), rel=1e-3)
+
+
+def test_every_candidate_states_its_ep_and_loads():
+    cfg = load_config(MOE).config
+    load = _loader(MOE)
+    out = auto_place(cfg, load, gpus=4, device=A100, top=20)
+    assert out["best"] is not None and len(out["candidates"]) >= 5
+    for entry in out["candidates"]:
+        loaded = load(entry["overrides"])  # raises if the recipe refuses it
+        assert placement_of(loaded).describe() == entry["placement"]
+        assert any(o.startswith("actor.parallel.ep=") for o in entry["overrides"])
+
+
+def test_30b_a3b_is_placed_with_expert_parallelism_the_recipe_accepts():
+    base = [*Q30, "actor.parallel.dp=8", "actor.parallel.ep=8"]
+    load = _loader(GPU, base)
+    out = auto_place(load([]), load, gpus=16, device=H200, top=8)
+    assert out["best"] is not None and out["best"]["fits"]
+    for entry in out["candidates"]:
+        loaded = load(entry["overrides"])
+        assert placement_of(loaded).describe() == entry["placement"]
+    # the trainer's refusals (an actor layout) were asked during the search, not listed
+    assert not [r for r in out["rejected"] if "actor.parallel" in r["error"]]
+    # at one rank per expert group the experts' state does not fit: the chosen actor splits them
+    assert placement_of(load(out["best"]["overrides"])).pool_of("actor").layout.ep > 1
+
+
+def test_an_actor_layout_the_recipe_refuses_is_not_searched():
+    base = [*Q30, "actor.parallel.dp=8", "actor.parallel.ep=8"]
+    load = _loader(GPU, base)
+    w = workload_of(load([]))
+    ok = actor_layout_check(load, w.roles, 8, ep=True)
+
+    def accepted(layout):  # the recipe itself, with every role on the actor's ranks
+        alone = Placement(pools=(PoolPlacement("actor", layout, w.roles),))
+        try:
+            load(overrides_of(alone, 8, ep=True))
+        except ConfigError as err:
+            return not err.key.startswith("actor.parallel")
+        return True
+
+    assert not ok(ParallelLayout(1, 1, 6, ep=3))  # 3 does not divide the 128 experts
+    assert ok(ParallelLayout(1, 1, 8, ep=8)) and ok(ParallelLayout(2, 1, 4, ep=1))
+    tp2 = ParallelLayout(1, 2, 4, ep=4)
+    assert ok(tp2) == accepted(tp2)  # whatever the trainer runs at tp > 1 today
+    asked = []
+
+    def recorded(layout):
+        asked.append(layout)
+        return ok(layout)
+
+    kept = search_placements(w, H100, 8, actor_ok=recorded)
+    assert any(lay.t > 1 for lay in asked) and any(lay.ep > 1 for lay in asked)
+    assert kept and all(ok(c.placement.pool_of("actor").layout) for c in kept)
