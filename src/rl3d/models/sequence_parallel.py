@@ -14,7 +14,7 @@ What rl3d does around it:
   TP > 1 and leaves dense models as they were; `true` for any model at TP > 1; `false` never.
 - `padded_length`: a forward's sequence length is padded to a multiple of t (the micro-batching
   pads padded micro-batches on the left and packed rows at the end; `rl3d.workers.micro_batches`).
-- `RMSNorm`: the local (CPU) layer spec's norm, whose torch module megatron refuses under
+- `RMSNorm`: the local layer spec (no Transformer Engine)'s norm, whose torch module megatron refuses under
   sequence parallelism; its weight is marked `sequence_parallel`, so megatron's
   `finalize_model_grads` sums its gradient over TP (each rank saw only its positions).
 - `token_shard` / `gather_tokens`: which of a forward's tokens (megatron's order, sequence-major)

@@ -6,7 +6,7 @@ rows, B = bytes per element of `model.dtype`:
 - each RMSNorm keeps its input and its normalised output, and the linear after it its input:
   3 s b h B per norm, two norms a layer; with sequence parallelism (`sequence_parallel`,
   `rl3d.models.sequence_parallel`) all three hold only this rank's s / tp positions (the linear
-  keeps its input unsplit-free and gathers it again in the backward), so 3 s b h B / tp;
+  keeps its input split and gathers it again in the backward), so 3 s b h B / tp;
 - the fused QKV output, RoPE's rotated halves and the rotated q, k (local heads), GQA's
   repeated K and V when KV heads are fewer than query heads, the attention context;
 - attention scores: megatron's local `DotProductAttention` keeps the softmax of the

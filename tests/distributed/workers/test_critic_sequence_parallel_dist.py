@@ -1,5 +1,6 @@
 """A mixture-of-experts critic at TP 2 (sequence parallelism on by `auto`: its value head gathers
-the sequence the decoder split over the TP ranks) against TP 1: the same tiny Qwen3-MoE weights,
+the sequence the decoder split over the TP ranks) against TP 1: the same tiny Qwen3-MoE (and
+Qwen2-MoE: a shared expert with its gate) weights,
 the values of a batch (its 11 columns padded to 12) and, after one PPO value update (2 Adam
 steps), the values again, fp32. Both within 1e-5 (the log-prob tests' bound for a TP split)."""
 
@@ -69,14 +70,14 @@ def worker(rank, world, hf_dir, batch):
     return split, before, after
 
 
-def test_moe_critic_at_tp2_equals_tp1(tmp_path):
+@pytest.mark.parametrize("model", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+def test_moe_critic_at_tp2_equals_tp1(tmp_path, model):
+    from rl3d.models.spec import get_model_spec
     from rl3d.testing.tiny_hf import save_tiny_hf_model
 
-    hf_dir = tmp_path / "tiny-qwen3-moe"
-    save_tiny_hf_model("tiny-qwen3-moe", hf_dir, seed=5)
-    from rl3d.models.spec import get_model_spec
-
-    batch = _batch(get_model_spec("tiny-qwen3-moe").vocab_size)
+    hf_dir = tmp_path / model
+    save_tiny_hf_model(model, hf_dir, seed=5)
+    batch = _batch(get_model_spec(model).vocab_size)
     (one,) = run_distributed(worker, 1, str(hf_dir), batch, timeout_s=300)
     two = run_distributed(worker, 2, str(hf_dir), batch, timeout_s=300)
     assert one[0] is False and [r[0] for r in two] == [True, True]
@@ -85,4 +86,4 @@ def test_moe_critic_at_tp2_equals_tp1(tmp_path):
     for _, before, after in two:  # both TP ranks hold every position's value
         diffs = (before - one[1]).abs().max().item(), (after - one[2]).abs().max().item()
         assert max(diffs) <= TOL, diffs
-    print(f"max |values TP2 - TP1| before, after the update: {diffs[0]:.2e}, {diffs[1]:.2e}")
+    print(f"{model}: max |values TP2 - TP1| before, after the update: {diffs[0]:.2e}, {diffs[1]:.2e}")
