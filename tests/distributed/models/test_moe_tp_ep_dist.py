@@ -8,7 +8,8 @@ replays its half of the record; a wrong split would route tokens to other expert
 weights far apart. The sequences (6 + 5 columns) are padded to 12 on the left, a packed row to
 an even length at its end. Old log-probs agree within 1e-5, weights after 3 updates (6 Adam
 steps) within 1e-6 (`TOL`, as the EP test: Adam's eps 1e-5 keeps rounding differences of tiny
-gradients from growing), and the expert-load and routing-mismatch metrics are the same.
+gradients from growing), and the expert-load and routing-mismatch metrics are the same. With
+`routing_replay: old` the record the TP ranks gather back from their halves is TP 1's.
 """
 
 from pathlib import Path
@@ -27,7 +28,7 @@ UPDATES, MINI, MICRO = 3, 8, 2
 TOL, LOGP_TOL = 1e-6, 1e-5
 
 
-def overrides(hf_dir, tp, ep, world, packing):
+def overrides(hf_dir, tp, ep, world, packing, replay="rollout"):
     return [
         "model.name=null",
         f"model.hf_path={hf_dir}",
@@ -43,7 +44,8 @@ def overrides(hf_dir, tp, ep, world, packing):
         "actor.optim.lr=1e-3",
         "actor.optim.adam_eps=1e-5",
         "algorithm.kl.coef=0.0",
-        "algorithm.routing_replay=rollout",
+        f"algorithm.routing_replay={replay}",
+        "actor.recompute_old_logp=always",
     ]
 
 
@@ -203,3 +205,46 @@ def test_tp2_ep2_packed_update_equals_tp1_ep1(setup, tmp_path):
     two = _run(setup, tmp_path, tp=2, ep=2, world=4, packing=True)
     diff, logp_diff = _compare(setup, one, two)
     print(f"packed: max |TP2xEP2 - TP1xEP1| weights after {UPDATES} updates {diff:.2e}, logp {logp_diff:.2e}")
+
+
+def record_worker(rank, world, hf_dir, tp, ep, packing, fed):
+    """`routing_replay: old`: the old-log-prob forward records the trainer's own routing."""
+    from rl3d.config import load_config
+    from rl3d.config.pools import role_pools
+    from rl3d.models.bootstrap import destroy_megatron, init_megatron
+    from rl3d.models.spec import spec_of
+    from rl3d.single_controller.batch import ROUTING, DataBatch
+    from rl3d.workers.context import RoleContext
+    from rl3d.workers.roles import ActorRolloutWorker
+
+    cfg = load_config(RECIPE, overrides(hf_dir, tp, ep, world, packing, replay="old")).config
+    layout = role_pools(cfg)[0].layout
+    groups = init_megatron(layout, seed=cfg.trainer.seed)
+    actor = ActorRolloutWorker(RoleContext(cfg, spec_of(cfg.model), groups, tokenizer=None))
+    batch = DataBatch({k: v for k, v in fed[0].items() if k != ROUTING})
+    out = actor.compute_log_prob(batch.split(layout.d)[groups.dp_rank])
+    destroy_megatron()
+    return groups.dp_rank, groups.tp_rank, out["old_logp"], out[ROUTING]
+
+
+@pytest.mark.parametrize("packing", [False, True], ids=["padded", "packed"])
+def test_tp2_ep2_records_the_routing_of_tp1_ep1(setup, packing):
+    """The record the TP ranks gather back (each routed its half of the positions) is the one
+    TP 1 records, token by token."""
+    hf_dir, fed = setup
+    runs = [
+        run_distributed(record_worker, world, str(hf_dir), tp, ep, packing, fed, timeout_s=300)
+        for tp, ep, world in ((1, 1, 2), (2, 2, 4))
+    ]
+
+    def by_dp(results, i):  # field i of DP ranks 0, 1 (TP rank 0's), concatenated
+        return torch.cat([r[i] for r in sorted(results, key=lambda r: r[0]) if r[1] == 0])
+
+    (logp_one, rec_one), (logp_two, rec_two) = ((by_dp(res, 2), by_dp(res, 3)) for res in runs)
+    assert all(torch.equal(r[3], runs[1][0][3]) for r in runs[1] if r[0] == 0)  # both TP ranks alike
+    real_BT = fed[0]["attention_mask"].bool()
+    assert rec_one.shape == rec_two.shape == (*real_BT.shape, *rec_one.shape[2:])
+    differ = (rec_one.sort(-1).values != rec_two.sort(-1).values).any(-1)[real_BT]
+    assert differ.float().mean().item() <= 0.01, differ.float().mean().item()  # near-ties at most
+    assert (logp_one - logp_two).abs().max().item() <= LOGP_TOL
+    print(f"{'packed' if packing else 'padded'}: {int(differ.sum())} of {differ.numel()} decisions differ")
