@@ -28,12 +28,12 @@ UPDATES, MINI, MICRO = 3, 8, 2
 TOL, LOGP_TOL = 1e-6, 1e-5
 
 
-def overrides(hf_dir, tp, ep, world, packing, replay="rollout"):
+def overrides(hf_dir, tp, ep, world, packing, replay="rollout", pp=1):
     return [
         "model.name=null",
         f"model.hf_path={hf_dir}",
         "model.dtype=float32",
-        f"actor.parallel={{pp: 1, tp: {tp}, dp: {world // tp}, ep: {ep}}}",
+        f"actor.parallel={{pp: {pp}, tp: {tp}, dp: {world // (tp * pp)}, ep: {ep}}}",
         f"launch.nproc_per_node={world}",
         "rollout.t_g=1",
         f"rollout.n={N}",
@@ -96,7 +96,7 @@ def make_batches(hf_dir):
     return batches
 
 
-def worker(rank, world, hf_dir, tp, ep, packing, fed, out_dir):
+def worker(rank, world, hf_dir, tp, ep, packing, fed, out_dir, pp=1):
     from rl3d.config import load_config
     from rl3d.config.pools import role_pools
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
@@ -107,7 +107,7 @@ def worker(rank, world, hf_dir, tp, ep, packing, fed, out_dir):
     from rl3d.workers.context import RoleContext
     from rl3d.workers.roles import ActorRolloutWorker
 
-    cfg = load_config(RECIPE, overrides(hf_dir, tp, ep, world, packing)).config
+    cfg = load_config(RECIPE, overrides(hf_dir, tp, ep, world, packing, pp=pp)).config
     layout = role_pools(cfg)[0].layout
     groups = init_megatron(layout, seed=cfg.trainer.seed)
     spec = spec_of(cfg.model)
@@ -126,7 +126,8 @@ def worker(rank, world, hf_dir, tp, ep, packing, fed, out_dir):
     destroy_megatron()
     logp = None if old is None else old["old_logp"]
     cut_logp = None if cut is None else cut["old_logp"]
-    return split, groups.dp_rank, groups.tp_rank, logp, cut_logp, metrics
+    tp_rank = groups.tp_rank if groups.is_last_stage else -1  # log-probs and metrics: last stage
+    return split, groups.dp_rank, tp_rank, logp, cut_logp, metrics
 
 
 def hf_weights(mcore_dir, tmp):
@@ -147,10 +148,10 @@ def setup(tmp_path_factory):
     return hf_dir, make_batches(hf_dir)
 
 
-def _run(setup, tmp_path, *, tp, ep, world, packing=False):
+def _run(setup, tmp_path, *, tp, ep, world, packing=False, pp=1):
     hf_dir, fed = setup
-    out = tmp_path / f"tp{tp}-ep{ep}-packed{packing}"
-    results = run_distributed(worker, world, str(hf_dir), tp, ep, packing, fed, str(out), timeout_s=600)
+    out = tmp_path / f"tp{tp}-pp{pp}-ep{ep}-packed{packing}"
+    results = run_distributed(worker, world, str(hf_dir), tp, ep, packing, fed, str(out), pp, timeout_s=600)
     return results, hf_weights(out, tmp_path / f"hf-{out.name}")
 
 
@@ -162,10 +163,10 @@ def _logps(results):
     return logp, cut
 
 
-def _compare(setup, one, two):
+def _compare(setup, one, two, tol=TOL):
     hf_dir, _ = setup
     (res_one, weights_one), (res_two, weights_two) = one, two
-    assert [r[0] for r in res_one] == [False] * 2 and [r[0] for r in res_two] == [True] * 4
+    assert not any(r[0] for r in res_one) and all(r[0] for r in res_two)  # sequence parallelism
     from safetensors.torch import load_file
 
     initial = load_file(str(Path(hf_dir) / "model.safetensors"))
@@ -181,15 +182,15 @@ def _compare(setup, one, two):
     assert logp_diff <= LOGP_TOL, logp_diff
     if cut_two is not None:
         assert (cut_two - logp_two).abs().max().item() <= LOGP_TOL
-    metrics_one = [r[5] for r in res_one if r[5][0] is not None]
-    metrics_two = [r[5] for r in res_two if r[5][0] is not None]
+    metrics_one = [r[5] for r in res_one if r[2] >= 0]
+    metrics_two = [r[5] for r in res_two if r[2] >= 0]
     for m1, m2 in zip(metrics_one[0], metrics_two[0]):
         assert m1["moe/dropped_tokens"] == m2["moe/dropped_tokens"] == 0.0
         assert abs(m1["moe/load_max_over_mean"] - m2["moe/load_max_over_mean"]) < 1e-9
         # the routers' own choices against the record: near-ties may round apart, nothing more
         assert abs(m1["moe/routing_mismatch_update"] - m2["moe/routing_mismatch_update"]) < 0.01
         assert m1["moe/routing_mismatch_update"] > 0.5  # random records: most choices overridden
-    assert diff <= TOL, diff
+    assert diff <= tol, diff
     return diff, logp_diff
 
 
@@ -248,3 +249,15 @@ def test_tp2_ep2_records_the_routing_of_tp1_ep1(setup, packing):
     assert differ.float().mean().item() <= 0.01, differ.float().mean().item()  # near-ties at most
     assert (logp_one - logp_two).abs().max().item() <= LOGP_TOL
     print(f"{'packed' if packing else 'padded'}: {int(differ.sum())} of {differ.numel()} decisions differ")
+
+
+def test_pp2_tp2_update_equals_one_rank(setup, tmp_path):
+    """PP 2 x TP 2 (4 ranks, one MoE layer per stage): the stages exchange the sequence-split
+    hidden states ([12 / 2, B, H]) and each stage's TP ranks replay their halves of its layer's
+    record; against the same updates on one rank. Weights within 2e-6: one rank's Adam steps
+    see the whole mini-batch's gradient summed in one order, the TP ranks' heads and vocabulary
+    slices another (measured 1.2e-6; the log-probs, metrics and records agree as above)."""
+    one = _run(setup, tmp_path, tp=1, ep=1, world=1)
+    two = _run(setup, tmp_path, tp=2, ep=1, world=4, pp=2)
+    diff, logp_diff = _compare(setup, one, two, tol=2 * TOL)
+    print(f"PP2xTP2 vs one rank: max weight diff after {UPDATES} updates {diff:.2e}, logp {logp_diff:.2e}")
