@@ -4,10 +4,10 @@
 the tokens routed to each expert (megatron's routing map: token x expert, top-k per token).
 Padding slots of a padded micro-batch are routed too and counted; the pads that sequence
 parallelism adds to make a length divisible by TP are not (`excluding`), so the metrics are the
-same at every TP size. `collect(groups)` sums the counts of
-the data-parallel replicas and the pipeline stages, and of the TP ranks under sequence
-parallelism (each routes its part of the sequence; without it each routes the same tokens, so
-only TP rank 0 counts), and returns the step's metrics, identical on every rank:
+same at every TP size. `collect(groups)` sums the counts of the data-parallel replicas, the
+pipeline stages and, under sequence parallelism, the TP ranks (each routes its part of the
+sequence; without it each routes the same tokens, so only TP rank 0 counts), and returns the
+step's metrics, identical on every rank:
 
     moe/load_max_over_mean          the busiest expert's tokens over the mean, worst layer
     moe/layer_{i}/load_max_over_mean  the same for global layer i (1 = perfectly balanced)
