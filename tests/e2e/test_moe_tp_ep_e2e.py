@@ -1,4 +1,4 @@
-"""The MoE quickstart at tensor x expert parallelism end to end: `rl3d train` on 4 gloo ranks
+"""Mixtures of experts at tensor (x expert) parallelism end to end: `rl3d train` on 4 gloo ranks
 (TP 2 x DP 2 x EP 2, sequence parallelism on by `auto`), 3 GRPO steps with routing replay
 (`rollout`, an fp32 engine), rollout included: each step reshards the TP- and EP-sharded
 weights to the torch engine at t_g 1, which generates and records the routing the trainer
@@ -6,7 +6,8 @@ replays.
 
 Each step's reshard moves exactly the planner's bytes, the trainer's own routers agree with the
 engine's record (fp32 on both sides) and its log-probs with the engine's within 1e-5, no token
-is dropped; the training checkpoint exports to the HF layout with every tensor finite."""
+is dropped; the training checkpoint exports to the HF layout with every tensor finite. And PPO
+with a MoE actor, critic and reference at TP 2 (2 ranks) runs its loop."""
 
 import subprocess
 import sys
@@ -67,3 +68,24 @@ def test_tp2_ep2_grpo_run_with_routing_replay(tmp_path):
     assert sorted(exported) == sorted(initial)
     assert all(torch.isfinite(t).all() for t in exported.values())
     assert any(not torch.equal(exported[n], initial[n]) for n in initial if ".experts." in n)
+
+
+def test_ppo_with_a_moe_actor_critic_and_reference_at_tp2(tmp_path):
+    """The PPO quickstart on tiny Qwen3-MoE at its TP 2 (actor, critic and reference colocated,
+    each with sequence parallelism by `auto`, the critic's value head gathering the sequence):
+    2 steps, every loss and value finite, the engine's log-probs the trainer's."""
+    from train_helpers import PPO
+
+    run_dir = tmp_path / "run"
+    overrides = ["model.name=tiny-qwen3-moe", "trainer.total_steps=2", "checkpoint.save_every=0"]
+    proc = run_train(PPO, run_dir, *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = load_config(PPO, overrides).config
+    assert cfg.actor.parallel.tp == cfg.critic.parallel.tp == 2
+    steps = metrics_by_step(run_dir)
+    assert sorted(steps) == [1, 2]
+    for m in steps.values():
+        values = [m["critic/vf_loss"], m["critic/values_mean"], m["critic/grad_norm"], m["actor/pg_loss"]]
+        assert torch.isfinite(torch.tensor(values)).all()
+        assert m["rollout/logp_diff_max"] < 1e-5
+        assert m["moe/dropped_tokens"] == 0.0
