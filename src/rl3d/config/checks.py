@@ -66,15 +66,6 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
             raise fail(
                 f"{section}.parallel.ep", f"ep={ep}: {spec.name} is dense (no experts to split); use ep 1"
             )
-        if spec.is_moe and t > 1 and pool.name == ACTOR:
-            # megatron-core's MoE layer refuses a training forward at TP > 1 without sequence
-            # parallelism, which rl3d's models do not run: stop here, before any process starts
-            raise fail(
-                f"{section}.parallel.tp",
-                f"tp={t}: training a mixture of experts ({spec.name}) at tp > 1 needs sequence "
-                "parallelism, which rl3d does not run yet; use tp 1 and split the experts with "
-                "actor.parallel.ep (docs/moe.md)",
-            )
         if spec.is_moe and spec.num_experts % ep:
             raise fail(
                 f"{section}.parallel.ep",
@@ -106,6 +97,35 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
                 f"a colocated critic uses the actor's layout tp={par.tp} pp={par.pp} dp={par.dp}, "
                 f"got tp={cp.tp} pp={cp.pp} dp={cp.dp} (or set critic.colocate: false for its own pool)",
             )
+    _check_sequence_parallel(cfg, spec, fail)
+
+
+def _check_sequence_parallel(cfg: RL3DConfig, spec, fail) -> None:
+    """megatron-core's MoE layer refuses a training forward at TP > 1 without sequence
+    parallelism: a trained mixture of experts at tp > 1 must not turn it off; LoRA's adapters
+    read whole sequences, so they do not run under it."""
+    from rl3d.models.sequence_parallel import resolve_sequence_parallel
+
+    trained = [("actor", cfg.actor.parallel)]
+    if cfg.critic_enabled:  # a colocated critic has the actor's tp (checked above)
+        trained.append(("critic", cfg.critic.parallel))
+    for role, par in trained:
+        if spec.is_moe and par.tp > 1 and par.sequence_parallel is False:
+            raise fail(
+                f"{role}.parallel.sequence_parallel",
+                f"false: training a mixture of experts ({spec.name}) at {role}.parallel.tp={par.tp} "
+                "needs sequence parallelism (megatron-core's MoE layer); use auto or true, or tp 1",
+            )
+    par = cfg.actor.parallel
+    split = resolve_sequence_parallel(par.sequence_parallel, is_moe=spec.is_moe, tp=par.tp)
+    if cfg.actor.lora is not None and split:
+        raise fail(
+            "actor.lora",
+            f"does not run with sequence parallelism (actor.parallel.tp={par.tp}, "
+            f"sequence_parallel={par.sequence_parallel}, {spec.name}): its adapters take "
+            "the layers' inputs whole, not split along the sequence; use tp 1 (a mixture of "
+            "experts: split the experts with actor.parallel.ep)",
+        )
 
 
 def _check_batches(cfg: RL3DConfig, fail) -> None:

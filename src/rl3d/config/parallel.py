@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from rl3d.config.errors import FieldError
 
@@ -15,6 +16,9 @@ class ParallelConfig:
     # Expert parallelism (a mixture of experts): each layer's experts split over ep of the dp
     # ranks (rl3d.parallel.layout); must divide dp and the number of experts.
     ep: int = 1
+    # Megatron's sequence parallelism at tp > 1 (rl3d.models.sequence_parallel): auto = on for a
+    # mixture of experts (megatron trains one at tp > 1 only so), off for a dense model.
+    sequence_parallel: bool | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         for name in ("tp", "pp", "dp", "ep"):

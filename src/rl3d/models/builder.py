@@ -67,6 +67,7 @@ def transformer_config(
     *,
     params_dtype: torch.dtype = torch.float32,
     packed: bool = False,
+    sequence_parallel: bool = False,
     **overrides: Any,
 ) -> Any:
     """megatron TransformerConfig of a Llama/Qwen2-family decoder (no dropout: RL wants exact logp)."""
@@ -112,7 +113,7 @@ def transformer_config(
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
-        sequence_parallel=False,
+        sequence_parallel=sequence_parallel,
     )
     kwargs.update(moe_config(spec))
     if overrides.get("variable_seq_lengths"):
@@ -178,9 +179,13 @@ def build_gpt(
     padded_vocab: int | None = None,
     seed: int = 1234,
     packed: bool = False,
+    sequence_parallel: bool = False,
     **config_overrides: Any,
 ) -> Any:
     """This rank's GPTModel (one PP stage, one TP shard) for `role`.
+
+    `sequence_parallel` splits the hidden states between the TP blocks along the sequence
+    (`rl3d.models.sequence_parallel`; every forward's length must then be a multiple of t).
 
     `padded_vocab` defaults to `padded_vocab_size(spec.vocab_size, t)`; pass the training
     layout's padding when building a model for another TP size that must hold the same tensors.
@@ -194,7 +199,14 @@ def build_gpt(
     layout = groups.layout
     if spec.is_moe:
         cpu_shim.define_missing_te_gemm()
-    config = transformer_config(spec, groups, params_dtype=params_dtype, packed=packed, **config_overrides)
+    config = transformer_config(
+        spec,
+        groups,
+        params_dtype=params_dtype,
+        packed=packed,
+        sequence_parallel=sequence_parallel,
+        **config_overrides,
+    )
     if use_transformer_engine(groups.device, packed=packed):
         layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(
             num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm
@@ -206,6 +218,8 @@ def build_gpt(
             qk_layernorm=spec.qk_norm,
             normalization="RMSNorm",
         )
+        if sequence_parallel:  # torch's norm module, which megatron's local spec uses, refuses it
+            layer_spec = sp_block_spec(layer_spec, layers_per_stage(spec, layout.p))
     vocab = padded_vocab or padded_vocab_size(spec.vocab_size, layout.t)
     assert vocab >= spec.vocab_size and vocab % layout.t == 0, (vocab, spec.vocab_size, layout.t)
     tied = spec.tied_embeddings and role != "critic"
@@ -225,7 +239,9 @@ def build_gpt(
     offset = groups.pp_rank * layers_per_stage(spec, layout.p)
     assert model.decoder.layers[0].layer_number - 1 == offset, "megatron split layers unevenly"
     if role == "critic" and groups.is_last_stage:
-        model.output_layer = ValueHead(spec.hidden_size, params_dtype, seed=seed)
+        model.output_layer = ValueHead(
+            spec.hidden_size, params_dtype, seed=seed, tp_group=groups.tp_group if sequence_parallel else None
+        )
     if role == "reference":
         model.requires_grad_(False)
         model.eval()
@@ -234,20 +250,41 @@ def build_gpt(
     return model
 
 
+def sp_block_spec(layer_spec: Any, num_layers: int) -> Any:
+    """The decoder block's spec for sequence parallelism on the local spec: every norm (the
+    layers' and the final one) `rl3d.models.sequence_parallel.RMSNorm`."""
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    from rl3d.models.sequence_parallel import RMSNorm, swap_module
+
+    layer_spec = swap_module(layer_spec, WrappedTorchNorm, RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers, layer_norm=RMSNorm)
+
+
 class ValueHead(torch.nn.Module):
     """hidden -> 1, replicated on every TP rank; called like megatron's output layer.
 
     Its weight carries no `tensor_model_parallel` attribute, so megatron treats it like a norm
-    weight (counted once in the grad norm, all-reduced over DP only).
+    weight (counted once in the grad norm, all-reduced over DP only). Under sequence parallelism
+    (`tp_group` given) it gathers the sequence first, so every TP rank values every position and
+    its weight's gradient is whole on each (not marked `sequence_parallel`: no sum over TP).
     """
 
-    def __init__(self, hidden_size: int, dtype: torch.dtype, *, seed: int, std: float = 0.02) -> None:
+    def __init__(
+        self, hidden_size: int, dtype: torch.dtype, *, seed: int, std: float = 0.02, tp_group: Any = None
+    ) -> None:
         super().__init__()
         # A private generator gives every TP rank and every layout the same initial head.
         gen = torch.Generator().manual_seed(seed)
         weight = torch.randn(1, hidden_size, generator=gen, dtype=torch.float32) * std
         self.weight = torch.nn.Parameter(weight.to(dtype))
-        self.sequence_parallel = False
+        self.tp_group = tp_group
+        self.sequence_parallel = tp_group is not None  # read (and switched) like megatron's layer's
 
     def forward(self, hidden_states: torch.Tensor, weight: Any = None, runtime_gather_output: Any = None):
+        if self.sequence_parallel:
+            from rl3d.models.sequence_parallel import gather_sequence
+
+            hidden_states = gather_sequence(hidden_states, self.tp_group)
         return F.linear(hidden_states, self.weight), None

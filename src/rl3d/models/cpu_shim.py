@@ -28,6 +28,11 @@ module remaps exactly those to the CPU, and nothing else:
    mappings the expert-parallel dispatcher calls. Its split sizes reach `all_to_all_single` as
    numpy arrays from a GPU, but stay tensors on CPU, which gloo's binding refuses: on CPU they
    become numpy arrays too.
+6. Uneven all-gathers: under sequence parallelism the dispatcher gathers each TP rank's
+   routed tokens, whose counts differ, by `all_gather` into unequal parts, which NCCL runs and
+   gloo refuses. On CPU the parts are padded to the largest, gathered, and cut back. The
+   linear layers' backward under sequence parallelism gathers its input into a buffer on
+   `torch.cuda.current_device()` (item 3's remap).
 
 `activate()` is a no-op that returns False for a CUDA run, so a GPU run never sees a
 remap (tests/gpu asserts it). The rl3d test suite exercises these remaps on 0.16.1; the same
@@ -74,6 +79,7 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.transformer.moe.moe_utils",
     "megatron.core.transformer.moe.experts",
     "megatron.core.tensor_parallel.mappings",
+    "megatron.core.tensor_parallel.layers",
 )
 
 _active = False
@@ -129,6 +135,7 @@ def activate(device: str | None = None) -> bool:
         _patch_module_torch(name)
     _patch_l2_norm()
     _patch_split_sizes()
+    _patch_uneven_gather()
     _patch_tensor_method_calls()
     _active = True
     logger.info("megatron-core CPU shim active")
@@ -320,6 +327,27 @@ def _patch_split_sizes() -> None:
         return moved(tensor, as_numpy=as_numpy, record_stream=record_stream)
 
     token_dispatcher.maybe_move_tensor_to_cpu = to_cpu
+
+
+def _patch_uneven_gather() -> None:
+    """The sequence-parallel gather into parts of unequal sizes (item 6), as equal parts."""
+    import torch.distributed as dist
+    from megatron.core.tensor_parallel import mappings
+
+    gather = mappings._gather_along_first_dim
+
+    def padded_gather(input_, group, output_split_sizes=None, use_global_buffer=False):
+        sizes = output_split_sizes
+        if sizes is None or group.size() == 1 or len(set(sizes)) == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        longest = max(sizes)
+        padded = input_.new_zeros((longest, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        parts = [torch.empty_like(padded) for _ in sizes]
+        dist.all_gather(parts, padded, group=group)
+        return torch.cat([part[:size] for part, size in zip(parts, sizes)])
+
+    mappings._gather_along_first_dim = padded_gather
 
 
 def _patch_l2_norm() -> None:

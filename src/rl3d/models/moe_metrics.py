@@ -1,10 +1,13 @@
 """How a mixture of experts' router spreads the tokens of a training step over the experts.
 
-`ExpertLoad(model, spec)` hooks every MoE layer's router on this rank; each forward adds the
-tokens routed to each expert (megatron's routing map: token x expert, top-k per token). Padding
-slots of a padded micro-batch are routed too and counted. `collect(groups)` sums the counts of
-the data-parallel replicas and the pipeline stages (each TP rank routes the same tokens, so
-only TP rank 0 counts) and returns the step's metrics, identical on every rank:
+`ExpertLoad(model, spec, groups)` hooks every MoE layer's router on this rank; each forward adds
+the tokens routed to each expert (megatron's routing map: token x expert, top-k per token).
+Padding slots of a padded micro-batch are routed too and counted; the pads that sequence
+parallelism adds to make a length divisible by TP are not (`excluding`), so the metrics are the
+same at every TP size. `collect(groups)` sums the counts of the data-parallel replicas, the
+pipeline stages and, under sequence parallelism, the TP ranks (each routes its part of the
+sequence; without it each routes the same tokens, so only TP rank 0 counts), and returns the
+step's metrics, identical on every rank:
 
     moe/load_max_over_mean          the busiest expert's tokens over the mean, worst layer
     moe/layer_{i}/load_max_over_mean  the same for global layer i (1 = perfectly balanced)
@@ -13,6 +16,8 @@ only TP rank 0 counts) and returns the step's metrics, identical on every rank:
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,8 +27,11 @@ from rl3d.models.spec import ModelSpec
 
 
 class ExpertLoad:
-    def __init__(self, model: Any, spec: ModelSpec) -> None:
+    def __init__(self, model: Any, spec: ModelSpec, groups: Any) -> None:
         self.spec = spec
+        self.tp_split = bool(model.config.sequence_parallel)
+        self.tp, self.tp_rank = groups.layout.t, groups.tp_rank
+        self._pads = (0, 0)  # the current forward's uncounted leading and trailing token rows
         self.counts_LE = torch.zeros(spec.num_layers, spec.num_experts, dtype=torch.float64)
         self.slots = torch.zeros(spec.num_layers, dtype=torch.float64)  # tokens x top_k routed to
         self._handles = []
@@ -36,10 +44,27 @@ class ExpertLoad:
         def record(_module: Any, _args: Any, output: Any) -> None:
             _probs, routing_map = output
             routed = routing_map.detach().to("cpu", torch.float64)
+            lead, trail = self._pads
+            if lead or trail:  # rows of the whole forward's token list, of which this rank has a part
+                rows = routed.shape[0]
+                first = self.tp_rank * rows if self.tp_split else 0
+                total = rows * self.tp if self.tp_split else rows
+                row_N = torch.arange(first, first + rows)
+                routed = routed[(row_N >= lead) & (row_N < total - trail)]
             self.counts_LE[index] += routed.sum(0)
             self.slots[index] += routed.shape[0] * self.spec.moe_top_k
 
         return record
+
+    @contextlib.contextmanager
+    def excluding(self, lead: int, trail: int) -> Iterator[None]:
+        """Around a forward whose first `lead` and last `trail` tokens (megatron's order, the
+        whole forward's) are not counted."""
+        self._pads = (lead, trail)
+        try:
+            yield
+        finally:
+            self._pads = (0, 0)
 
     def reset(self) -> None:
         self.counts_LE.zero_()
@@ -49,7 +74,7 @@ class ExpertLoad:
         """The metrics of everything routed since `reset` (collective over the replica's ranks
         and the data-parallel group)."""
         both = torch.cat([self.counts_LE, self.slots[:, None]], dim=1)
-        if groups.tp_rank != 0:
+        if groups.tp_rank != 0 and not self.tp_split:
             both.zero_()
         both = both.to(groups.device)
         dist.all_reduce(both, group=groups.dp_group)

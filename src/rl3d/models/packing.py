@@ -10,6 +10,8 @@ path's `position_ids_of` does). With the Transformer Engine spec the boundaries 
 has no THD support, so the same packed row gets a block-diagonal causal mask `[1, 1, N, N]`, and
 `per_sequence_rope` hands megatron's RoPE each token's own position (megatron otherwise rotates by
 the row's column index, which only gives the same attention up to fp32 rounding of larger angles).
+Under sequence parallelism a row's length must be a multiple of the TP size: `pack_rows(...,
+multiple=t)` appends pad tokens, which attend only among themselves and are never read.
 
 Micro-batches (`packed_micro_batches`): under a token budget, first-fit decreasing finds how many
 micro-batches the sequences need, and the tokens are then balanced over that many (longest
@@ -40,16 +42,22 @@ class PackedRow:
     # [B, R]: the packed column holding the padded layout's response column (P-1+r for token r).
     # A pad column maps to the sequence's last real token before it, so its values stay finite.
     response_index_BR: torch.Tensor
+    num_pad: int = 0  # pad tokens after the sequences (the row's length a multiple of `multiple`)
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids_1N.shape[1])
 
+    @property
+    def num_real(self) -> int:
+        return self.num_tokens - self.num_pad
+
 
 def pack_rows(
-    input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *, response_width: int
+    input_ids_BT: torch.Tensor, attention_mask_BT: torch.Tensor, *, response_width: int, multiple: int = 1
 ) -> PackedRow:
-    """One packed row of the real tokens (attention_mask 1) of every sequence, in batch order."""
+    """One packed row of the real tokens (attention_mask 1) of every sequence, in batch order,
+    followed by pad tokens (id 0, position 0) up to a multiple of `multiple` tokens."""
     real_BT = attention_mask_BT.bool()
     lengths_B = real_BT.sum(1)
     count_BT = real_BT.long().cumsum(1)  # real tokens up to and including each column
@@ -60,13 +68,25 @@ def pack_rows(
     T = input_ids_BT.shape[1]
     cols = count_BT[:, T - response_width - 1 : T - 1]  # the response slice of the padded layout
     index_BR = (cu[:-1, None].long() + (cols - 1).clamp(min=0)).clamp(max=N - 1)
+    pad = -N % multiple
+    pad_1K = input_ids_BT.new_zeros(1, pad)
     return PackedRow(
-        input_ids_1N=input_ids_BT[real_BT][None],
-        position_ids_1N=(count_BT - 1)[real_BT][None],
+        input_ids_1N=torch.cat([input_ids_BT[real_BT][None], pad_1K], 1),
+        position_ids_1N=torch.cat([(count_BT - 1)[real_BT][None], pad_1K], 1),
         cu_seqlens=cu,
         max_seqlen=int(lengths_B.max()),
         response_index_BR=index_BR,
+        num_pad=pad,
     )
+
+
+def segment_bounds(row: PackedRow) -> torch.Tensor:
+    """int32 [S + 1] (or [S + 2] with pads): `cu_seqlens` with the pad tokens as one more
+    segment, so the boundaries cover the whole row."""
+    if not row.num_pad:
+        return row.cu_seqlens
+    end = row.cu_seqlens.new_tensor([row.num_tokens])
+    return torch.cat([row.cu_seqlens, end])
 
 
 def block_causal_mask(cu_seqlens: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -82,12 +102,10 @@ def packed_seq_params(row: PackedRow) -> Any:
     """megatron's THD boundaries of a packed row (Transformer Engine attention)."""
     from megatron.core.packed_seq_params import PackedSeqParams
 
+    cu = segment_bounds(row)
+    longest = max(row.max_seqlen, row.num_pad)
     return PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=row.cu_seqlens,
-        cu_seqlens_kv=row.cu_seqlens,
-        max_seqlen_q=row.max_seqlen,
-        max_seqlen_kv=row.max_seqlen,
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=longest, max_seqlen_kv=longest
     )
 
 
@@ -97,7 +115,7 @@ def packed_model_inputs(row: PackedRow, *, te: bool) -> tuple[tuple, dict]:
         # GPU with the Transformer Engine spec. NOT EXERCISED by the CPU test suite (TE is not
         # installed there): THD attention and RoPE restart at every cu_seqlens boundary.
         return (row.input_ids_1N, row.position_ids_1N, None), {"packed_seq_params": packed_seq_params(row)}
-    mask = block_causal_mask(row.cu_seqlens, row.num_tokens)
+    mask = block_causal_mask(segment_bounds(row), row.num_tokens)
     return (row.input_ids_1N, row.position_ids_1N, mask), {}
 
 

@@ -11,6 +11,10 @@ While replaying, every MoE layer also computes its own top-k (one `topk` over th
 and counts the decisions (token x layer, real tokens) whose expert set differs from the record:
 per sample, `routing_differ` of `routing_decisions`.
 
+Under sequence parallelism each TP rank's routers see a contiguous 1/t of a forward's tokens
+(its sequence positions, megatron's order): each replays its part of the record, and the TP
+ranks' records and counts are gathered back into the whole forward's.
+
 Recompute of activations in the backward (`actor.recompute: full`) would call the routers
 again outside a micro-batch's forward, so it is refused with replay (`rl3d.config.routing_replay`).
 """
@@ -26,6 +30,7 @@ import torch.distributed as dist
 from megatron.core.transformer.moe.router_replay import RouterReplay, RouterReplayAction
 
 from rl3d.models.packing import PACKED
+from rl3d.models.sequence_parallel import gather_tokens, token_shard
 from rl3d.single_controller.batch import ROUTING, ROUTING_DECISIONS, ROUTING_DIFFER, DataBatch
 
 ROW = "_replay_row"  # a session's row index of each sample, so packing may regroup them
@@ -61,7 +66,10 @@ def token_routing(
     real_BT = micro["attention_mask"].bool()
     if PACKED in micro.info:
         ids = routing_BTLK[real_BT].long()
-        return ids, torch.ones(ids.shape[0], dtype=torch.bool, device=ids.device)
+        pad = micro.info[PACKED].num_pad  # pad tokens after the sequences get experts 0 .. k-1
+        pads = torch.arange(top_k, device=ids.device).expand(pad, ids.shape[1], top_k)
+        real_N = torch.arange(ids.shape[0] + pad, device=ids.device) < ids.shape[0]
+        return torch.cat([ids, pads]), real_N
     B, T = real_BT.shape
     ids = routing_BTLK.transpose(0, 1).reshape(T * B, *routing_BTLK.shape[2:]).long()
     real_N = real_BT.t().reshape(-1)
@@ -78,6 +86,7 @@ def per_sample(values_N: torch.Tensor, micro: DataBatch) -> torch.Tensor:
     B, T = real_BT.shape
     if PACKED in micro.info:
         sample_N = torch.repeat_interleave(torch.arange(B, device=real_BT.device), real_BT.sum(1))
+        values_N = values_N[: sample_N.shape[0]]  # not the pad tokens after the sequences
         return torch.zeros(B, dtype=values_N.dtype, device=values_N.device).index_add_(0, sample_N, values_N)
     return (values_N.view(T, B) * real_BT.t()).sum(0)
 
@@ -87,6 +96,7 @@ class RoutingReplay:
 
     def __init__(self, model: Any, spec: Any, groups: Any) -> None:
         self.spec, self.groups = spec, groups
+        self.tp_split = bool(model.config.sequence_parallel)  # each TP rank routes its sequence part
         self.layers: dict[int, LayerReplay] = {}  # global layer index -> its replay
         for layer in model.decoder.layers:
             router = getattr(layer.mlp, "router", None)
@@ -134,9 +144,10 @@ class RoutingReplay:
         replaying = ROUTING in micro
         if replaying:
             ids_NLK, real_N = token_routing(micro[ROUTING], micro, self.spec.moe_top_k)
+            mine_NLK = ids_NLK[self._shard(len(ids_NLK))]
         for index, layer in self.layers.items():
             if replaying:
-                layer.set_target_indices(ids_NLK[:, index])
+                layer.set_target_indices(mine_NLK[:, index])
                 layer.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
             else:
                 layer.set_router_replay_action(RouterReplayAction.RECORD)
@@ -144,18 +155,34 @@ class RoutingReplay:
             yield
             rows = micro[ROW]
             if replaying:
-                differ_N = sum(layer.differ_N.long() for layer in self.layers.values()) * real_N
+                mine_N = sum(layer.differ_N.long() for layer in self.layers.values())
+                differ_N = self._gathered(mine_N) * real_N
                 state[ROUTING_DIFFER].index_add_(0, rows, per_sample(differ_N.float(), micro))
                 decisions = per_sample(real_N.float(), micro) * len(self.layers)
                 state[ROUTING_DECISIONS].index_add_(0, rows, decisions)
             else:
+                T = state[ROUTING].shape[1]  # a padded micro-batch's leading SP pad columns dropped
                 for index, layer in self.layers.items():
-                    state[ROUTING][rows, :, index] = self._sample_layout(layer.get_recorded_indices(), micro)
+                    ids_NK = self._gathered(layer.get_recorded_indices())
+                    state[ROUTING][rows, :, index] = self._sample_layout(ids_NK, micro)[:, -T:]
         finally:
             for layer in self.layers.values():
                 layer.clear_indices()
                 layer.clear_router_replay_action()
                 layer.differ_N = None
+
+    def _shard(self, num_tokens: int) -> slice:
+        """The rows of a forward's token list this rank's routers see."""
+        if not self.tp_split:
+            return slice(0, num_tokens)
+        return token_shard(num_tokens, self.groups.tp_rank, self.groups.layout.t)
+
+    def _gathered(self, mine_N: torch.Tensor) -> torch.Tensor:
+        """A forward's whole token list from the TP ranks' parts (collective over TP under
+        sequence parallelism)."""
+        if not self.tp_split:
+            return mine_N
+        return gather_tokens(mine_N, self.groups.tp_group, self.groups.layout.t)
 
     @staticmethod
     def _sample_layout(ids_NK: torch.Tensor, micro: DataBatch) -> torch.Tensor:
@@ -165,7 +192,7 @@ class RoutingReplay:
         ids_NK = ids_NK.to(torch.int32)
         if PACKED in micro.info:
             out = torch.zeros(B, T, ids_NK.shape[1], dtype=torch.int32, device=ids_NK.device)
-            out[real_BT] = ids_NK
+            out[real_BT] = ids_NK[: micro.info[PACKED].num_real]
             return out
         return ids_NK.view(T, B, -1).transpose(0, 1)
 

@@ -1,10 +1,12 @@
 """Activation bytes of one micro-batch on one rank: what autograd keeps for the backward.
 
 An estimate from shapes, counted tensor by tensor for megatron-core 0.16's local layer spec
-(no sequence parallelism, no dropout: rl3d sets both off) on one TP rank of `tp`, with
-s = sequence length, b = micro-batch rows, B = bytes per element of `model.dtype`:
+(no dropout: rl3d sets it off) on one TP rank of `tp`, with s = sequence length, b = micro-batch
+rows, B = bytes per element of `model.dtype`:
 - each RMSNorm keeps its input and its normalised output, and the linear after it its input:
-  3 s b h B per norm, two norms a layer;
+  3 s b h B per norm, two norms a layer; with sequence parallelism (`sequence_parallel`,
+  `rl3d.models.sequence_parallel`) all three hold only this rank's s / tp positions (the linear
+  keeps its input split and gathers it again in the backward), so 3 s b h B / tp;
 - the fused QKV output, RoPE's rotated halves and the rotated q, k (local heads), GQA's
   repeated K and V when KV heads are fewer than query heads, the attention context;
 - attention scores: megatron's local `DotProductAttention` keeps the softmax of the
@@ -12,10 +14,15 @@ s = sequence length, b = micro-batch rows, B = bytes per element of `model.dtype
   cast back for the product with V; Transformer Engine's fused (flash) attention keeps only its
   output and the log-sum-exp per row;
 - SwiGLU: fc1's output (2 f), SiLU's output (f) and the gated product fc2 reads (f);
-- the last stage of a language model: the logits (s b V/tp in B) and the fp32 copy of the
-  response's logits the vocab-parallel log-prob keeps (R b V/tp, R = response length).
+- the last stage of a language model: the logits (s b V/tp in B), the fp32 copy of the
+  response's logits the vocab-parallel log-prob keeps (R b V/tp, R = response length) and the
+  output layer's input (s b h B, / tp with sequence parallelism).
 The backward's transient (one layer's gradients of the above, the biggest at once) is added
-once. With full recompute a layer keeps only its input, and one layer is recomputed at a time.
+once. With full recompute a layer keeps only its input (/ tp with sequence parallelism), and one
+layer is recomputed at a time. Everything else (attention, the MLP's inner tensors) covers the
+whole sequence on every TP rank either way: sequence parallelism divides only the hidden
+states between the blocks. A mixture of experts' MLP is counted as a dense SwiGLU of the
+model's `ffn_hidden_size`.
 Under 1F1B a stage holds min(p - pp_rank, micro-batches) micro-batches in flight.
 """
 
@@ -39,6 +46,12 @@ class MicroBatchShape:
     flash: bool  # Transformer Engine's fused attention (packing on CUDA), else megatron's local
     recompute: bool = False  # full activation recompute, one layer at a time
     in_flight: int = 1  # micro-batches whose activations a PP stage holds at once (1F1B)
+    sequence_parallel: bool = False  # hidden states between the blocks split over TP (s a multiple of tp)
+
+
+def hidden_positions(tp: int, shape: MicroBatchShape) -> int:
+    """Positions per row of the hidden states a rank keeps between the blocks."""
+    return -(-shape.seq_len // tp) if shape.sequence_parallel else shape.seq_len
 
 
 def layer_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int) -> int:
@@ -47,14 +60,15 @@ def layer_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: i
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size // tp
     heads = spec.num_attention_heads // tp
     kv = max(spec.num_query_groups // tp, 1)
-    per_token = 6 * h + (heads + 2 * kv) * d + 2 * (heads + kv) * d + heads * d + 4 * f
+    per_token = (heads + 2 * kv) * d + 2 * (heads + kv) * d + heads * d + 4 * f
     if kv < heads:
         per_token += 2 * heads * d  # K and V repeated to every query head
     if shape.flash:
         scores = s * b * heads * FP32  # log-sum-exp per row and head
     else:
         scores = b * heads * s * s * (FP32 + (B if B != FP32 else 0))
-    return s * b * per_token * B + scores
+    norms = hidden_positions(tp, shape) * b * 6 * h * B
+    return s * b * per_token * B + norms + scores
 
 
 def output_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, lm_head: bool) -> int:
@@ -67,7 +81,7 @@ def output_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: 
     return (
         s * b * vocab * dtype_bytes
         + shape.response_len * b * vocab * FP32
-        + s * b * spec.hidden_size * dtype_bytes
+        + hidden_positions(tp, shape) * b * spec.hidden_size * dtype_bytes
     )
 
 
@@ -89,7 +103,7 @@ def activation_bytes(
     if not trains:
         return one_layer + head
     if shape.recompute:
-        kept = layers * shape.seq_len * shape.rows * spec.hidden_size * dtype_bytes + one_layer
+        kept = layers * hidden_positions(tp, shape) * shape.rows * spec.hidden_size * dtype_bytes + one_layer
     else:
         kept = layers * one_layer
     return shape.in_flight * (kept + head) + one_layer  # + the backward's transient

@@ -69,21 +69,29 @@ def role_model(cfg: RL3DConfig, name: str) -> RoleModel | None:
 
 
 def micro_batch_shape(
-    cfg: RL3DConfig, role: RoleModel, layout: ParallelLayout, pp_rank: int
+    cfg: RL3DConfig, role: RoleModel, layout: ParallelLayout, pp_rank: int, *, is_moe: bool = False
 ) -> MicroBatchShape:
     """The largest micro-batch the role runs: rows padded to the longest prompt plus the
     longest response; packed, one row of micro_batch_size sequences (or the token budget), in
-    Transformer Engine's fused attention on CUDA (megatron's local attention on CPU)."""
-    length = cfg.data.max_prompt_length + cfg.rollout.max_new_tokens
+    Transformer Engine's fused attention on CUDA (megatron's local attention on CPU). Under
+    sequence parallelism (the role section's `parallel.sequence_parallel`, resolved for a model
+    that `is_moe` or not) the length is padded to a multiple of tp."""
+    from rl3d.models.sequence_parallel import padded_length, resolve_sequence_parallel
+
+    section = getattr(cfg, role.key, None) if "." not in role.key else None
+    setting = getattr(getattr(section, "parallel", None), "sequence_parallel", "auto")
+    split = resolve_sequence_parallel(setting, is_moe=is_moe, tp=layout.t)
+    multiple = layout.t if split else 1
+    length = padded_length(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, multiple)
     per_step = max(1, role.mini_batch_size // (layout.d * role.micro_batch_size))
     in_flight = min(layout.p - pp_rank, per_step) if role.trainable else 1
     response = cfg.rollout.max_new_tokens
     if role.packing:
-        tokens = role.max_tokens or role.micro_batch_size * length
+        tokens = padded_length(role.max_tokens or role.micro_batch_size * length, multiple)
         flash = cfg.launch.device != "cpu"
-        return MicroBatchShape(tokens, 1, tokens, flash, role_recompute(cfg, role), in_flight)
+        return MicroBatchShape(tokens, 1, tokens, flash, role_recompute(cfg, role), in_flight, split)
     rows = role.micro_batch_size
-    return MicroBatchShape(length, rows, response, False, role_recompute(cfg, role), in_flight)
+    return MicroBatchShape(length, rows, response, False, role_recompute(cfg, role), in_flight, split)
 
 
 def role_recompute(cfg: RL3DConfig, role: RoleModel) -> bool:
@@ -126,7 +134,7 @@ def role_train_bytes(
             trainable=role.trainable,
             distributed_optimizer=role.distributed_optimizer,
         )
-    shape = micro_batch_shape(cfg, role, layout, coords.pp)
+    shape = micro_batch_shape(cfg, role, layout, coords.pp, is_moe=spec.is_moe)
     activations = activation_bytes(
         spec,
         tp=layout.t,

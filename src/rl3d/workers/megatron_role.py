@@ -69,6 +69,7 @@ class MegatronRole(MicroBatching):
         moe_overrides: dict[str, float] | None = None,
         lora: LoraConfig | None = None,
         routing_replay: bool = False,
+        sequence_parallel: bool = False,
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
@@ -78,6 +79,7 @@ class MegatronRole(MicroBatching):
         self.params_dtype = params_dtype
         self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
         self.response_outputs = response_outputs
+        self.sequence_parallel = sequence_parallel
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
         overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
         if recompute == "full":  # every layer its own checkpoint: one layer's activations at a time
@@ -89,7 +91,14 @@ class MegatronRole(MicroBatching):
         if spec.is_moe and optim is not None:  # router losses train the router: trained roles only
             overrides |= moe_overrides or {}
         self.model = build_gpt(
-            spec, groups, role=role, params_dtype=params_dtype, seed=seed, packed=packing, **overrides
+            spec,
+            groups,
+            role=role,
+            params_dtype=params_dtype,
+            seed=seed,
+            packed=packing,
+            sequence_parallel=sequence_parallel,
+            **overrides,
         )
         self.te = packing and use_transformer_engine(groups.device, packed=True)
         # forwards route by a batch's `routing` record, or record their own (algorithm.routing_replay)
@@ -123,7 +132,7 @@ class MegatronRole(MicroBatching):
         if spec.is_moe and self.trainable:
             from rl3d.models.moe_metrics import ExpertLoad
 
-            self.expert_load = ExpertLoad(self.model, spec)
+            self.expert_load = ExpertLoad(self.model, spec, groups)
 
     def to_host(self) -> int:
         """Move `offload`'s kinds to host memory (around generation); the bytes freed."""
@@ -159,7 +168,12 @@ class MegatronRole(MicroBatching):
         keeps it forward-only.
         `hf_path` and `init_from` say where the weights start (see `__init__`); `lora` (the
         actor's `actor.lora`) freezes them and trains adapters instead; `routing_replay` makes a
-        mixture of experts' forwards replay a batch's routing record (`rl3d.models.routing_replay`)."""
+        mixture of experts' forwards replay a batch's routing record (`rl3d.models.routing_replay`).
+        The section's `parallel.sequence_parallel` (`auto` where it has none) says whether the
+        model splits its sequence over TP (`rl3d.models.sequence_parallel`)."""
+        from rl3d.models.sequence_parallel import resolve_sequence_parallel
+
+        setting = getattr(getattr(batching, "parallel", None), "sequence_parallel", "auto")
         return cls(
             spec,
             groups,
@@ -177,6 +191,7 @@ class MegatronRole(MicroBatching):
             moe_overrides=moe.transformer_overrides() if (moe := getattr(batching, "moe", None)) else None,
             lora=lora,
             routing_replay=routing_replay,
+            sequence_parallel=resolve_sequence_parallel(setting, is_moe=spec.is_moe, tp=groups.layout.t),
         )
 
     def _attach_lora(self, lora: LoraConfig, seed: int):

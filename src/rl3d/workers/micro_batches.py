@@ -5,6 +5,10 @@ routing record with `routing_replay`).
 
 Sequences in a batch are `input_ids` = [left-padded prompt | right-padded response], with
 `attention_mask` over both; `response_mask` [B, R] marks the response tokens.
+
+Under sequence parallelism (`rl3d.models.sequence_parallel`) every forward's length is a
+multiple of the TP size: a padded micro-batch gets pad columns on the left (mask 0; the model's
+output over them is dropped before the loss reads it), a packed row pad tokens at its end.
 """
 
 from __future__ import annotations
@@ -23,7 +27,10 @@ from rl3d.models.packing import (
     per_sequence_rope,
     unpack_response,
 )
-from rl3d.single_controller.batch import DataBatch
+from rl3d.models.sequence_parallel import gather_sequence, padded_length
+from rl3d.single_controller.batch import ROUTING, DataBatch
+
+SEQUENCE_FIELDS = ("input_ids", "attention_mask", ROUTING)  # a micro-batch's [B, T, ...] fields
 
 
 def attention_mask_4d(attention_mask_BT: torch.Tensor) -> torch.Tensor:
@@ -39,9 +46,26 @@ def position_ids_of(attention_mask_BT: torch.Tensor) -> torch.Tensor:
     return (attention_mask_BT.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def left_pad(micro: DataBatch, width: int) -> DataBatch:
+    """`micro` with `width` more pad columns (zeros: id 0, mask 0, no recorded experts) on the
+    left of its sequence fields; every other field as it is."""
+    padded = {}
+    for key in SEQUENCE_FIELDS:
+        if key in micro:
+            x = micro[key]
+            padded[key] = torch.cat([x.new_zeros((x.shape[0], width, *x.shape[2:])), x], 1)
+    return DataBatch({**micro.tensors, **padded}, micro.meta, micro.info)
+
+
 class MicroBatching:
     """The forward machinery of `rl3d.workers.megatron_role.MegatronRole` (which sets the
-    attributes read here: groups, packing, max_tokens, response_outputs, te, replay, role)."""
+    attributes read here: groups, packing, max_tokens, response_outputs, te, replay, role,
+    sequence_parallel)."""
+
+    @property
+    def length_multiple(self) -> int:
+        """What every forward's sequence length must be a multiple of."""
+        return self.groups.layout.t if self.sequence_parallel else 1
 
     def _microbatches(
         self, batch: DataBatch, micro_batch_size: int
@@ -61,46 +85,61 @@ class MicroBatching:
             chunks = batch.chunks_of(min(micro_batch_size, len(batch)))
         micro = [m.to(self.groups.device) for m in chunks]
         if self.packing:
-            micro = [self._packed(m) for m in micro]
+            micro = [self._packed(m, self.length_multiple) for m in micro]
         if order is not None and order == sorted(order):
             order = None  # the batch's own order
         return micro, order
 
     @staticmethod
-    def _packed(micro: DataBatch) -> DataBatch:
+    def _packed(micro: DataBatch, multiple: int = 1) -> DataBatch:
         R = micro["response_mask"].shape[1]
-        row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R)
+        row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R, multiple=multiple)
         return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
 
-    @staticmethod
-    def _schedule_shape(micro: list[DataBatch]) -> dict[str, int]:
+    def _schedule_shape(self, micro: list[DataBatch]) -> dict[str, int]:
         """seq_length and micro_batch_size for megatron's schedule (with packing, PP stages
         exchange each micro-batch's shape: `variable_seq_lengths`)."""
         if PACKED in micro[0].info:
             return {"seq_length": max(m.info[PACKED].num_tokens for m in micro), "micro_batch_size": 1}
-        return {"seq_length": micro[0]["input_ids"].shape[1], "micro_batch_size": len(micro[0])}
+        T = padded_length(micro[0]["input_ids"].shape[1], self.length_multiple)
+        return {"seq_length": T, "micro_batch_size": len(micro[0])}
 
     def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
         def step(micro: DataBatch, chunk: Any):
             row = micro.info.get(PACKED)
+            strip = 0  # leading pad columns of the output, not the micro-batch's
             if row is None:
-                mask = micro["attention_mask"]
-                T, R = mask.shape[1], micro["response_mask"].shape[1] if "response_mask" in micro else 0
-                cut = self._output_positions(T - R - 1, T - 1) if self.response_outputs and R else None
-                with cut or contextlib.nullcontext(), self._replayed(micro):
-                    out = chunk(micro["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+                T = micro["attention_mask"].shape[1]
+                R = micro["response_mask"].shape[1] if "response_mask" in micro else 0
+                pad = padded_length(T, self.length_multiple) - T
+                seq = left_pad(micro, pad) if pad else micro
+                mask = seq["attention_mask"]
+                cut = None
+                if self.response_outputs and R:
+                    cut = self._output_positions(pad + T - R - 1, pad + T - 1)
+                else:
+                    strip = pad
+                uncounted = self._uncounted(pad * len(micro), 0)  # the first pad columns' tokens
+                with cut or contextlib.nullcontext(), self._replayed(seq), uncounted:
+                    out = chunk(seq["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
             else:
                 args, kwargs = packed_model_inputs(row, te=self.te)
                 rope = contextlib.nullcontext() if self.te else per_sequence_rope(self.unwrapped(), row)
-                with rope, self._replayed(micro):
+                with rope, self._replayed(micro), self._uncounted(0, row.num_pad):
                     out = chunk(*args, **kwargs)
 
             def loss_func(output: torch.Tensor):
-                return extract(output, micro)
+                return extract(output[:, strip:] if strip else output, micro)
 
             return out, loss_func
 
         return step
+
+    def _uncounted(self, lead: int, trail: int) -> contextlib.AbstractContextManager:
+        """Sequence parallelism's pad tokens (first `lead`, last `trail` of the forward) kept out
+        of the expert-load metrics."""
+        load = getattr(self, "expert_load", None)
+        return contextlib.nullcontext() if load is None else load.excluding(lead, trail)
 
     def _replayed(self, micro: DataBatch) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext() if self.replay is None else self.replay.forward(micro)
@@ -114,21 +153,38 @@ class MicroBatching:
     @contextlib.contextmanager
     def _output_positions(self, start: int, stop: int):
         """While open, the output layer sees only sequence positions [start, stop) of its input
-        (megatron's hidden states are [S, B, H]). Not with sequence parallelism, whose hidden
-        states are split along S, nor on stages without the output layer."""
+        (megatron's hidden states are [S, B, H]); nothing on stages without the output layer.
+        Under sequence parallelism, whose hidden states reach the layer split along S, the
+        hook gathers them first and the layer runs on the slice as without it (its input
+        gradient then all-reduced over TP, of which the gather's backward keeps this rank's part)."""
         layer = getattr(self.unwrapped(), "output_layer", None)
-        if layer is None or getattr(layer, "sequence_parallel", False):
+        if layer is None:
             yield
             return
+        split = getattr(layer, "sequence_parallel", False)
 
-        def keep(_module, args, kwargs):
-            return (args[0][start:stop], *args[1:]), kwargs
+        def keep(module, args, kwargs):
+            hidden = args[0]
+            if split:
+                hidden = gather_sequence(hidden, self.groups.tp_group)
+                module.sequence_parallel = False
+            return (hidden[start:stop], *args[1:]), kwargs
 
-        handle = layer.register_forward_pre_hook(keep, with_kwargs=True)
+        def restore(module, _args, _output):
+            if split:
+                module.sequence_parallel = True
+
+        handles = [
+            layer.register_forward_pre_hook(keep, with_kwargs=True),
+            layer.register_forward_hook(restore),
+        ]
         try:
             yield
         finally:
-            handle.remove()
+            for handle in handles:
+                handle.remove()
+            if split:  # also after a forward that raised
+                layer.sequence_parallel = True
 
     def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
         """[B, R, ...]: the outputs that predict (or value) the response tokens."""

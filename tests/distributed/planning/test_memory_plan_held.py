@@ -3,7 +3,8 @@ as a rank builds them, generating and then trained one step; the bytes of every 
 hold, by the plan's items, equal the plan's within 1% (`rl3d.planning.held` counts storages):
 parameters, gradient buffers, master copies, Adam states, the resharded generation weights and
 the KV cache. Activations, the estimated part, are checked within 5%: the bytes autograd saved
-in one micro-batch's forward against the plan's for that micro-batch's shape."""
+in one micro-batch's forward against the plan's for that micro-batch's shape, also with
+sequence parallelism (TP 2, the hidden states between the blocks split along the sequence)."""
 
 import pytest
 
@@ -65,16 +66,23 @@ def held_worker(rank, world, overrides):
     plan = plan_memory(cfg).ranks[rank]
     planned = {name: plan.phases["train"][name].items() for name in held}
     kept = planned_kept_activations(
-        cfg, spec, par.tp, rows=cfg.actor.micro_batch_size, width=batch["input_ids"].shape[1]
+        cfg,
+        spec,
+        par.tp,
+        rows=cfg.actor.micro_batch_size,
+        width=batch["input_ids"].shape[1],
+        split=actor.role.sequence_parallel,
     )
     return held, engine, planned, plan.phases["generate"]["engine"].items(), (max(saved.per_forward), kept)
 
 
-def planned_kept_activations(cfg, spec, tp, *, rows, width):
+def planned_kept_activations(cfg, spec, tp, *, rows, width, split):
+    from rl3d.models.sequence_parallel import padded_length
     from rl3d.planning.memory_activations import MicroBatchShape, kept_bytes
     from rl3d.utils.dtypes import DTYPE_BYTES
 
-    shape = MicroBatchShape(width, rows, cfg.rollout.max_new_tokens, flash=False)
+    width = padded_length(width, tp) if split else width  # what the model sees
+    shape = MicroBatchShape(width, rows, cfg.rollout.max_new_tokens, flash=False, sequence_parallel=split)
     return kept_bytes(
         spec, tp=tp, layers=spec.num_layers, shape=shape, dtype_bytes=DTYPE_BYTES[cfg.model.dtype]
     )
@@ -112,3 +120,15 @@ def test_plan_equals_held_bytes_distributed_optimizer_one_rank():
 @pytest.mark.slow
 def test_plan_equals_held_bytes_quickstart_tp2():
     check(run_distributed(held_worker, 2, [], timeout_s=300))
+
+
+@pytest.mark.slow
+def test_plan_equals_held_bytes_sequence_parallel_tp2():
+    """The dense quickstart with sequence parallelism asked for (actor, critic and reference):
+    the norms' tensors and the output layer's input are planned at half the positions."""
+    split = ["{pp: 1, tp: 2, dp: 1, sequence_parallel: true}"]
+    overrides = [f"{role}.parallel={split[0]}" for role in ("actor", "critic", "reference")]
+    results = run_distributed(held_worker, 2, overrides, timeout_s=300)
+    check(results)
+    measured, planned = results[0][4]
+    print(f"sequence parallel tp 2: activations saved {measured} B, planned {planned} B")

@@ -44,12 +44,41 @@ def test_ep_reaches_the_actor_layout_and_the_router_losses_megatron():
         ),
         ([*MOE, "actor.moe.aux_loss_coef=-1"], r"actor\.moe\.aux_loss_coef: must be a number >= 0"),
         (
-            ["model.name=tiny-qwen3-moe", "actor.parallel={tp: 2, pp: 1, dp: 1}"],
-            r"actor\.parallel\.tp: tp=2: training a mixture of experts .* needs sequence parallelism",
+            ["model.name=tiny-qwen3-moe", "actor.parallel={tp: 2, pp: 1, dp: 1, sequence_parallel: false}"],
+            r"actor\.parallel\.sequence_parallel: false: training a mixture of experts .* needs sequence "
+            r"parallelism",
+        ),
+        (
+            ["model.name=tiny-qwen3-moe", "actor.parallel={tp: 2, pp: 1, dp: 1}", "actor.lora.rank=4"],
+            r"actor\.lora: does not run with sequence parallelism \(actor\.parallel\.tp=2",
+        ),
+        (
+            ["actor.parallel={tp: 2, pp: 1, dp: 1, sequence_parallel: yes please}"],
+            r"actor\.parallel\.sequence_parallel: expected bool or one of 'auto'",
         ),
     ],
-    ids=["dense", "experts", "dp", "negative-coef", "tp"],
+    ids=["dense", "experts", "dp", "negative-coef", "sp-off", "sp-lora", "sp-value"],
 )
 def test_bad_keys_are_named(overrides, message):
     with pytest.raises(ConfigError, match=message):
         load_config(GRPO, overrides)
+
+
+def test_tp_times_ep_loads_with_sequence_parallelism_auto():
+    """A mixture of experts at tp 2 x ep 2 (4 ranks) is a valid recipe; `auto` resolves to
+    sequence parallelism for it and to none for the dense demo at tp 2."""
+    from rl3d.models.sequence_parallel import resolve_sequence_parallel
+    from rl3d.models.spec import get_model_spec
+
+    over = [
+        "model.name=tiny-qwen3-moe",
+        "actor.parallel={tp: 2, pp: 1, dp: 2, ep: 2}",
+        "launch.nproc_per_node=4",
+    ]
+    cfg = load_config(GRPO, over).config
+    par = cfg.actor.parallel
+    assert (par.tp, par.ep, par.sequence_parallel) == (2, 2, "auto")
+    assert resolve_sequence_parallel(par.sequence_parallel, is_moe=True, tp=par.tp)
+    dense = load_config(GRPO).config.actor.parallel  # the demo: tiny Llama at tp 2
+    assert dense.tp == 2 and not resolve_sequence_parallel(dense.sequence_parallel, is_moe=False, tp=2)
+    assert get_model_spec("tiny-qwen3-moe").is_moe
