@@ -137,11 +137,11 @@ def measure(recipe: Path, overrides: list[str], tmp: Path, warmup: int) -> tuple
 
 
 def predicted_stages(device, cfg) -> tuple[dict[str, float], float]:
-    """The simulator's stages under rl3d's timers' names (`generate`: the rollout, the reward
-    and the controller's part), and its step."""
+    """The simulator's stages under rl3d's timers' names (`generate`: the rollout, the reward,
+    the controller's part and a separate pool's hand-over), and its step."""
     est = simulate(workload_of(cfg), placement_of(cfg), device)
     stages = dict(est.stages)
-    rollout = ("prefill", "decode", "score", "control")
+    rollout = ("prefill", "decode", "score", "control", "handover")
     return {"generate": sum(stages.pop(k, 0.0) for k in rollout), **stages}, est.step_seconds
 
 

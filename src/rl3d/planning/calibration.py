@@ -20,8 +20,12 @@ taken off: the tensor-parallel ones also less their rows' layer all-reduces (`al
 (`generate_stage`, a whole step's rollout as the loop runs it) less the engine's and the
 reward's costs, the critic's forward and training passes (`critic_forward`, `critic_train`: the
 value head and value loss as the critic's worker runs them) less the actor's worker call and
-optimizer step costs, leaving the critic's own micro-batch and layer costs. Nothing is fitted
-to the runs the simulator then predicts.
+optimizer step costs, leaving the critic's own micro-batch and layer costs (and at tensor
+parallelism 2 its own tensor-parallel ones), and a separate rollout pool's generate stage as
+the trainer sees it (`generate_separate`: the pool's generation and the trainer's wait for its
+rows, whose measured wall seconds each row counts) less the engine's, the reward's and the
+controller's costs, leaving the hand-over's. Nothing is fitted to the runs the simulator then
+predicts.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ LATER_KINDS = {
     "generate_stage": ("control_step_s", "control_sample_s"),
     "critic_forward": ("critic_micro_s", "critic_layer_s"),
     "critic_train": ("critic_train_micro_s", "critic_train_layer_s"),
+    "critic_forward_tp": ("critic_tp_micro_s",),
+    "critic_train_tp": ("critic_train_tp_micro_s",),
+    "generate_separate": ("handover_s", "handover_wait_share"),
 }
 # a calibration without the critic's rows charges the value models the actor's costs
 CRITIC_FALLBACK = {
@@ -53,7 +60,11 @@ CRITIC_FALLBACK = {
     "critic_layer_s": "layer_s",
     "critic_train_micro_s": "train_micro_s",
     "critic_train_layer_s": "train_layer_s",
+    "critic_tp_micro_s": "tp_micro_s",
+    "critic_train_tp_micro_s": "train_tp_micro_s",
 }
+# and one without a separate pool's rows no hand-over
+NO_HANDOVER = {"handover_s": 0.0, "handover_wait_share": 0.0}
 FACTS = (
     "matmul_gflops",
     "copy_gbps",
@@ -136,7 +147,7 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
             costs |= _fit_kind(kind, names, rows, rest)
     for critic, actor in CRITIC_FALLBACK.items():
         costs.setdefault(critic, costs[actor])
-    return costs
+    return NO_HANDOVER | costs
 
 
 def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
@@ -155,7 +166,7 @@ def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
     costs = fit_fixed(calibration["rows"], flops, lambda nbytes: call_s + nbytes / (gbps * 1e9))
     for key in ("call_s", "train_call_s"):  # a forward's outputs, an update's metrics
         costs[key] += calibration["gather_cpu_us"] * 1e-6
-    costs["gen_call_s"] += calibration["gather_rollout_cpu_us"] * 1e-6  # a replica's rows, text and all
+    costs["gen_gather_s"] = calibration["gather_rollout_cpu_us"] * 1e-6  # a replica's rows, text and all
     step_overhead = costs.pop("step_overhead_s")
     # the simulator charges a 2-rank all-reduce twice a ring pass of the base and one hop
     quarter_us = calibration["gloo_call_cpu_us"] / 4

@@ -61,6 +61,10 @@ class FixedCosts:
     critic_layer_s: float = 0.0
     critic_train_micro_s: float = 0.0
     critic_train_layer_s: float = 0.0
+    # the value models' in place of `tp_micro_s` and `train_tp_micro_s` (no vocabulary-parallel
+    # log-softmax; the [hidden, 1] head's output gathered instead)
+    critic_tp_micro_s: float = 0.0
+    critic_train_tp_micro_s: float = 0.0
     # per micro-batch of a forward (or forward + backward) on a tensor-parallel layout (t > 1):
     # what tensor parallelism costs besides the layers' all-reduces the latency model charges
     # (the embedding's and the log-probs' reductions, megatron's bookkeeping)
@@ -68,11 +72,17 @@ class FixedCosts:
     train_tp_micro_s: float = 0.0
     train_tp_step_s: float = 0.0  # per optimizer step on a tensor-parallel layout (norms over ranks)
     gen_call_s: float = 0.0  # a generation call on a replica: sampling set-up, log-probs, output
+    gen_gather_s: float = 0.0  # a colocated replica's rows gathered to every controller, once per call
     score_sample_s: float = 0.0  # the rule reward of one sample (detokenize, score) on the controller
     # the controller's side of a step's rollout besides the engine and the reward: sampling the
     # prompts, dealing them out, collecting and joining the rows, resuming the engine's cache
     control_step_s: float = 0.0  # per step
     control_sample_s: float = 0.0  # per sample
+    # a separate rollout pool's rows reach the trainer through the store instead of a gather:
+    # per step (the store reads, the unpickling, the checks) and per second the trainer waits
+    # for them (its store polls, every 2 ms, while the pool generates)
+    handover_s: float = 0.0
+    handover_wait_share: float = 0.0
     decode_layer_s: float = 0.0  # one layer of a decode step
 
     def __post_init__(self) -> None:

@@ -25,7 +25,9 @@ fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU; a v
 micro-batches and layers its own), and so does the
 rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
 seconds), and so does the controller's work around a step's rollout (`control`: per step and per
-sample). Nothing here overlaps compute with communication.
+sample), and so does a separate rollout pool's hand-over of its rows to the trainer (`handover`:
+per step and per second the trainer waits for them). Nothing here overlaps compute with
+communication.
 """
 
 from __future__ import annotations
@@ -125,18 +127,19 @@ def pass_seconds(
     split = layout.t > 1
     if backward:
         own = (
-            fixed.critic_train_micro_s + layers * fixed.critic_train_layer_s
+            fixed.critic_train_micro_s
+            + layers * fixed.critic_train_layer_s
+            + split * fixed.critic_train_tp_micro_s
             if critic
-            else fixed.train_micro_s + layers * fixed.train_layer_s
+            else fixed.train_micro_s + layers * fixed.train_layer_s + split * fixed.train_tp_micro_s
         )
-        overhead = micro * (own + split * fixed.train_tp_micro_s)
     else:
         own = (
-            fixed.critic_micro_s + layers * fixed.critic_layer_s
+            fixed.critic_micro_s + layers * fixed.critic_layer_s + split * fixed.critic_tp_micro_s
             if critic
-            else fixed.micro_s + layers * fixed.layer_s
+            else fixed.micro_s + layers * fixed.layer_s + split * fixed.tp_micro_s
         )
-        overhead = micro * (own + split * fixed.tp_micro_s)
+    overhead = micro * own
     return (compute + tp + overhead) * bubble
 
 
@@ -158,9 +161,19 @@ def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Wo
 
 
 def generate_seconds(
-    spec: ModelSpec, world: int, t_g: int, p_g: int, device: DeviceClass, w: Workload, kv_budget: float
+    spec: ModelSpec,
+    world: int,
+    t_g: int,
+    p_g: int,
+    device: DeviceClass,
+    w: Workload,
+    kv_budget: float,
+    *,
+    gathered: bool = True,
 ) -> tuple[float, float]:
-    """(prefill, decode) seconds of a step's rollouts on `world` devices in (t_g, p_g)."""
+    """(prefill, decode) seconds of a step's rollouts on `world` devices in (t_g, p_g);
+    `gathered`: each replica's rows go to the controllers by a gather (colocated generation; a
+    separate pool hands them over through the store, `handover` in `simulate`)."""
     replicas = world // (t_g * p_g)
     seqs = math.ceil(w.samples * w.generations / replicas)
     h, layers = spec.hidden_size, spec.num_layers
@@ -180,6 +193,7 @@ def generate_seconds(
         p_g * max(memory, compute) + allreduce + device.step_overhead_s + layers * device.fixed.decode_layer_s
     )
     prefill += device.fixed.gen_call_s + layers * device.fixed.decode_layer_s  # its layers' forward
+    prefill += gathered * device.fixed.gen_gather_s
     return prefill, waves * w.response_len * step
 
 
@@ -228,7 +242,7 @@ def pool_stages(
     rollout = placement.separate
     if pool is rollout:
         stages["prefill"], stages["decode"] = generate_seconds(
-            w.actor, pool.size, pool.layout.t, 1, device, w, kv_budget
+            w.actor, pool.size, pool.layout.t, 1, device, w, kv_budget, gathered=False
         )
         stages["reshard"] = weight_sync_seconds(w.actor, placement.pool_of("actor"), pool, device, w)
         return stages
@@ -272,8 +286,8 @@ def pool_stages(
 
 
 STAGE_ORDER = (
-    "prefill", "decode", "score", "control", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
-    "update_critic", "update_actor", "reshard",
+    "prefill", "decode", "score", "control", "handover", "reward_model", "cost_model", "old_logp", "values",
+    "ref_logp", "update_critic", "update_actor", "reshard",
 )  # fmt: skip
 
 
@@ -289,8 +303,13 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
     rollouts, fixed = w.samples * w.generations, device.fixed
     stages["score"] = rollouts * fixed.score_sample_s
     stages["control"] = fixed.control_step_s + rollouts * fixed.control_sample_s
-    stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     generation = stages["prefill"] + stages["decode"]
+    if placement.separate is not None:  # the trainer polls for the pool's rows while it waits
+        waited = generation
+        if placement.max_staleness > 0:  # the pool generated while the trainer worked
+            waited = max(0.0, 2 * generation - sum(stages.values()))
+        stages["handover"] = fixed.handover_s + waited * fixed.handover_wait_share
+    stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     total = sum(stages.values())
     if placement.separate is not None and placement.max_staleness > 0:
         total = max(generation, total - generation)

@@ -26,7 +26,8 @@ TRUE = {
     "optim_step_s": 6e-3, "gen_call_s": 1e-3, "step_overhead_s": 4e-4, "decode_layer_s": 3e-4,
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
     "control_step_s": 5e-3, "control_sample_s": 8e-5, "critic_micro_s": 0.5e-3, "critic_layer_s": 0.7e-3,
-    "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3,
+    "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3, "critic_tp_micro_s": 1.2e-3,
+    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05,
 }  # fmt: skip
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
@@ -61,15 +62,21 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         counts = {"gen_call_s": 1, "step_overhead_s": 8, "decode_layer_s": 9 * 2, "score_sample_s": n,
                   "control_step_s": 1, "control_sample_s": n}  # fmt: skip
         rows.append({"kind": "generate_stage", "counts": counts, "flops": 2e5 * n})
-    for r in [r for r in rows if r["kind"] in ("forward", "train")]:  # the same at tensor parallelism 2
+        # with a separate pool: its generation, the trainer's wait for the rows (wall s) and their hand-over
+        counts = counts | {"handover_s": 1, "handover_wait_share": 0.004 * n}
+        rows.append({"kind": "generate_separate", "counts": counts, "flops": 2e5 * n})
+    trained = ("forward", "train", "critic_forward", "critic_train")
+    for r in [r for r in rows if r["kind"] in trained]:  # the same at tensor parallelism 2
         tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
-        k = r["counts"].get("micro_s", r["counts"].get("train_micro_s"))
+        pre = "critic_" if r["kind"].startswith("critic_") else ""
+        forward = r["kind"].endswith("forward")
+        k = r["counts"][f"{pre}micro_s" if forward else f"{pre}train_micro_s"]
         layers = r["counts"].get("call_layer_s", r["counts"].get("train_call_layer_s"))
-        if r["kind"] == "forward":
-            tp["counts"]["tp_micro_s"] = k
+        if forward:
+            tp["counts"][f"{pre}tp_micro_s"] = k
         else:
-            tp["counts"] |= {"train_tp_micro_s": k, "train_tp_step_s": r["counts"]["optim_step_s"]}
-        per_layer = 2 if r["kind"] == "forward" else 4
+            tp["counts"] |= {f"{pre}train_tp_micro_s": k, "train_tp_step_s": r["counts"]["optim_step_s"]}
+        per_layer = 2 if forward else 4
         rows.append(tp | {"allreduces": k * per_layer * layers, "allreduce_bytes": 8 * 24 * 64 * 4})
     for r in rows:
         r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r["flops"] / (GFLOPS * 1e9)
@@ -105,7 +112,8 @@ def test_the_cpu_class_takes_the_measured_rates_and_adds_the_gather_to_every_cal
     assert device.step_overhead_s == pytest.approx(TRUE["step_overhead_s"])
     assert device.fixed.call_s == pytest.approx(TRUE["call_s"] + 500e-6)
     assert device.fixed.train_call_s == pytest.approx(TRUE["train_call_s"] + 500e-6)
-    assert device.fixed.gen_call_s == pytest.approx(TRUE["gen_call_s"] + 900e-6)  # the rollout rows' gather
+    assert device.fixed.gen_call_s == pytest.approx(TRUE["gen_call_s"])
+    assert device.fixed.gen_gather_s == pytest.approx(900e-6)  # the rollout rows' gather, on its own
     assert device.fixed.layer_s == pytest.approx(TRUE["layer_s"])
     # a 2-rank all-reduce costs what one gloo call costs a rank, plus its bytes at gloo's bandwidth
     assert ring_allreduce_seconds(1e6, 2, 2, device) == pytest.approx(allreduce_s(1e6))
@@ -204,15 +212,15 @@ def test_the_value_models_passes_pay_the_critic_s_costs_and_the_rest_the_actor_s
     est = simulate(w, placement, device)
     actor_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False)
     critic_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False, critic=True)
-    micro = 32 // layout.d // 8
-    own = fixed.critic_micro_s + L * fixed.critic_layer_s - fixed.micro_s - L * fixed.layer_s
-    assert critic_fwd - actor_fwd == pytest.approx(micro * own, rel=1e-9)
+    micro, t = 32 // layout.d // 8, layout.t > 1  # at t > 1 the critic's tensor-parallel costs too
+    own = fixed.critic_micro_s + L * fixed.critic_layer_s + t * fixed.critic_tp_micro_s
+    actor_own = fixed.micro_s + L * fixed.layer_s + t * fixed.tp_micro_s
+    assert critic_fwd - actor_fwd == pytest.approx(micro * (own - actor_own), rel=1e-9)
     actor_bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True)
     critic_bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True, critic=True)
-    own = fixed.critic_train_micro_s + L * fixed.critic_train_layer_s
-    assert critic_bwd - actor_bwd == pytest.approx(
-        micro * (own - fixed.train_micro_s - L * fixed.train_layer_s), rel=1e-9
-    )
+    own = fixed.critic_train_micro_s + L * fixed.critic_train_layer_s + t * fixed.critic_train_tp_micro_s
+    actor_own = fixed.train_micro_s + L * fixed.train_layer_s + t * fixed.train_tp_micro_s
+    assert critic_bwd - actor_bwd == pytest.approx(micro * (own - actor_own), rel=1e-9)
     # both value models (critic, cost_critic): the critic's passes; the actor's stages: its own
     call = fixed.call_s + L * fixed.call_layer_s
     assert est.stages["values"] == pytest.approx(2 * (call + critic_fwd), rel=1e-9)
@@ -228,6 +236,8 @@ def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_ac
     c["rows"] = [r for r in c["rows"] if not r["kind"].startswith("critic_")]
     fixed = cpu_device(c).fixed
     assert (fixed.critic_micro_s, fixed.critic_layer_s) == (fixed.micro_s, fixed.layer_s)
+    tp = (fixed.critic_tp_micro_s, fixed.critic_train_tp_micro_s)
+    assert tp == (fixed.tp_micro_s, fixed.train_tp_micro_s)
     assert (fixed.critic_train_micro_s, fixed.critic_train_layer_s) == (
         fixed.train_micro_s,
         fixed.train_layer_s,
@@ -236,3 +246,26 @@ def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_ac
     est = simulate(w, placement, cpu_device(c))
     assert est.stages["values"] == pytest.approx(2 * est.stages["old_logp"], rel=1e-12)
     assert est.stages["update_critic"] == pytest.approx(2 * est.stages["update_actor"], rel=1e-12)
+
+
+def test_a_separate_pool_s_rows_are_handed_over_and_a_colocated_replica_s_gathered():
+    device = cpu_device(calibration())
+    fixed = device.fixed
+    w = Workload(actor=TINY, prompts=8, samples_per_prompt=4, prompt_len=16, response_len=8)
+    actor = PoolPlacement("actor", ParallelLayout(1, 1, 2), w.roles)
+    colocated = simulate(w, Placement(pools=(actor,)), device).stages
+    rollout = PoolPlacement("rollout", ParallelLayout(1, 1, 2), ("rollout",))
+    separate = simulate(w, Placement(pools=(actor, rollout)), device).stages
+    assert "handover" not in colocated
+    # the same replicas generate; only the colocated ones' rows are gathered
+    assert colocated["prefill"] - separate["prefill"] == pytest.approx(fixed.gen_gather_s, rel=1e-9)
+    waited = separate["prefill"] + separate["decode"]  # the trainer polls while the pool generates
+    assert separate["handover"] == pytest.approx(TRUE["handover_s"] + waited * TRUE["handover_wait_share"])
+    assert "handover" not in simulate(w, Placement(pools=(actor, rollout)), A100).stages  # zero on a GPU
+
+
+def test_a_calibration_without_a_separate_pool_s_rows_charges_no_hand_over():
+    c = calibration()
+    c["rows"] = [r for r in c["rows"] if r["kind"] != "generate_separate"]
+    fixed = cpu_device(c).fixed
+    assert (fixed.handover_s, fixed.handover_wait_share) == (0.0, 0.0)
