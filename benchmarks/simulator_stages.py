@@ -6,6 +6,8 @@ Colocated (`stage_rows`): one rank, the actor's worker generating. With a separa
 pool's rows, their hand-over, the reward, the controller's part) and the pool's generation,
 each in its own process's CPU seconds, summed as the validation sums them; each row also counts
 the wall seconds the trainer waited (the hand-over's polls cost CPU per second of waiting).
+Right after each such wait the actor's forward (its old log-probs) is timed twice: woken, and
+repeated at once.
 """
 
 from __future__ import annotations
@@ -122,6 +124,7 @@ def _separate_worker(
     """Rank 0 the trainer, rank 1 a rollout pool of one rank; the trainer publishes each step's
     weights (untimed), then its `generate` waits for the pool's rows of that step (timed)."""
     from rl3d.controller.build import build_run
+    from rl3d.controller.rows import fit_rows
     from rl3d.launch.spmd_backend import SPMDRun
     from rl3d.models.bootstrap import destroy_megatron
 
@@ -137,25 +140,37 @@ def _separate_worker(
         destroy_megatron()
         return
     runner.placement.start(0, runner.sampler.sampler.state_dict)
-    times, waits = [], []
+    times, waits, first, again = [], [], [], []
     for step in range(1, repeats + 2):  # the first a warm-up
         runner.publish_weights(step - 1)
         metrics: dict[str, float] = {}
         start = time.process_time()
-        runner.generate(step, metrics)
+        batch = runner.generate(step, metrics)
+        done = time.process_time()
+        batch, _ = fit_rows(batch, cfg)  # as the loop's old_logp stage takes it
+        runner.roles.actor.call("compute_log_prob", batch)
+        woken = time.process_time()
+        runner.roles.actor.call("compute_log_prob", batch)
         if step > 1:
-            times.append(time.process_time() - start + metrics["async/rollout_generate_cpu_s"])
+            times.append(done - start + metrics["async/rollout_generate_cpu_s"])
             waits.append(metrics["async/wait_trainer_s"])
+            first.append(woken - done)
+            again.append(time.process_time() - woken)
     runner.placement.stop(None)
     destroy_megatron()
     layers, flops, counts = _stage_counts(cfg, prompts)
     counts |= {"handover_s": 1, "handover_wait_share": statistics.median(waits)}
-    out.put(_row("generate_separate", layers, flops, times, **counts))
+    out.put([
+        _row("generate_separate", layers, flops, times, **counts),
+        _row("forward_after_wait", layers, 0.0, first, wake_s=1, repeat_forward_s=1),
+        _row("forward_again", layers, 0.0, again, repeat_forward_s=1),
+    ])  # fmt: skip
 
 
 def separate_rows(recipe: Path, repeats: int) -> list[dict]:
     """The generate stage with a separate rollout pool at the recipe's prompts a step and half,
-    each in a trainer process and a pool process of their own."""
+    each in a trainer process and a pool process of their own, and the actor's forward right
+    after each (the old log-probs) and again at once."""
     import torch.multiprocessing as mp
 
     ctx, rows = mp.get_context("spawn"), []
@@ -166,7 +181,7 @@ def separate_rows(recipe: Path, repeats: int) -> list[dict]:
         procs = [ctx.Process(target=_separate_worker, args=(r, *args)) for r in (0, 1)]
         for p in procs:
             p.start()
-        rows.append(queue.get(timeout=1200))
+        rows += queue.get(timeout=1200)
         for p in procs:
             p.join()
     return rows

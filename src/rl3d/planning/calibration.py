@@ -24,8 +24,9 @@ optimizer step costs, leaving the critic's own micro-batch and layer costs (and 
 parallelism 2 its own tensor-parallel ones), and a separate rollout pool's generate stage as
 the trainer sees it (`generate_separate`: the pool's generation and the trainer's wait for its
 rows, whose measured wall seconds each row counts) less the engine's, the reward's and the
-controller's costs, leaving the hand-over's. Nothing is fitted to the runs the simulator then
-predicts.
+controller's costs, leaving the hand-over's, and the actor's forward right after that wait
+less the same call repeated at once (`forward_after_wait`, `forward_again`), leaving the
+wake-up of ranks that waited. Nothing is fitted to the runs the simulator then predicts.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ LATER_KINDS = {
     "critic_forward_tp": ("critic_tp_micro_s",),
     "critic_train_tp": ("critic_train_tp_micro_s",),
     "generate_separate": ("handover_s", "handover_wait_share"),
+    # the actor's forward right after the trainer waited for a separate pool's rows, and the same
+    # call repeated at once: the first's excess is the wake-up
+    "forward_again": ("repeat_forward_s",),
+    "forward_after_wait": ("wake_s",),
 }
 # a calibration without the critic's rows charges the value models the actor's costs
 CRITIC_FALLBACK = {
@@ -64,7 +69,7 @@ CRITIC_FALLBACK = {
     "critic_train_tp_micro_s": "train_tp_micro_s",
 }
 # and one without a separate pool's rows no hand-over
-NO_HANDOVER = {"handover_s": 0.0, "handover_wait_share": 0.0}
+NO_HANDOVER = {"handover_s": 0.0, "handover_wait_share": 0.0, "wake_s": 0.0}
 FACTS = (
     "matmul_gflops",
     "copy_gbps",

@@ -83,6 +83,9 @@ class FixedCosts:
     # for them (its store polls, every 2 ms, while the pool generates)
     handover_s: float = 0.0
     handover_wait_share: float = 0.0
+    # a stage whose ranks sat waiting through the stage before (another pool's, or a separate
+    # pool's generation) runs cold: caches refilled, on a virtual machine the halted vCPU resumed
+    wake_s: float = 0.0
     decode_layer_s: float = 0.0  # one layer of a decode step
 
     def __post_init__(self) -> None:

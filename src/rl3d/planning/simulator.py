@@ -26,7 +26,8 @@ micro-batches and layers its own), and so does the
 rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
 seconds), and so does the controller's work around a step's rollout (`control`: per step and per
 sample), and so does a separate rollout pool's hand-over of its rows to the trainer (`handover`:
-per step and per second the trainer waits for them). Nothing here overlaps compute with
+per step and per second the trainer waits for them); a stage whose ranks waited through the
+stage before for another pool pays `wake_s` once. Nothing here overlaps compute with
 communication.
 """
 
@@ -309,11 +310,39 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
         if placement.max_staleness > 0:  # the pool generated while the trainer worked
             waited = max(0.0, 2 * generation - sum(stages.values()))
         stages["handover"] = fixed.handover_s + waited * fixed.handover_wait_share
+    if fixed.wake_s:
+        for stage in woken_stages(w, placement, stages):
+            stages[stage] += fixed.wake_s
     stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     total = sum(stages.values())
     if placement.separate is not None and placement.max_staleness > 0:
         total = max(generation, total - generation)
     return StepEstimate(stages, total, fits_device(memory, kv_budget, device), memory, w.tokens)
+
+
+# the trainer's stages after generation in rl3d's order, each with the roles whose pool runs it
+POOL_ORDER = (
+    ("old_logp", ("actor",)), ("values", VALUE_MODELS), ("ref_logp", ("reference",)),
+    ("update_critic", VALUE_MODELS), ("update_actor", ("actor",)), ("reshard", ("actor",)),
+)  # fmt: skip
+
+
+def woken_stages(w: Workload, placement: Placement, stages: dict[str, float]) -> list[str]:
+    """The stages whose pool did not run the stage before: its ranks waited for another pool
+    (a separate pool's generation, when the trainer waits for it, counts as another pool's)."""
+    previous = placement.pools[0].name  # the step before ended with the actor's reshard
+    if placement.separate is not None and placement.max_staleness == 0:
+        previous = placement.separate.name
+    woken = []
+    for stage, roles in POOL_ORDER:
+        role = next((r for r in roles if r in w.roles), None)
+        if role is None or stages.get(stage, 0.0) <= 0:
+            continue
+        pool = placement.pool_of(role).name
+        if pool != previous:
+            woken.append(stage)
+        previous = pool
+    return woken
 
 
 def fits_device(memory: dict[str, int], kv_budget: dict[str, float], device: DeviceClass) -> bool:

@@ -1,6 +1,8 @@
 """The CPU device class: its fixed costs fitted from microbenchmark rows, and what the
 simulator charges for them. No timing: the rows are built from known costs."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -16,7 +18,7 @@ from rl3d.planning.calibration import (
     nonnegative_lstsq,
 )
 from rl3d.planning.devices import A100, FixedCosts
-from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate
+from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate, woken_stages
 from rl3d.planning.workload import Placement, PoolPlacement, Workload
 
 TINY = get_model_spec("tiny-llama")
@@ -27,7 +29,8 @@ TRUE = {
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
     "control_step_s": 5e-3, "control_sample_s": 8e-5, "critic_micro_s": 0.5e-3, "critic_layer_s": 0.7e-3,
     "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3, "critic_tp_micro_s": 1.2e-3,
-    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05,
+    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05, "wake_s": 4e-3,
+    "repeat_forward_s": 0.03,
 }  # fmt: skip
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
@@ -65,6 +68,9 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         # with a separate pool: its generation, the trainer's wait for the rows (wall s) and their hand-over
         counts = counts | {"handover_s": 1, "handover_wait_share": 0.004 * n}
         rows.append({"kind": "generate_separate", "counts": counts, "flops": 2e5 * n})
+    for _ in range(2):  # the actor's forward right after that wait, and again at once
+        rows.append({"kind": "forward_after_wait", "counts": {"wake_s": 1, "repeat_forward_s": 1}})
+        rows.append({"kind": "forward_again", "counts": {"repeat_forward_s": 1}})
     trained = ("forward", "train", "critic_forward", "critic_train")
     for r in [r for r in rows if r["kind"] in trained]:  # the same at tensor parallelism 2
         tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
@@ -79,7 +85,7 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         per_layer = 2 if forward else 4
         rows.append(tp | {"allreduces": k * per_layer * layers, "allreduce_bytes": 8 * 24 * 64 * 4})
     for r in rows:
-        r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r["flops"] / (GFLOPS * 1e9)
+        r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r.get("flops", 0) / (GFLOPS * 1e9)
         r["seconds"] += r.get("allreduces", 0) * allreduce_s(r.get("allreduce_bytes", 0))
     return rows
 
@@ -266,6 +272,36 @@ def test_a_separate_pool_s_rows_are_handed_over_and_a_colocated_replica_s_gather
 
 def test_a_calibration_without_a_separate_pool_s_rows_charges_no_hand_over():
     c = calibration()
-    c["rows"] = [r for r in c["rows"] if r["kind"] != "generate_separate"]
+    c["rows"] = [r for r in c["rows"] if r["kind"] not in ("generate_separate", "forward_after_wait")]
     fixed = cpu_device(c).fixed
-    assert (fixed.handover_s, fixed.handover_wait_share) == (0.0, 0.0)
+    assert (fixed.handover_s, fixed.handover_wait_share, fixed.wake_s) == (0.0, 0.0, 0.0)
+
+
+def _pools(w: Workload, *own: str, separate: bool = False) -> tuple[PoolPlacement, ...]:
+    """The actor's pool with every role not in `own`, a pool per role in `own`, a rollout pool."""
+    lay = ParallelLayout(1, 1, 2)
+    pools = [PoolPlacement("actor", lay, tuple(r for r in w.roles if r not in own))]
+    pools += [PoolPlacement(r, lay, (r,)) for r in own]
+    return (*pools, *([PoolPlacement("rollout", lay, ("rollout",))] if separate else []))
+
+
+@pytest.mark.parametrize(
+    "own, separate, staleness, woken",
+    [
+        ((), False, 0, []),  # one pool: every stage follows its own
+        ((), True, 0, ["old_logp"]),  # the trainer waited through the pool's generation
+        ((), True, 1, []),  # the pool generated while the trainer worked
+        (("reference",), False, 0, ["ref_logp", "update_critic"]),
+        (("critic", "reference"), False, 0, ["values", "ref_logp", "update_critic", "update_actor"]),
+    ],
+)
+def test_a_stage_whose_ranks_waited_for_another_pool_pays_the_wake_up(own, separate, staleness, woken):
+    device = cpu_device(calibration())
+    w = Workload(actor=TINY, roles=("actor", "critic", "reference"), prompts=8, samples_per_prompt=4,
+                 prompt_len=16, response_len=8, micro_batch_size=8, mini_batch_size=16)  # fmt: skip
+    placement = Placement(pools=_pools(w, *own, separate=separate), max_staleness=staleness)
+    est = simulate(w, placement, device)
+    assert woken_stages(w, placement, est.stages) == woken
+    cold = simulate(w, placement, replace(device, fixed=replace(device.fixed, wake_s=0.0)))
+    for stage, seconds in est.stages.items():
+        assert seconds - cold.stages[stage] == pytest.approx(TRUE["wake_s"] if stage in woken else 0.0)
