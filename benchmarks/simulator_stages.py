@@ -162,8 +162,8 @@ def _separate_worker(
     counts |= {"handover_s": 1, "handover_wait_share": statistics.median(waits)}
     out.put([
         _row("generate_separate", layers, flops, times, **counts),
-        _row("forward_after_wait", layers, 0.0, first, wake_s=1, repeat_forward_s=1),
-        _row("forward_again", layers, 0.0, again, repeat_forward_s=1),
+        _row("forward_after_wait", layers, 0.0, first) | {"samples": len(batch)},
+        _row("forward_again", layers, 0.0, again) | {"samples": len(batch)},
     ])  # fmt: skip
 
 

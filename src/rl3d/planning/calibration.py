@@ -24,9 +24,10 @@ optimizer step costs, leaving the critic's own micro-batch and layer costs (and 
 parallelism 2 its own tensor-parallel ones), and a separate rollout pool's generate stage as
 the trainer sees it (`generate_separate`: the pool's generation and the trainer's wait for its
 rows, whose measured wall seconds each row counts) less the engine's, the reward's and the
-controller's costs, leaving the hand-over's, and the actor's forward right after that wait
-less the same call repeated at once (`forward_after_wait`, `forward_again`), leaving the
-wake-up of ranks that waited. Nothing is fitted to the runs the simulator then predicts.
+controller's costs, leaving the hand-over's; and the actor's forward right after that wait
+against the same call repeated at once (`forward_after_wait`, `forward_again`) gives how much
+slower ranks that waited run (`wake_share`). Nothing is fitted to the runs the simulator then
+predicts.
 """
 
 from __future__ import annotations
@@ -54,11 +55,10 @@ LATER_KINDS = {
     "critic_forward_tp": ("critic_tp_micro_s",),
     "critic_train_tp": ("critic_train_tp_micro_s",),
     "generate_separate": ("handover_s", "handover_wait_share"),
-    # the actor's forward right after the trainer waited for a separate pool's rows, and the same
-    # call repeated at once: the first's excess is the wake-up
-    "forward_again": ("repeat_forward_s",),
-    "forward_after_wait": ("wake_s",),
 }
+# the actor's forward right after the trainer waited for a separate pool's rows, and the same
+# call repeated at once (rows of the same `samples`): the first's excess share is the wake-up
+WOKEN, AGAIN = "forward_after_wait", "forward_again"
 # a calibration without the critic's rows charges the value models the actor's costs
 CRITIC_FALLBACK = {
     "critic_micro_s": "micro_s",
@@ -69,7 +69,7 @@ CRITIC_FALLBACK = {
     "critic_train_tp_micro_s": "train_tp_micro_s",
 }
 # and one without a separate pool's rows no hand-over
-NO_HANDOVER = {"handover_s": 0.0, "handover_wait_share": 0.0, "wake_s": 0.0}
+NO_HANDOVER = {"handover_s": 0.0, "handover_wait_share": 0.0}
 FACTS = (
     "matmul_gflops",
     "copy_gbps",
@@ -130,7 +130,7 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
     known = {n for names in (*KINDS.values(), *LATER_KINDS.values()) for n in names}
     for r in rows:
         unknown = set(r["counts"]) - known
-        if r["kind"] not in KINDS and r["kind"] not in LATER_KINDS or unknown:
+        if r["kind"] not in (*KINDS, *LATER_KINDS, WOKEN, AGAIN) or unknown:
             raise ValueError(f"calibration {r['kind']} row: unknown kind or costs {sorted(unknown)}")
     costs: dict[str, float] = {}
     for kind, names in KINDS.items():
@@ -152,7 +152,18 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
             costs |= _fit_kind(kind, names, rows, rest)
     for critic, actor in CRITIC_FALLBACK.items():
         costs.setdefault(critic, costs[actor])
-    return NO_HANDOVER | costs
+    return NO_HANDOVER | costs | {"wake_share": wake_share(rows)}
+
+
+def wake_share(rows: list[dict]) -> float:
+    """How much slower a woken forward runs than the same call repeated at once: the least
+    squares share s of woken = (1 + s) x again over the pairs of rows (0 without them; >= 0)."""
+    again = {r["samples"]: r["seconds"] for r in rows if r["kind"] == AGAIN}
+    pairs = [(r["seconds"], again[r["samples"]]) for r in rows if r["kind"] == WOKEN]
+    if not pairs:
+        return 0.0
+    ratio = sum(w * a for w, a in pairs) / sum(a * a for _, a in pairs)
+    return max(0.0, ratio - 1)
 
 
 def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:

@@ -84,8 +84,9 @@ class FixedCosts:
     handover_s: float = 0.0
     handover_wait_share: float = 0.0
     # a stage whose ranks sat waiting through the stage before (another pool's, or a separate
-    # pool's generation) runs cold: caches refilled, on a virtual machine the halted vCPU resumed
-    wake_s: float = 0.0
+    # pool's generation) runs cold, this share slower: caches refilled, on a virtual machine
+    # the halted vCPU resumed
+    wake_share: float = 0.0
     decode_layer_s: float = 0.0  # one layer of a decode step
 
     def __post_init__(self) -> None:

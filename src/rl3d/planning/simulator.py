@@ -27,7 +27,7 @@ rule reward (`score`, per sample; free on the GPU classes, where it is small nex
 seconds), and so does the controller's work around a step's rollout (`control`: per step and per
 sample), and so does a separate rollout pool's hand-over of its rows to the trainer (`handover`:
 per step and per second the trainer waits for them); a stage whose ranks waited through the
-stage before for another pool pays `wake_s` once. Nothing here overlaps compute with
+stage before for another pool runs `wake_share` slower. Nothing here overlaps compute with
 communication.
 """
 
@@ -310,9 +310,9 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
         if placement.max_staleness > 0:  # the pool generated while the trainer worked
             waited = max(0.0, 2 * generation - sum(stages.values()))
         stages["handover"] = fixed.handover_s + waited * fixed.handover_wait_share
-    if fixed.wake_s:
+    if fixed.wake_share:
         for stage in woken_stages(w, placement, stages):
-            stages[stage] += fixed.wake_s
+            stages[stage] *= 1 + fixed.wake_share
     stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     total = sum(stages.values())
     if placement.separate is not None and placement.max_staleness > 0:

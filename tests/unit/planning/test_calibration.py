@@ -16,6 +16,7 @@ from rl3d.planning.calibration import (
     fit_fixed,
     low_percentile,
     nonnegative_lstsq,
+    wake_share,
 )
 from rl3d.planning.devices import A100, FixedCosts
 from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate, woken_stages
@@ -29,9 +30,9 @@ TRUE = {
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
     "control_step_s": 5e-3, "control_sample_s": 8e-5, "critic_micro_s": 0.5e-3, "critic_layer_s": 0.7e-3,
     "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3, "critic_tp_micro_s": 1.2e-3,
-    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05, "wake_s": 4e-3,
-    "repeat_forward_s": 0.03,
+    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05,
 }  # fmt: skip
+WAKE_SHARE = 0.2
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
 
@@ -68,9 +69,10 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         # with a separate pool: its generation, the trainer's wait for the rows (wall s) and their hand-over
         counts = counts | {"handover_s": 1, "handover_wait_share": 0.004 * n}
         rows.append({"kind": "generate_separate", "counts": counts, "flops": 2e5 * n})
-    for _ in range(2):  # the actor's forward right after that wait, and again at once
-        rows.append({"kind": "forward_after_wait", "counts": {"wake_s": 1, "repeat_forward_s": 1}})
-        rows.append({"kind": "forward_again", "counts": {"repeat_forward_s": 1}})
+    for n, again in ((32, 0.03), (16, 0.016)):  # the actor's forward right after that wait, and at once
+        woken = again * (1 + WAKE_SHARE)
+        rows.append({"kind": "forward_after_wait", "counts": {}, "samples": n, "seconds": woken})
+        rows.append({"kind": "forward_again", "counts": {}, "samples": n, "seconds": again})
     trained = ("forward", "train", "critic_forward", "critic_train")
     for r in [r for r in rows if r["kind"] in trained]:  # the same at tensor parallelism 2
         tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
@@ -84,7 +86,7 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
             tp["counts"] |= {f"{pre}train_tp_micro_s": k, "train_tp_step_s": r["counts"]["optim_step_s"]}
         per_layer = 2 if forward else 4
         rows.append(tp | {"allreduces": k * per_layer * layers, "allreduce_bytes": 8 * 24 * 64 * 4})
-    for r in rows:
+    for r in [r for r in rows if "seconds" not in r]:
         r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r.get("flops", 0) / (GFLOPS * 1e9)
         r["seconds"] += r.get("allreduces", 0) * allreduce_s(r.get("allreduce_bytes", 0))
     return rows
@@ -98,8 +100,10 @@ def calibration(costs=TRUE) -> dict:
 
 def test_the_fit_recovers_the_costs_that_made_the_rows():
     fitted = fit_fixed(rows_from(TRUE), GFLOPS * 1e9, allreduce_s)
-    assert set(fitted) == {c for names in (*KINDS.values(), *LATER_KINDS.values()) for c in names}
-    for name, value in TRUE.items():
+    assert set(fitted) == {c for names in (*KINDS.values(), *LATER_KINDS.values()) for c in names} | {
+        "wake_share"
+    }
+    for name, value in (TRUE | {"wake_share": WAKE_SHARE}).items():
         assert fitted[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 
 
@@ -274,7 +278,7 @@ def test_a_calibration_without_a_separate_pool_s_rows_charges_no_hand_over():
     c = calibration()
     c["rows"] = [r for r in c["rows"] if r["kind"] not in ("generate_separate", "forward_after_wait")]
     fixed = cpu_device(c).fixed
-    assert (fixed.handover_s, fixed.handover_wait_share, fixed.wake_s) == (0.0, 0.0, 0.0)
+    assert (fixed.handover_s, fixed.handover_wait_share, fixed.wake_share) == (0.0, 0.0, 0.0)
 
 
 def _pools(w: Workload, *own: str, separate: bool = False) -> tuple[PoolPlacement, ...]:
@@ -302,6 +306,17 @@ def test_a_stage_whose_ranks_waited_for_another_pool_pays_the_wake_up(own, separ
     placement = Placement(pools=_pools(w, *own, separate=separate), max_staleness=staleness)
     est = simulate(w, placement, device)
     assert woken_stages(w, placement, est.stages) == woken
-    cold = simulate(w, placement, replace(device, fixed=replace(device.fixed, wake_s=0.0)))
+    cold = simulate(w, placement, replace(device, fixed=replace(device.fixed, wake_share=0.0)))
     for stage, seconds in est.stages.items():
-        assert seconds - cold.stages[stage] == pytest.approx(TRUE["wake_s"] if stage in woken else 0.0)
+        assert seconds == pytest.approx(cold.stages[stage] * (1 + WAKE_SHARE if stage in woken else 1))
+
+
+def test_the_wake_up_is_the_woken_forward_s_excess_and_never_negative():
+    pairs = [("forward_after_wait", 33e-3), ("forward_again", 30e-3), ("forward_after_wait", 16e-3),
+             ("forward_again", 15e-3)]  # fmt: skip
+    rows = [{"kind": k, "samples": 32 if i < 2 else 16, "seconds": t} for i, (k, t) in enumerate(pairs)]
+    # least squares through the origin: sum(woken x again) / sum(again^2) - 1
+    assert wake_share(rows) == pytest.approx((33 * 30 + 16 * 15) / (30**2 + 15**2) - 1)
+    faster = [r | {"seconds": r["seconds"] * (0.9 if r["kind"] == "forward_after_wait" else 1)} for r in rows]
+    assert wake_share(faster) == 0.0
+    assert wake_share([]) == 0.0
