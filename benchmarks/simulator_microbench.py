@@ -200,7 +200,7 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: s
             if row["kind"].endswith("forward_tp"):
                 row["counts"][f"{pre}tp_micro_s"] = k
             else:
-                steps = row["counts"]["optim_step_s"]
+                steps = row["counts"][f"{pre}optim_step_s"]
                 row["counts"] |= {f"{pre}train_tp_micro_s": k, "train_tp_step_s": steps}
             row |= {"allreduces": k * per_layer * layers, "allreduce_bytes": micro * T * spec.hidden_size * 4}
         return row
@@ -208,14 +208,19 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: s
     for micro in (samples, samples // 2, samples // 4):
         k = samples // micro
         times = cpu_times(lambda m=micro: role.run_forward(batch, m, extract), repeats)
-        counts = {"call_s": 1, "call_layer_s": layers, f"{pre}micro_s": k, f"{pre}layer_s": k * layers}
+        counts = {
+            f"{pre}call_s": 1,
+            f"{pre}call_layer_s": layers,
+            f"{pre}micro_s": k,
+            f"{pre}layer_s": k * layers,
+        }
         rows.append(tp_row(_row(fwd_kind, layers, flops, times, **counts), micro, k, 2))
     quarter = samples // 4
     for mini, micro in ((samples, samples), (samples, quarter), (samples // 2, quarter), (quarter, quarter)):
         k, steps = samples // micro, samples // mini
         times = cpu_times(lambda a=mini, b=micro: train(a, b), repeats)
-        counts = {"train_call_s": 1, "train_call_layer_s": layers, f"{pre}train_micro_s": k,
-                  f"{pre}train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+        counts = {f"{pre}train_call_s": 1, f"{pre}train_call_layer_s": layers, f"{pre}train_micro_s": k,
+                  f"{pre}train_layer_s": k * layers, f"{pre}optim_step_s": steps}  # fmt: skip
         row = _row(train_kind, layers, 3 * flops, times, **counts)
         rows.append(tp_row(row, micro, k, 4))
     return rows

@@ -54,9 +54,13 @@ class FixedCosts:
     train_micro_s: float = 0.0  # forward + backward of a micro-batch outside the layers
     train_layer_s: float = 0.0  # forward + backward of one layer of a micro-batch
     optim_step_s: float = 0.0  # an optimizer step: gradient norm, clipping, Adam, zeroing
-    # the value models' (critic, cost_critic) micro-batch and layer costs in place of the four
-    # above: a [hidden, 1] value head and a value loss, no log-softmax over the vocabulary nor
-    # policy loss; the worker call and optimizer step costs are the actor's
+    # the value models' (critic, cost_critic) in place of the nine above: a [hidden, 1] value
+    # head and a value loss, no log-softmax over the vocabulary nor policy loss
+    critic_call_s: float = 0.0
+    critic_call_layer_s: float = 0.0
+    critic_train_call_s: float = 0.0
+    critic_train_call_layer_s: float = 0.0
+    critic_optim_step_s: float = 0.0
     critic_micro_s: float = 0.0
     critic_layer_s: float = 0.0
     critic_train_micro_s: float = 0.0

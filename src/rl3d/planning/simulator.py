@@ -49,7 +49,7 @@ from rl3d.planning.workload import Placement, PoolPlacement, Workload
 
 GRAD_BYTES = 4  # fp32 gradients (the paper's setup: BF16 parameters, FP32 gradients and optimizer)
 SYNC_BUCKET_BYTES = 64 * 2**20  # rollout.async.bucket_mb's default: one call per bucket
-VALUE_MODELS = ("critic", "cost_critic")  # their passes pay the critic's fixed costs
+VALUE_MODELS = ("critic", "cost_critic")  # their calls and passes pay the critic's fixed costs
 
 
 @dataclass(frozen=True)
@@ -156,8 +156,13 @@ def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Wo
         shard / (layout.d if w.distributed_optimizer else 1) * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
     )
     fixed = device.fixed
-    call = fixed.train_call_s + spec.num_layers / layout.p * fixed.train_call_layer_s
-    optim = fixed.optim_step_s + (layout.t > 1) * fixed.train_tp_step_s
+    if critic:
+        call = fixed.critic_train_call_s + spec.num_layers / layout.p * fixed.critic_train_call_layer_s
+        optim = fixed.critic_optim_step_s
+    else:
+        call = fixed.train_call_s + spec.num_layers / layout.p * fixed.train_call_layer_s
+        optim = fixed.optim_step_s
+    optim += (layout.t > 1) * fixed.train_tp_step_s
     return call + passes + steps * (grads + adam + optim)
 
 
@@ -256,14 +261,18 @@ def pool_stages(
     fixed = device.fixed
 
     def forward(*roles: str) -> float:
-        return sum(
-            fixed.call_s
-            + w.spec(r).num_layers / lay.p * fixed.call_layer_s
-            + pass_seconds(
-                w.spec(r), lay, device, w, samples=w.samples, backward=False, critic=r in VALUE_MODELS
+        seconds = 0.0
+        for r in roles:
+            critic, layers = r in VALUE_MODELS, w.spec(r).num_layers / lay.p
+            call = (
+                fixed.critic_call_s + layers * fixed.critic_call_layer_s
+                if critic
+                else fixed.call_s + layers * fixed.call_layer_s
             )
-            for r in roles
-        )
+            seconds += call + pass_seconds(
+                w.spec(r), lay, device, w, samples=w.samples, backward=False, critic=critic
+            )
+        return seconds
 
     if "actor" in hosted and w.recompute_old_logp:
         stages["old_logp"] = forward("actor")

@@ -30,7 +30,9 @@ TRUE = {
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
     "control_step_s": 5e-3, "control_sample_s": 8e-5, "critic_micro_s": 0.5e-3, "critic_layer_s": 0.7e-3,
     "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3, "critic_tp_micro_s": 1.2e-3,
-    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05,
+    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05, "critic_call_s": 1e-3,
+    "critic_call_layer_s": 1.5e-3, "critic_train_call_s": 2e-3, "critic_train_call_layer_s": 3e-3,
+    "critic_optim_step_s": 4e-3,
 }  # fmt: skip
 WAKE_SHARE = 0.2
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
@@ -51,12 +53,14 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
             counts = {"train_call_s": 1, "train_call_layer_s": layers, "train_micro_s": k,
                       "train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
             rows.append({"kind": "train", "counts": counts, "flops": 3e6 * k})
-        for k in (1, 2, 4):  # the critic's: the actor's worker call, its own micro-batch and layer costs
-            counts = {"call_s": 1, "call_layer_s": layers, "critic_micro_s": k, "critic_layer_s": k * layers}
+        for k in (1, 2, 4):  # the critic's: its own worker call, micro-batch and layer costs
+            counts = {"critic_call_s": 1, "critic_call_layer_s": layers, "critic_micro_s": k,
+                      "critic_layer_s": k * layers}  # fmt: skip
             rows.append({"kind": "critic_forward", "counts": counts, "flops": 1e6 * k})
         for k, steps in ((1, 1), (4, 1), (4, 2), (4, 4)):
-            counts = {"train_call_s": 1, "train_call_layer_s": layers, "critic_train_micro_s": k,
-                      "critic_train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+            counts = {"critic_train_call_s": 1, "critic_train_call_layer_s": layers,
+                      "critic_train_micro_s": k, "critic_train_layer_s": k * layers,
+                      "critic_optim_step_s": steps}  # fmt: skip
             rows.append({"kind": "critic_train", "counts": counts, "flops": 3e6 * k})
         for k in (1, 4, 8):
             counts = {"gen_call_s": 1, "step_overhead_s": k, "decode_layer_s": (k + 1) * layers}
@@ -79,11 +83,14 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         pre = "critic_" if r["kind"].startswith("critic_") else ""
         forward = r["kind"].endswith("forward")
         k = r["counts"][f"{pre}micro_s" if forward else f"{pre}train_micro_s"]
-        layers = r["counts"].get("call_layer_s", r["counts"].get("train_call_layer_s"))
+        layers = r["counts"][f"{pre}call_layer_s" if forward else f"{pre}train_call_layer_s"]
         if forward:
             tp["counts"][f"{pre}tp_micro_s"] = k
         else:
-            tp["counts"] |= {f"{pre}train_tp_micro_s": k, "train_tp_step_s": r["counts"]["optim_step_s"]}
+            tp["counts"] |= {
+                f"{pre}train_tp_micro_s": k,
+                "train_tp_step_s": r["counts"][f"{pre}optim_step_s"],
+            }
         per_layer = 2 if forward else 4
         rows.append(tp | {"allreduces": k * per_layer * layers, "allreduce_bytes": 8 * 24 * 64 * 4})
     for r in [r for r in rows if "seconds" not in r]:
@@ -122,6 +129,8 @@ def test_the_cpu_class_takes_the_measured_rates_and_adds_the_gather_to_every_cal
     assert device.step_overhead_s == pytest.approx(TRUE["step_overhead_s"])
     assert device.fixed.call_s == pytest.approx(TRUE["call_s"] + 500e-6)
     assert device.fixed.train_call_s == pytest.approx(TRUE["train_call_s"] + 500e-6)
+    assert device.fixed.critic_call_s == pytest.approx(TRUE["critic_call_s"] + 500e-6)
+    assert device.fixed.critic_train_call_s == pytest.approx(TRUE["critic_train_call_s"] + 500e-6)
     assert device.fixed.gen_call_s == pytest.approx(TRUE["gen_call_s"])
     assert device.fixed.gen_gather_s == pytest.approx(900e-6)  # the rollout rows' gather, on its own
     assert device.fixed.layer_s == pytest.approx(TRUE["layer_s"])
@@ -231,12 +240,21 @@ def test_the_value_models_passes_pay_the_critic_s_costs_and_the_rest_the_actor_s
     own = fixed.critic_train_micro_s + L * fixed.critic_train_layer_s + t * fixed.critic_train_tp_micro_s
     actor_own = fixed.train_micro_s + L * fixed.train_layer_s + t * fixed.train_tp_micro_s
     assert critic_bwd - actor_bwd == pytest.approx(micro * (own - actor_own), rel=1e-9)
-    # both value models (critic, cost_critic): the critic's passes; the actor's stages: its own
-    call = fixed.call_s + L * fixed.call_layer_s
-    assert est.stages["values"] == pytest.approx(2 * (call + critic_fwd), rel=1e-9)
-    assert est.stages["old_logp"] == pytest.approx(call + actor_fwd, rel=1e-9)
-    assert est.stages["update_critic"] - 2 * critic_bwd == pytest.approx(
-        2 * (est.stages["update_actor"] - actor_bwd), rel=1e-9
+    # both value models (critic, cost_critic): the critic's calls and passes; the actor's stages: its own
+    critic_call = fixed.critic_call_s + L * fixed.critic_call_layer_s
+    assert est.stages["values"] == pytest.approx(2 * (critic_call + critic_fwd), rel=1e-9)
+    assert est.stages["old_logp"] == pytest.approx(
+        fixed.call_s + L * fixed.call_layer_s + actor_fwd, rel=1e-9
+    )
+    steps, tp_step = 32 // 16, t * fixed.train_tp_step_s  # optimizer steps a pass
+    actor_rest = fixed.train_call_s + L * fixed.train_call_layer_s + steps * (fixed.optim_step_s + tp_step)
+    critic_rest = (
+        fixed.critic_train_call_s + L * fixed.critic_train_call_layer_s
+        + steps * (fixed.critic_optim_step_s + tp_step)
+    )  # fmt: skip
+    # the same gradients and Adam bytes for both: what differs is the fixed costs
+    assert est.stages["update_critic"] - 2 * (critic_bwd + critic_rest) == pytest.approx(
+        2 * (est.stages["update_actor"] - actor_bwd - actor_rest), rel=1e-9
     )
     assert est.stages["values"] < 2 * est.stages["old_logp"]  # the critic's costs are the cheaper here
 
@@ -246,6 +264,8 @@ def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_ac
     c["rows"] = [r for r in c["rows"] if not r["kind"].startswith("critic_")]
     fixed = cpu_device(c).fixed
     assert (fixed.critic_micro_s, fixed.critic_layer_s) == (fixed.micro_s, fixed.layer_s)
+    assert (fixed.critic_call_s, fixed.critic_train_call_s) == (fixed.call_s, fixed.train_call_s)
+    assert fixed.critic_optim_step_s == fixed.optim_step_s
     tp = (fixed.critic_tp_micro_s, fixed.critic_train_tp_micro_s)
     assert tp == (fixed.tp_micro_s, fixed.train_tp_micro_s)
     assert (fixed.critic_train_micro_s, fixed.critic_train_layer_s) == (
