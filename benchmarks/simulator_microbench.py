@@ -2,16 +2,16 @@
 
 Times rl3d's own components with one thread per process (as each quickstart rank runs): a
 matmul at the model's shapes, a memory copy, megatron forwards (log-probs) and training passes
-(PPO-style mini/micro-batches, Adam) of the recipe's model at 1 and 2 layers and 1-4 micro-
-batches in one process and at tensor parallelism 2 in two, the critic's (value head, value
-loss) likewise, the torch rollout engine at 1 and 2 layers and 1-8 new tokens, the controller's
-whole generate stage in a one-rank run and with a separate rollout pool of one rank
-(`simulator_stages.py`); and between two processes gloo's all-reduce (CPU seconds per call,
-bandwidth fitted) and an object gather of a worker's output. Everything is timed as process CPU
-seconds, the quantity the validation measures in its runs: a rank's own work, without the time
-it waits for a peer or for a core (gloo blocks while it waits). A row keeps all `--repeats`
-and, as its seconds, their low percentile (`rl3d.planning.calibration.low_percentile`); a fact
-the least of the repeats.
+(PPO-style mini/micro-batches, Adam) of the recipe's model at 1 and 2 layers and 1-4
+micro-batches in one process and at tensor parallelism 2 in two, the critic's (value head,
+value loss) likewise, the torch rollout engine at 1 and 2 layers and 1-8 new tokens, the
+controller's whole generate stage in a one-rank run and with a separate rollout pool of one
+rank (`simulator_stages.py`); and between two processes gloo's all-reduce (CPU seconds per
+call, bandwidth fitted) and an object gather of a worker's output. Everything is timed as
+process CPU seconds, the quantity the validation measures in its runs: a rank's own work,
+without the time it waits for a peer or for a core (gloo blocks while it waits). A row keeps
+all `--repeats` and, as its seconds, their low percentile
+(`rl3d.planning.calibration.low_percentile`); a fact the least of the repeats.
 Writes the calibration JSON that `rl3d.planning.calibration.cpu_device` reads:
 
     python benchmarks/simulator_microbench.py recipes/quickstart_cpu_ppo.yaml --out calib.json
