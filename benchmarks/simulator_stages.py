@@ -2,12 +2,12 @@
 device class (`benchmarks/simulator_microbench.py` writes these rows with its own).
 
 Colocated (`stage_rows`): one rank, the actor's worker generating. With a separate rollout pool
-(`separate_rows`): a trainer rank and a pool rank, the trainer's `generate` (its wait for the
-pool's rows, their hand-over, the reward, the controller's part) and the pool's generation,
-each in its own process's CPU seconds, summed as the validation sums them; each row also counts
-the wall seconds the trainer waited (the hand-over's polls cost CPU per second of waiting).
-Right after each such wait the actor's forward (its old log-probs) is timed twice: woken, and
-repeated at once.
+(`separate_rows`): the trainer's ranks in the recipe's layout and a pool rank, the trainer's
+`generate` (its wait for the pool's rows, their hand-over, the reward, the controller's part)
+and the pool's generation, each in its own process's CPU seconds, summed as the validation sums
+them; each row also counts the wall seconds the trainer waited (the hand-over's polls cost CPU
+per second of waiting). Right after each such wait the actor's forward (its old log-probs) is
+timed twice: woken, and repeated at once.
 """
 
 from __future__ import annotations
@@ -118,24 +118,31 @@ def stage_rows(recipe: Path, repeats: int) -> list[dict]:
     return rows
 
 
+def _trainer_ranks(recipe) -> int:
+    return load_config(recipe).config.actor.parallel.world_size
+
+
 def _separate_worker(
     rank: int, port: int, recipe: str, prompts: int, repeats: int, run_dir: str, out
 ) -> None:
-    """Rank 0 the trainer, rank 1 a rollout pool of one rank; the trainer publishes each step's
-    weights (untimed), then its `generate` waits for the pool's rows of that step (timed)."""
+    """The trainer's ranks in the recipe's layout (rank 0 reports), then a rollout pool of one
+    rank; the trainer publishes each step's weights (untimed), then its `generate` waits for
+    the pool's rows of that step (timed)."""
     from rl3d.controller.build import build_run
     from rl3d.controller.rows import fit_rows
     from rl3d.launch.spmd_backend import SPMDRun
     from rl3d.models.bootstrap import destroy_megatron
 
-    _join(rank, 2, port)
-    overrides = _one_rank_overrides(prompts, run_dir) + [
-        "launch.nproc_per_node=2", f"trainer.total_steps={repeats + 3}",
+    world = _trainer_ranks(recipe) + 1
+    _join(rank, world, port)
+    overrides = [
+        f"data.prompts_per_step={prompts}", f"trainer.run_dir={run_dir}", "checkpoint.save_every=0",
+        f"launch.nproc_per_node={world}", f"trainer.total_steps={repeats + 3}",
         "rollout.placement=separate", "rollout.pool.tp=1", "rollout.pool.dp=1",
     ]  # fmt: skip
     cfg = load_config(recipe, overrides).config
     runner = build_run(cfg, Path(run_dir), SPMDRun())
-    if rank == 1:
+    if rank == world - 1:
         runner.fit()  # generates each step once its weights came, until the trainer stops
         destroy_megatron()
         return
@@ -158,6 +165,8 @@ def _separate_worker(
             again.append(time.process_time() - woken)
     runner.placement.stop(None)
     destroy_megatron()
+    if rank:
+        return
     layers, flops, counts = _stage_counts(cfg, prompts)
     counts |= {"handover_s": 1, "handover_wait_share": statistics.median(waits)}
     out.put([
@@ -169,8 +178,8 @@ def _separate_worker(
 
 def separate_rows(recipe: Path, repeats: int) -> list[dict]:
     """The generate stage with a separate rollout pool at the recipe's prompts a step and half,
-    each in a trainer process and a pool process of their own, and the actor's forward right
-    after each (the old log-probs) and again at once."""
+    each with the trainer's ranks in the recipe's layout and a pool rank in processes of their
+    own, and the actor's forward right after each (the old log-probs) and again at once."""
     import torch.multiprocessing as mp
 
     ctx, rows = mp.get_context("spawn"), []
@@ -178,7 +187,9 @@ def separate_rows(recipe: Path, repeats: int) -> list[dict]:
     for prompts in (full, full // 2):
         queue, port, run_dir = ctx.Queue(), free_port(), tempfile.mkdtemp()
         args = (port, str(recipe), prompts, repeats, run_dir, queue)
-        procs = [ctx.Process(target=_separate_worker, args=(r, *args)) for r in (0, 1)]
+        procs = [
+            ctx.Process(target=_separate_worker, args=(r, *args)) for r in range(_trainer_ranks(recipe) + 1)
+        ]
         for p in procs:
             p.start()
         rows += queue.get(timeout=1200)
