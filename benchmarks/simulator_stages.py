@@ -5,9 +5,9 @@ Colocated (`stage_rows`): one rank, the actor's worker generating. With a separa
 (`separate_rows`): the trainer's ranks in the recipe's layout and a pool rank, the trainer's
 `generate` (its wait for the pool's rows, their hand-over, the reward, the controller's part)
 and the pool's generation, each in its own process's CPU seconds, summed as the validation sums
-them; each row also counts the wall seconds the trainer waited (the hand-over's polls cost CPU
-per second of waiting). Right after each such wait the actor's forward (its old log-probs) is
-timed twice: woken, and repeated at once.
+them; each row also counts the pool's generation seconds, through which the trainer waits (its
+polls cost CPU per second of waiting). Right after each such wait the actor's forward (its old
+log-probs) is timed twice: woken, and repeated at once.
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def _separate_worker(
         runner.roles.actor.call("compute_log_prob", batch)
         if step > 1:
             times.append(done - start + metrics["async/rollout_generate_cpu_s"])
-            waits.append(metrics["async/wait_trainer_s"])
+            waits.append(metrics["async/rollout_generate_cpu_s"])  # what the simulator's wait is
             first.append(woken - done)
             again.append(time.process_time() - woken)
     runner.placement.stop(None)

@@ -14,17 +14,18 @@ They write a calibration JSON:
 Each row says how many of each fixed cost (`DeviceClass.fixed`, or `step_overhead_s`) the timed
 call paid, its FLOPs (on the timed rank), and its seconds (the low percentile of its repeats'
 `times`). `fit_fixed` solves, per kind of `KINDS` (the critic's passes are kinds of their own),
-seconds - FLOPs / matmul throughput = sum of count x cost by least squares with every cost >= 0;
-the kinds of `LATER_KINDS` afterwards, from what is left once the costs already fitted are
+seconds - FLOPs / matmul throughput = sum of count x cost by least squares with every cost >=
+0; the kinds of `LATER_KINDS` afterwards, from what is left once the costs already fitted are
 taken off: the tensor-parallel ones (the actor's and the critic's) also less their rows' layer
 all-reduces (`allreduces` of `allreduce_bytes` each, at gloo's cost per call and bandwidth);
 the controller's generate stage (`generate_stage`, a whole step's rollout as the loop runs it)
 less the engine's and the reward's costs; a separate rollout pool's generate stage as the
 trainer sees it (`generate_separate`: the pool's generation and the trainer's wait for its
-rows, whose measured wall seconds each row counts) less the engine's, the reward's and the
-controller's costs, leaving the hand-over's. The actor's forward right after that wait against
-the same call repeated at once (`forward_after_wait`, `forward_again`) gives how much slower
-ranks that waited run (`wake_share`). Nothing is fitted to the runs the simulator then predicts.
+rows, each row counting the pool's generation seconds the trainer waited through) less the
+engine's, the reward's and the controller's costs, leaving the hand-over's. The actor's forward
+right after that wait against the same call repeated at once (`forward_after_wait`,
+`forward_again`) gives how much slower ranks that waited run (`wake_share`). Nothing is fitted
+to the runs the simulator then predicts.
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ class FixedCosts:
     control_step_s: float = 0.0  # per step
     control_sample_s: float = 0.0  # per sample
     # a separate rollout pool's rows reach the trainer through the store instead of a gather:
-    # per step (the store reads, the unpickling, the checks) and per second the trainer waits
-    # for them (its store polls, every 2 ms, while the pool generates)
+    # per step (the store reads, the unpickling, the checks) and per second of the pool's
+    # generation, through which the trainer waits (its store polls, every 2 ms)
     handover_s: float = 0.0
     handover_wait_share: float = 0.0
     # a stage whose ranks sat waiting through the stage before (another pool's, or a separate
