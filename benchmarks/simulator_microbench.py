@@ -4,13 +4,14 @@ Times rl3d's own components with one thread per process (as each quickstart rank
 matmul at the model's shapes, a memory copy, megatron forwards (log-probs) and training passes
 (PPO-style mini/micro-batches, Adam) of the recipe's model at 1 and 2 layers and 1-4
 micro-batches in one process and at tensor parallelism 2 in two, the critic's (value head,
-value loss) in one, the torch rollout engine at 1
-and 2 layers and 1-8 new tokens, the controller's whole generate stage in a one-rank run; and
-between two processes gloo's all-reduce (CPU seconds per call, bandwidth fitted) and an object
-gather of a worker's output. Everything is timed as process CPU seconds, the quantity the
-validation measures in its runs: a rank's own work, without the time it waits for a peer or
-for a core (gloo blocks while it waits). A row keeps all `--repeats` and, as its seconds, their
-low percentile (`rl3d.planning.calibration.low_percentile`); a fact the least of the repeats.
+value loss) likewise, the torch rollout engine at 1 and 2 layers and 1-8 new tokens, the
+controller's whole generate stage in a one-rank run and with a separate rollout pool of one
+rank (`simulator_stages.py`); and between two processes gloo's all-reduce (CPU seconds per
+call, bandwidth fitted) and an object gather of a worker's output. Everything is timed as
+process CPU seconds, the quantity the validation measures in its runs: a rank's own work,
+without the time it waits for a peer or for a core (gloo blocks while it waits). A row keeps
+all `--repeats` and, as its seconds, their low percentile
+(`rl3d.planning.calibration.low_percentile`); a fact the least of the repeats.
 Writes the calibration JSON that `rl3d.planning.calibration.cpu_device` reads:
 
     python benchmarks/simulator_microbench.py recipes/quickstart_cpu_ppo.yaml --out calib.json
@@ -28,27 +29,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from simulator_stages import _row, cpu_times, separate_rows, stage_rows
 
 from rl3d.bench.cost_model import fit_alpha_beta
 from rl3d.config import load_config
 from rl3d.models.spec import spec_of
-from rl3d.planning.calibration import low_percentile
 from rl3d.planning.simulator import forward_flops
 from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.net import free_port
-
-
-def cpu_times(fn, repeats: int, setup=lambda: None) -> list[float]:
-    """The process CPU seconds of `repeats` calls (after one warm-up call), each after `setup()`."""
-    setup()
-    fn()
-    times = []
-    for _ in range(repeats):
-        setup()
-        start = time.process_time()
-        fn()
-        times.append(time.process_time() - start)
-    return times
 
 
 def cpu_min(fn, repeats: int) -> float:
@@ -127,12 +115,6 @@ def batch_of(spec, samples: int, prompt_len: int, response_len: int) -> DataBatc
     })  # fmt: skip
 
 
-def _row(kind: str, layers: int, flops: float, times: list[float], **counts: int) -> dict:
-    """A calibration row: `times` are its repeats' CPU seconds, `seconds` their low percentile."""
-    return {"kind": kind, "layers": layers, "flops": flops, "seconds": low_percentile(times),
-            "times": times, "counts": counts}  # fmt: skip
-
-
 def _critic_passes(cfg, role):
     """The critic's forward (its values) and loss (the clipped value loss), as its worker runs them."""
     from rl3d.algos import clipped_value_loss
@@ -206,8 +188,6 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: s
 
     samples, T = batch["input_ids"].shape
     t = groups.layout.t
-    if critic and t > 1:
-        raise ValueError("microbench: the critic's rows are timed at tensor parallelism 1")
     flops, rows, tp = forward_flops(spec, samples * T, T / 2) / t, [], t > 1
     # the critic's rows name its own micro-batch and layer costs; FLOPs as the simulator counts them
     fwd_kind, train_kind, pre = (
@@ -217,24 +197,30 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: s
     def tp_row(row: dict, micro: int, k: int, per_layer: int) -> dict:
         if tp:
             row["kind"] += "_tp"
-            if row["kind"] == "forward_tp":
-                row["counts"]["tp_micro_s"] = k
+            if row["kind"].endswith("forward_tp"):
+                row["counts"][f"{pre}tp_micro_s"] = k
             else:
-                row["counts"] |= {"train_tp_micro_s": k, "train_tp_step_s": row["counts"]["optim_step_s"]}
+                steps = row["counts"][f"{pre}optim_step_s"]
+                row["counts"] |= {f"{pre}train_tp_micro_s": k, "train_tp_step_s": steps}
             row |= {"allreduces": k * per_layer * layers, "allreduce_bytes": micro * T * spec.hidden_size * 4}
         return row
 
     for micro in (samples, samples // 2, samples // 4):
         k = samples // micro
         times = cpu_times(lambda m=micro: role.run_forward(batch, m, extract), repeats)
-        counts = {"call_s": 1, "call_layer_s": layers, f"{pre}micro_s": k, f"{pre}layer_s": k * layers}
+        counts = {
+            f"{pre}call_s": 1,
+            f"{pre}call_layer_s": layers,
+            f"{pre}micro_s": k,
+            f"{pre}layer_s": k * layers,
+        }
         rows.append(tp_row(_row(fwd_kind, layers, flops, times, **counts), micro, k, 2))
     quarter = samples // 4
     for mini, micro in ((samples, samples), (samples, quarter), (samples // 2, quarter), (quarter, quarter)):
         k, steps = samples // micro, samples // mini
         times = cpu_times(lambda a=mini, b=micro: train(a, b), repeats)
-        counts = {"train_call_s": 1, "train_call_layer_s": layers, f"{pre}train_micro_s": k,
-                  f"{pre}train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+        counts = {f"{pre}train_call_s": 1, f"{pre}train_call_layer_s": layers, f"{pre}train_micro_s": k,
+                  f"{pre}train_layer_s": k * layers, f"{pre}optim_step_s": steps}  # fmt: skip
         row = _row(train_kind, layers, 3 * flops, times, **counts)
         rows.append(tp_row(row, micro, k, 4))
     return rows
@@ -242,8 +228,7 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: s
 
 def megatron_rows(cfg, repeats: int, rank: int = 0, tp: int = 1, port: int | None = None) -> list[dict]:
     """Forward and training passes of the recipe's model at 1 and 2 layers, on this process as
-    rank `rank` of a world of `tp` ranks in tensor parallelism: the actor's, and at `tp` 1 the
-    critic's."""
+    rank `rank` of a world of `tp` ranks in tensor parallelism: the actor's and the critic's."""
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.parallel.layout import ParallelLayout
 
@@ -254,7 +239,7 @@ def megatron_rows(cfg, repeats: int, rank: int = 0, tp: int = 1, port: int | Non
     torch.manual_seed(0)  # the same batch on every rank
     samples = cfg.data.prompts_per_step * cfg.rollout.n
     batch = batch_of(spec_of(cfg.model), samples, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens)
-    names = ("actor", "critic") if tp == 1 else ("actor",)
+    names = ("actor", "critic")
     rows = [r for n in names for layers in (1, 2) for r in _role_rows(cfg, groups, batch, layers, repeats, n)]
     destroy_megatron()
     dist.destroy_process_group()
@@ -340,69 +325,6 @@ def _score_rows(cfg, batch: DataBatch, repeats: int) -> list[dict]:
     return rows
 
 
-def _stage_row(recipe: str, prompts: int, repeats: int, run_dir: str) -> dict:
-    """The controller's whole `generate` stage as `rl3d train` runs it, on one rank (world 1,
-    colocated, t_g = 1) at `prompts` prompts a step: prompts sampled, the engine's cache resumed,
-    one replica's rollout, the rule reward, the rows joined; the weights published (untimed)
-    before each step's."""
-    from rl3d.controller.build import build_run
-    from rl3d.launch.spmd_backend import SPMDRun
-    from rl3d.models.bootstrap import destroy_megatron
-
-    overrides = [f"data.prompts_per_step={prompts}", "launch.nproc_per_node=1", "rollout.t_g=1",
-                 f"trainer.run_dir={run_dir}", "checkpoint.save_every=0"]  # fmt: skip
-    overrides += [f"{role}.parallel.{axis}=1" for role in ("actor", "critic") for axis in ("tp", "dp")]
-    cfg = load_config(recipe, overrides).config
-    trainer = build_run(cfg, Path(run_dir), SPMDRun())
-    trainer.placement.start(0, trainer.sampler.sampler.state_dict)
-    steps, step = iter(range(1, 10 * repeats)), 0
-
-    def publish() -> None:
-        nonlocal step
-        step = next(steps)
-        trainer.publish_weights(step - 1)
-
-    times = cpu_times(lambda: trainer.generate(step, {}), repeats, setup=publish)
-    trainer.placement.stop(None)
-    destroy_megatron()
-    spec, k, P = spec_of(cfg.model), cfg.rollout.max_new_tokens, cfg.data.max_prompt_length
-    n, L = prompts * cfg.rollout.n, spec.num_layers
-    flops = forward_flops(spec, n * P, P / 2) + k * forward_flops(spec, n, P + k / 2)
-    return _row("generate_stage", L, flops, times, gen_call_s=1, step_overhead_s=k,
-                decode_layer_s=(k + 1) * L,
-                score_sample_s=n, control_step_s=1, control_sample_s=n)  # fmt: skip
-
-
-def _stage_worker(recipe: str, repeats: int, out) -> None:
-    import tempfile
-
-    torch.set_num_threads(1)
-    os.environ |= {
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(free_port()),
-        "RANK": "0",
-        "WORLD_SIZE": "1",
-    }
-    dist.init_process_group("gloo", rank=0, world_size=1)
-    prompts, run_dir = load_config(recipe).config.data.prompts_per_step, tempfile.mkdtemp()
-    out.put([_stage_row(recipe, m, repeats, run_dir) for m in (prompts, prompts // 2)])
-    dist.destroy_process_group()
-
-
-def stage_rows(recipe: Path, repeats: int) -> list[dict]:
-    """`_stage_row` at the recipe's prompts a step and half, in a process of its own (it builds
-    a whole run)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_stage_worker, args=(str(recipe), repeats, queue))
-    proc.start()
-    rows = queue.get(timeout=1200)
-    proc.join()
-    return rows
-
-
 def calibrate(recipe: Path, repeats: int) -> dict:
     torch.set_num_threads(1)
     cfg = load_config(recipe).config
@@ -425,6 +347,7 @@ def calibrate(recipe: Path, repeats: int) -> dict:
         + [r for L in (1, 2) for r in _engine_rows(cfg, L, repeats)]
         + _score_rows(cfg, rollout, repeats)
         + stage_rows(recipe, repeats)
+        + separate_rows(recipe, repeats)
     )
     facts["load_after"] = os.getloadavg()
     return facts

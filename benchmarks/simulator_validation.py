@@ -137,11 +137,11 @@ def measure(recipe: Path, overrides: list[str], tmp: Path, warmup: int) -> tuple
 
 
 def predicted_stages(device, cfg) -> tuple[dict[str, float], float]:
-    """The simulator's stages under rl3d's timers' names (`generate`: the rollout, the reward
-    and the controller's part), and its step."""
+    """The simulator's stages under rl3d's timers' names (`generate`: the rollout, the reward,
+    the controller's part and a separate pool's hand-over), and its step."""
     est = simulate(workload_of(cfg), placement_of(cfg), device)
     stages = dict(est.stages)
-    rollout = ("prefill", "decode", "score", "control")
+    rollout = ("prefill", "decode", "score", "control", "handover")
     return {"generate": sum(stages.pop(k, 0.0) for k in rollout), **stages}, est.step_seconds
 
 
@@ -264,11 +264,14 @@ def main(argv: list[str] | None = None) -> int:
 def summary(argv, calibration: dict, devices, measured: dict, rows: list[dict], seconds: float) -> list[str]:
     device, alone = devices[0], devices[1:]
 
-    def spread(get) -> str:
-        values = [get(d) * 1e3 for d in alone]
-        return f"{get(device) * 1e3:.3g} ms ({min(values):.3g}-{max(values):.3g})"
+    def spread(get, scale: float = 1e3, unit: str = " ms") -> str:
+        values = [get(d) * scale for d in alone]
+        return f"{get(device) * scale:.3g}{unit} ({min(values):.3g}-{max(values):.3g})"
 
-    fixed = {k: spread(lambda d, k=k: getattr(d.fixed, k)) for k in vars(device.fixed)}
+    fixed = {  # seconds in ms, shares (`_share`) in %
+        k: spread(lambda d, k=k: getattr(d.fixed, k), *((100, "%") if k.endswith("_share") else ()))
+        for k in vars(device.fixed)
+    }
     fixed["decode step"] = spread(lambda d: d.step_overhead_s)
     checked = [r for r in rows if r["stage"] != "step" and r["within_25pct"] != "n/a (<5%)"]
     steps = [r for r in rows if r["stage"] == "step"]

@@ -1,10 +1,11 @@
 """A CPU device class for the step simulator, fitted to microbenchmarks of this machine.
 
 The microbenchmarks (`benchmarks/simulator_microbench.py`) time rl3d's own components: megatron
-forwards and training passes of the model at several layer and micro-batch counts in one process
-and, in two, at tensor parallelism 2; the torch rollout engine at several response lengths; the
-controller's whole generate stage in a one-rank run; a matmul at the model's shapes; gloo's
-all-reduce between two processes. They write a calibration JSON:
+forwards and training passes of the actor's and the critic's model at several layer and
+micro-batch counts in one process and, in two, at tensor parallelism 2; the torch rollout engine
+at several response lengths; the controller's whole generate stage in a one-rank run and with a
+separate rollout pool; a matmul at the model's shapes; gloo's all-reduce between two processes.
+They write a calibration JSON:
 
     {"matmul_gflops": .., "copy_gbps": .., "gloo_gbps": .., "gloo_call_cpu_us": ..,
      "gather_cpu_us": .., "gather_rollout_cpu_us": ..,
@@ -12,15 +13,18 @@ all-reduce between two processes. They write a calibration JSON:
 
 Each row says how many of each fixed cost (`DeviceClass.fixed`, or `step_overhead_s`) the timed
 call paid, its FLOPs (on the timed rank), and its seconds (the low percentile of its repeats'
-`times`). `fit_fixed` solves, per kind,
-seconds - FLOPs / matmul throughput = sum of count x cost by least squares with every cost >= 0;
-the kinds of `LATER_KINDS` afterwards, from what is left once the costs already fitted are
-taken off: the tensor-parallel ones also less their rows' layer all-reduces (`allreduces` of
-`allreduce_bytes` each, at gloo's cost per call and bandwidth), the controller's generate stage
-(`generate_stage`, a whole step's rollout as the loop runs it) less the engine's and the
-reward's costs, the critic's forward and training passes (`critic_forward`, `critic_train`: the
-value head and value loss as the critic's worker runs them) less the actor's worker call and
-optimizer step costs, leaving the critic's own micro-batch and layer costs. Nothing is fitted
+`times`). `fit_fixed` solves, per kind of `KINDS` (the critic's passes are kinds of their own),
+seconds - FLOPs / matmul throughput = sum of count x cost by least squares with every cost >=
+0; the kinds of `LATER_KINDS` afterwards, from what is left once the costs already fitted are
+taken off: the tensor-parallel ones (the actor's and the critic's) also less their rows' layer
+all-reduces (`allreduces` of `allreduce_bytes` each, at gloo's cost per call and bandwidth);
+the controller's generate stage (`generate_stage`, a whole step's rollout as the loop runs it)
+less the engine's and the reward's costs; a separate rollout pool's generate stage as the
+trainer sees it (`generate_separate`: the pool's generation and the trainer's wait for its
+rows, each row counting the pool's generation seconds the trainer waited through) less the
+engine's, the reward's and the controller's costs, leaving the hand-over's. The actor's forward
+right after that wait against the same call repeated at once (`forward_after_wait`,
+`forward_again`) gives how much slower ranks that waited run (`wake_share`). Nothing is fitted
 to the runs the simulator then predicts.
 """
 
@@ -39,21 +43,40 @@ KINDS = {
     "train": ("train_call_s", "train_call_layer_s", "train_micro_s", "train_layer_s", "optim_step_s"),
     "generate": ("gen_call_s", "step_overhead_s", "decode_layer_s"),
     "score": ("score_sample_s",),
-}
+    # the value models' own: a [hidden, 1] head and a value loss, no log-softmax over the
+    # vocabulary, no policy loss; fewer parameters for the optimizer
+    "critic_forward": ("critic_call_s", "critic_call_layer_s", "critic_micro_s", "critic_layer_s"),
+    "critic_train": ("critic_train_call_s", "critic_train_call_layer_s", "critic_train_micro_s",
+                     "critic_train_layer_s", "critic_optim_step_s"),
+}  # fmt: skip
 LATER_KINDS = {
     "forward_tp": ("tp_micro_s",),
     "train_tp": ("train_tp_micro_s", "train_tp_step_s"),
     "generate_stage": ("control_step_s", "control_sample_s"),
-    "critic_forward": ("critic_micro_s", "critic_layer_s"),
-    "critic_train": ("critic_train_micro_s", "critic_train_layer_s"),
+    "critic_forward_tp": ("critic_tp_micro_s",),
+    "critic_train_tp": ("critic_train_tp_micro_s",),
+    "generate_separate": ("handover_s", "handover_wait_share"),
 }
+# the actor's forward right after the trainer waited for a separate pool's rows, and the same
+# call repeated at once (rows of the same `samples`): the first's excess share is the wake-up
+WOKEN, AGAIN = "forward_after_wait", "forward_again"
+OPTIONAL_KINDS = ("critic_forward", "critic_train")
 # a calibration without the critic's rows charges the value models the actor's costs
 CRITIC_FALLBACK = {
+    "critic_call_s": "call_s",
+    "critic_call_layer_s": "call_layer_s",
+    "critic_train_call_s": "train_call_s",
+    "critic_train_call_layer_s": "train_call_layer_s",
+    "critic_optim_step_s": "optim_step_s",
     "critic_micro_s": "micro_s",
     "critic_layer_s": "layer_s",
     "critic_train_micro_s": "train_micro_s",
     "critic_train_layer_s": "train_layer_s",
+    "critic_tp_micro_s": "tp_micro_s",
+    "critic_train_tp_micro_s": "train_tp_micro_s",
 }
+# and one without a separate pool's rows no hand-over
+NO_HANDOVER = {"handover_s": 0.0, "handover_wait_share": 0.0}
 FACTS = (
     "matmul_gflops",
     "copy_gbps",
@@ -114,10 +137,12 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
     known = {n for names in (*KINDS.values(), *LATER_KINDS.values()) for n in names}
     for r in rows:
         unknown = set(r["counts"]) - known
-        if r["kind"] not in KINDS and r["kind"] not in LATER_KINDS or unknown:
+        if r["kind"] not in (*KINDS, *LATER_KINDS, WOKEN, AGAIN) or unknown:
             raise ValueError(f"calibration {r['kind']} row: unknown kind or costs {sorted(unknown)}")
     costs: dict[str, float] = {}
     for kind, names in KINDS.items():
+        if kind in OPTIONAL_KINDS and not any(r["kind"] == kind for r in rows):
+            continue
         costs |= _fit_kind(kind, names, rows, lambda r: r.get("flops", 0.0) / matmul_flops)
     if allreduce_s is None and any(r.get("allreduces") for r in rows):
         raise ValueError("calibration: tensor-parallel rows need the all-reduce cost")
@@ -136,7 +161,18 @@ def fit_fixed(rows: list[dict], matmul_flops: float, allreduce_s=None) -> dict[s
             costs |= _fit_kind(kind, names, rows, rest)
     for critic, actor in CRITIC_FALLBACK.items():
         costs.setdefault(critic, costs[actor])
-    return costs
+    return NO_HANDOVER | costs | {"wake_share": wake_share(rows)}
+
+
+def wake_share(rows: list[dict]) -> float:
+    """How much slower a woken forward runs than the same call repeated at once: the least
+    squares share s of woken = (1 + s) x again over the pairs of rows (0 without them; >= 0)."""
+    again = {r["samples"]: r["seconds"] for r in rows if r["kind"] == AGAIN}
+    pairs = [(r["seconds"], again[r["samples"]]) for r in rows if r["kind"] == WOKEN]
+    if not pairs:
+        return 0.0
+    ratio = sum(w * a for w, a in pairs) / sum(a * a for _, a in pairs)
+    return max(0.0, ratio - 1)
 
 
 def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
@@ -153,9 +189,9 @@ def cpu_device(calibration: dict, name: str = "cpu") -> DeviceClass:
     flops, gbps = calibration["matmul_gflops"] * 1e9, calibration["gloo_gbps"]
     call_s = calibration["gloo_call_cpu_us"] * 1e-6
     costs = fit_fixed(calibration["rows"], flops, lambda nbytes: call_s + nbytes / (gbps * 1e9))
-    for key in ("call_s", "train_call_s"):  # a forward's outputs, an update's metrics
+    for key in ("call_s", "train_call_s", "critic_call_s", "critic_train_call_s"):  # outputs, metrics
         costs[key] += calibration["gather_cpu_us"] * 1e-6
-    costs["gen_call_s"] += calibration["gather_rollout_cpu_us"] * 1e-6  # a replica's rows, text and all
+    costs["gen_gather_s"] = calibration["gather_rollout_cpu_us"] * 1e-6  # a replica's rows, text and all
     step_overhead = costs.pop("step_overhead_s")
     # the simulator charges a 2-rank all-reduce twice a ring pass of the base and one hop
     quarter_us = calibration["gloo_call_cpu_us"] / 4

@@ -54,13 +54,21 @@ class FixedCosts:
     train_micro_s: float = 0.0  # forward + backward of a micro-batch outside the layers
     train_layer_s: float = 0.0  # forward + backward of one layer of a micro-batch
     optim_step_s: float = 0.0  # an optimizer step: gradient norm, clipping, Adam, zeroing
-    # the value models' (critic, cost_critic) micro-batch and layer costs in place of the four
-    # above: a [hidden, 1] value head and a value loss, no log-softmax over the vocabulary nor
-    # policy loss; the worker call and optimizer step costs are the actor's
+    # the value models' (critic, cost_critic) in place of the nine above: a [hidden, 1] value
+    # head and a value loss, no log-softmax over the vocabulary nor policy loss
+    critic_call_s: float = 0.0
+    critic_call_layer_s: float = 0.0
+    critic_train_call_s: float = 0.0
+    critic_train_call_layer_s: float = 0.0
+    critic_optim_step_s: float = 0.0
     critic_micro_s: float = 0.0
     critic_layer_s: float = 0.0
     critic_train_micro_s: float = 0.0
     critic_train_layer_s: float = 0.0
+    # the value models' in place of `tp_micro_s` and `train_tp_micro_s` (no vocabulary-parallel
+    # log-softmax; the [hidden, 1] head's output gathered instead)
+    critic_tp_micro_s: float = 0.0
+    critic_train_tp_micro_s: float = 0.0
     # per micro-batch of a forward (or forward + backward) on a tensor-parallel layout (t > 1):
     # what tensor parallelism costs besides the layers' all-reduces the latency model charges
     # (the embedding's and the log-probs' reductions, megatron's bookkeeping)
@@ -68,11 +76,21 @@ class FixedCosts:
     train_tp_micro_s: float = 0.0
     train_tp_step_s: float = 0.0  # per optimizer step on a tensor-parallel layout (norms over ranks)
     gen_call_s: float = 0.0  # a generation call on a replica: sampling set-up, log-probs, output
+    gen_gather_s: float = 0.0  # a colocated replica's rows gathered to every controller, once per call
     score_sample_s: float = 0.0  # the rule reward of one sample (detokenize, score) on the controller
     # the controller's side of a step's rollout besides the engine and the reward: sampling the
     # prompts, dealing them out, collecting and joining the rows, resuming the engine's cache
     control_step_s: float = 0.0  # per step
     control_sample_s: float = 0.0  # per sample
+    # a separate rollout pool's rows reach the trainer through the store instead of a gather:
+    # per step (the store reads, the unpickling, the checks) and per second of the pool's
+    # generation, through which the trainer waits (its store polls, every 2 ms)
+    handover_s: float = 0.0
+    handover_wait_share: float = 0.0
+    # a stage whose ranks sat waiting through the stage before (another pool's, or a separate
+    # pool's generation) runs cold, this share slower: caches refilled, on a virtual machine
+    # the halted vCPU resumed
+    wake_share: float = 0.0
     decode_layer_s: float = 0.0  # one layer of a decode step
 
     def __post_init__(self) -> None:

@@ -25,7 +25,10 @@ fixed costs (`DeviceClass.fixed`: 0 on the GPU classes, calibrated on a CPU; a v
 micro-batches and layers its own), and so does the
 rule reward (`score`, per sample; free on the GPU classes, where it is small next to a step of
 seconds), and so does the controller's work around a step's rollout (`control`: per step and per
-sample). Nothing here overlaps compute with communication.
+sample), and so does a separate rollout pool's hand-over of its rows to the trainer (`handover`:
+per step and per second the trainer waits for them); a stage whose ranks waited through the
+stage before for another pool runs `wake_share` slower. Nothing here overlaps compute with
+communication.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from rl3d.planning.workload import Placement, PoolPlacement, Workload
 
 GRAD_BYTES = 4  # fp32 gradients (the paper's setup: BF16 parameters, FP32 gradients and optimizer)
 SYNC_BUCKET_BYTES = 64 * 2**20  # rollout.async.bucket_mb's default: one call per bucket
-VALUE_MODELS = ("critic", "cost_critic")  # their passes pay the critic's fixed costs
+VALUE_MODELS = ("critic", "cost_critic")  # their calls and passes pay the critic's fixed costs
 
 
 @dataclass(frozen=True)
@@ -125,18 +128,19 @@ def pass_seconds(
     split = layout.t > 1
     if backward:
         own = (
-            fixed.critic_train_micro_s + layers * fixed.critic_train_layer_s
+            fixed.critic_train_micro_s
+            + layers * fixed.critic_train_layer_s
+            + split * fixed.critic_train_tp_micro_s
             if critic
-            else fixed.train_micro_s + layers * fixed.train_layer_s
+            else fixed.train_micro_s + layers * fixed.train_layer_s + split * fixed.train_tp_micro_s
         )
-        overhead = micro * (own + split * fixed.train_tp_micro_s)
     else:
         own = (
-            fixed.critic_micro_s + layers * fixed.critic_layer_s
+            fixed.critic_micro_s + layers * fixed.critic_layer_s + split * fixed.critic_tp_micro_s
             if critic
-            else fixed.micro_s + layers * fixed.layer_s
+            else fixed.micro_s + layers * fixed.layer_s + split * fixed.tp_micro_s
         )
-        overhead = micro * (own + split * fixed.tp_micro_s)
+    overhead = micro * own
     return (compute + tp + overhead) * bubble
 
 
@@ -152,15 +156,30 @@ def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Wo
         shard / (layout.d if w.distributed_optimizer else 1) * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
     )
     fixed = device.fixed
-    call = fixed.train_call_s + spec.num_layers / layout.p * fixed.train_call_layer_s
-    optim = fixed.optim_step_s + (layout.t > 1) * fixed.train_tp_step_s
+    if critic:
+        call = fixed.critic_train_call_s + spec.num_layers / layout.p * fixed.critic_train_call_layer_s
+        optim = fixed.critic_optim_step_s
+    else:
+        call = fixed.train_call_s + spec.num_layers / layout.p * fixed.train_call_layer_s
+        optim = fixed.optim_step_s
+    optim += (layout.t > 1) * fixed.train_tp_step_s
     return call + passes + steps * (grads + adam + optim)
 
 
 def generate_seconds(
-    spec: ModelSpec, world: int, t_g: int, p_g: int, device: DeviceClass, w: Workload, kv_budget: float
+    spec: ModelSpec,
+    world: int,
+    t_g: int,
+    p_g: int,
+    device: DeviceClass,
+    w: Workload,
+    kv_budget: float,
+    *,
+    gathered: bool = True,
 ) -> tuple[float, float]:
-    """(prefill, decode) seconds of a step's rollouts on `world` devices in (t_g, p_g)."""
+    """(prefill, decode) seconds of a step's rollouts on `world` devices in (t_g, p_g);
+    `gathered`: each replica's rows go to the controllers by a gather (colocated generation; a
+    separate pool hands them over through the store, `handover` in `simulate`)."""
     replicas = world // (t_g * p_g)
     seqs = math.ceil(w.samples * w.generations / replicas)
     h, layers = spec.hidden_size, spec.num_layers
@@ -180,6 +199,7 @@ def generate_seconds(
         p_g * max(memory, compute) + allreduce + device.step_overhead_s + layers * device.fixed.decode_layer_s
     )
     prefill += device.fixed.gen_call_s + layers * device.fixed.decode_layer_s  # its layers' forward
+    prefill += gathered * device.fixed.gen_gather_s
     return prefill, waves * w.response_len * step
 
 
@@ -228,7 +248,7 @@ def pool_stages(
     rollout = placement.separate
     if pool is rollout:
         stages["prefill"], stages["decode"] = generate_seconds(
-            w.actor, pool.size, pool.layout.t, 1, device, w, kv_budget
+            w.actor, pool.size, pool.layout.t, 1, device, w, kv_budget, gathered=False
         )
         stages["reshard"] = weight_sync_seconds(w.actor, placement.pool_of("actor"), pool, device, w)
         return stages
@@ -241,14 +261,18 @@ def pool_stages(
     fixed = device.fixed
 
     def forward(*roles: str) -> float:
-        return sum(
-            fixed.call_s
-            + w.spec(r).num_layers / lay.p * fixed.call_layer_s
-            + pass_seconds(
-                w.spec(r), lay, device, w, samples=w.samples, backward=False, critic=r in VALUE_MODELS
+        seconds = 0.0
+        for r in roles:
+            critic, layers = r in VALUE_MODELS, w.spec(r).num_layers / lay.p
+            call = (
+                fixed.critic_call_s + layers * fixed.critic_call_layer_s
+                if critic
+                else fixed.call_s + layers * fixed.call_layer_s
             )
-            for r in roles
-        )
+            seconds += call + pass_seconds(
+                w.spec(r), lay, device, w, samples=w.samples, backward=False, critic=critic
+            )
+        return seconds
 
     if "actor" in hosted and w.recompute_old_logp:
         stages["old_logp"] = forward("actor")
@@ -272,8 +296,8 @@ def pool_stages(
 
 
 STAGE_ORDER = (
-    "prefill", "decode", "score", "control", "reward_model", "cost_model", "old_logp", "values", "ref_logp",
-    "update_critic", "update_actor", "reshard",
+    "prefill", "decode", "score", "control", "handover", "reward_model", "cost_model", "old_logp", "values",
+    "ref_logp", "update_critic", "update_actor", "reshard",
 )  # fmt: skip
 
 
@@ -289,12 +313,45 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
     rollouts, fixed = w.samples * w.generations, device.fixed
     stages["score"] = rollouts * fixed.score_sample_s
     stages["control"] = fixed.control_step_s + rollouts * fixed.control_sample_s
-    stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     generation = stages["prefill"] + stages["decode"]
+    if placement.separate is not None:  # the trainer polls for the pool's rows while it waits
+        waited = generation
+        if placement.max_staleness > 0:  # the pool generated while the trainer worked
+            waited = max(0.0, 2 * generation - sum(stages.values()))
+        stages["handover"] = fixed.handover_s + waited * fixed.handover_wait_share
+    if fixed.wake_share:
+        for stage in woken_stages(w, placement, stages):
+            stages[stage] *= 1 + fixed.wake_share
+    stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     total = sum(stages.values())
     if placement.separate is not None and placement.max_staleness > 0:
         total = max(generation, total - generation)
     return StepEstimate(stages, total, fits_device(memory, kv_budget, device), memory, w.tokens)
+
+
+# the trainer's stages after generation in rl3d's order, each with the roles whose pool runs it
+POOL_ORDER = (
+    ("old_logp", ("actor",)), ("values", VALUE_MODELS), ("ref_logp", ("reference",)),
+    ("update_critic", VALUE_MODELS), ("update_actor", ("actor",)), ("reshard", ("actor",)),
+)  # fmt: skip
+
+
+def woken_stages(w: Workload, placement: Placement, stages: dict[str, float]) -> list[str]:
+    """The stages whose pool did not run the stage before: its ranks waited for another pool
+    (a separate pool's generation, when the trainer waits for it, counts as another pool's)."""
+    previous = placement.pools[0].name  # the step before ended with the actor's reshard
+    if placement.separate is not None and placement.max_staleness == 0:
+        previous = placement.separate.name
+    woken = []
+    for stage, roles in POOL_ORDER:
+        role = next((r for r in roles if r in w.roles), None)
+        if role is None or stages.get(stage, 0.0) <= 0:
+            continue
+        pool = placement.pool_of(role).name
+        if pool != previous:
+            woken.append(stage)
+        previous = pool
+    return woken
 
 
 def fits_device(memory: dict[str, int], kv_budget: dict[str, float], device: DeviceClass) -> bool:

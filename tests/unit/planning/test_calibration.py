@@ -1,6 +1,8 @@
 """The CPU device class: its fixed costs fitted from microbenchmark rows, and what the
 simulator charges for them. No timing: the rows are built from known costs."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -14,9 +16,10 @@ from rl3d.planning.calibration import (
     fit_fixed,
     low_percentile,
     nonnegative_lstsq,
+    wake_share,
 )
 from rl3d.planning.devices import A100, FixedCosts
-from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate
+from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate, woken_stages
 from rl3d.planning.workload import Placement, PoolPlacement, Workload
 
 TINY = get_model_spec("tiny-llama")
@@ -26,8 +29,12 @@ TRUE = {
     "optim_step_s": 6e-3, "gen_call_s": 1e-3, "step_overhead_s": 4e-4, "decode_layer_s": 3e-4,
     "tp_micro_s": 2e-3, "train_tp_micro_s": 3.5e-3, "train_tp_step_s": 7e-3, "score_sample_s": 1e-4,
     "control_step_s": 5e-3, "control_sample_s": 8e-5, "critic_micro_s": 0.5e-3, "critic_layer_s": 0.7e-3,
-    "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3,
+    "critic_train_micro_s": 1e-3, "critic_train_layer_s": 1.8e-3, "critic_tp_micro_s": 1.2e-3,
+    "critic_train_tp_micro_s": 2.5e-3, "handover_s": 2e-3, "handover_wait_share": 0.05, "critic_call_s": 1e-3,
+    "critic_call_layer_s": 1.5e-3, "critic_train_call_s": 2e-3, "critic_train_call_layer_s": 3e-3,
+    "critic_optim_step_s": 4e-3,
 }  # fmt: skip
+WAKE_SHARE = 0.2
 GFLOPS, GLOO_CALL_US, GLOO_GBPS = 50.0, 150.0, 2.0
 
 
@@ -46,12 +53,14 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
             counts = {"train_call_s": 1, "train_call_layer_s": layers, "train_micro_s": k,
                       "train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
             rows.append({"kind": "train", "counts": counts, "flops": 3e6 * k})
-        for k in (1, 2, 4):  # the critic's: the actor's worker call, its own micro-batch and layer costs
-            counts = {"call_s": 1, "call_layer_s": layers, "critic_micro_s": k, "critic_layer_s": k * layers}
+        for k in (1, 2, 4):  # the critic's: its own worker call, micro-batch and layer costs
+            counts = {"critic_call_s": 1, "critic_call_layer_s": layers, "critic_micro_s": k,
+                      "critic_layer_s": k * layers}  # fmt: skip
             rows.append({"kind": "critic_forward", "counts": counts, "flops": 1e6 * k})
         for k, steps in ((1, 1), (4, 1), (4, 2), (4, 4)):
-            counts = {"train_call_s": 1, "train_call_layer_s": layers, "critic_train_micro_s": k,
-                      "critic_train_layer_s": k * layers, "optim_step_s": steps}  # fmt: skip
+            counts = {"critic_train_call_s": 1, "critic_train_call_layer_s": layers,
+                      "critic_train_micro_s": k, "critic_train_layer_s": k * layers,
+                      "critic_optim_step_s": steps}  # fmt: skip
             rows.append({"kind": "critic_train", "counts": counts, "flops": 3e6 * k})
         for k in (1, 4, 8):
             counts = {"gen_call_s": 1, "step_overhead_s": k, "decode_layer_s": (k + 1) * layers}
@@ -61,18 +70,31 @@ def rows_from(costs: dict[str, float]) -> list[dict]:
         counts = {"gen_call_s": 1, "step_overhead_s": 8, "decode_layer_s": 9 * 2, "score_sample_s": n,
                   "control_step_s": 1, "control_sample_s": n}  # fmt: skip
         rows.append({"kind": "generate_stage", "counts": counts, "flops": 2e5 * n})
-    for r in [r for r in rows if r["kind"] in ("forward", "train")]:  # the same at tensor parallelism 2
+        # with a separate pool: its generation, the trainer's wait for the rows (wall s) and their hand-over
+        counts = counts | {"handover_s": 1, "handover_wait_share": 0.004 * n}
+        rows.append({"kind": "generate_separate", "counts": counts, "flops": 2e5 * n})
+    for n, again in ((32, 0.03), (16, 0.016)):  # the actor's forward right after that wait, and at once
+        woken = again * (1 + WAKE_SHARE)
+        rows.append({"kind": "forward_after_wait", "counts": {}, "samples": n, "seconds": woken})
+        rows.append({"kind": "forward_again", "counts": {}, "samples": n, "seconds": again})
+    trained = ("forward", "train", "critic_forward", "critic_train")
+    for r in [r for r in rows if r["kind"] in trained]:  # the same at tensor parallelism 2
         tp = {"kind": r["kind"] + "_tp", "counts": dict(r["counts"]), "flops": r["flops"] / 2}
-        k = r["counts"].get("micro_s", r["counts"].get("train_micro_s"))
-        layers = r["counts"].get("call_layer_s", r["counts"].get("train_call_layer_s"))
-        if r["kind"] == "forward":
-            tp["counts"]["tp_micro_s"] = k
+        pre = "critic_" if r["kind"].startswith("critic_") else ""
+        forward = r["kind"].endswith("forward")
+        k = r["counts"][f"{pre}micro_s" if forward else f"{pre}train_micro_s"]
+        layers = r["counts"][f"{pre}call_layer_s" if forward else f"{pre}train_call_layer_s"]
+        if forward:
+            tp["counts"][f"{pre}tp_micro_s"] = k
         else:
-            tp["counts"] |= {"train_tp_micro_s": k, "train_tp_step_s": r["counts"]["optim_step_s"]}
-        per_layer = 2 if r["kind"] == "forward" else 4
+            tp["counts"] |= {
+                f"{pre}train_tp_micro_s": k,
+                "train_tp_step_s": r["counts"][f"{pre}optim_step_s"],
+            }
+        per_layer = 2 if forward else 4
         rows.append(tp | {"allreduces": k * per_layer * layers, "allreduce_bytes": 8 * 24 * 64 * 4})
-    for r in rows:
-        r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r["flops"] / (GFLOPS * 1e9)
+    for r in [r for r in rows if "seconds" not in r]:
+        r["seconds"] = sum(n * costs[c] for c, n in r["counts"].items()) + r.get("flops", 0) / (GFLOPS * 1e9)
         r["seconds"] += r.get("allreduces", 0) * allreduce_s(r.get("allreduce_bytes", 0))
     return rows
 
@@ -85,8 +107,10 @@ def calibration(costs=TRUE) -> dict:
 
 def test_the_fit_recovers_the_costs_that_made_the_rows():
     fitted = fit_fixed(rows_from(TRUE), GFLOPS * 1e9, allreduce_s)
-    assert set(fitted) == {c for names in (*KINDS.values(), *LATER_KINDS.values()) for c in names}
-    for name, value in TRUE.items():
+    assert set(fitted) == {c for names in (*KINDS.values(), *LATER_KINDS.values()) for c in names} | {
+        "wake_share"
+    }
+    for name, value in (TRUE | {"wake_share": WAKE_SHARE}).items():
         assert fitted[name] == pytest.approx(value, rel=1e-9, abs=1e-12), name
 
 
@@ -105,7 +129,10 @@ def test_the_cpu_class_takes_the_measured_rates_and_adds_the_gather_to_every_cal
     assert device.step_overhead_s == pytest.approx(TRUE["step_overhead_s"])
     assert device.fixed.call_s == pytest.approx(TRUE["call_s"] + 500e-6)
     assert device.fixed.train_call_s == pytest.approx(TRUE["train_call_s"] + 500e-6)
-    assert device.fixed.gen_call_s == pytest.approx(TRUE["gen_call_s"] + 900e-6)  # the rollout rows' gather
+    assert device.fixed.critic_call_s == pytest.approx(TRUE["critic_call_s"] + 500e-6)
+    assert device.fixed.critic_train_call_s == pytest.approx(TRUE["critic_train_call_s"] + 500e-6)
+    assert device.fixed.gen_call_s == pytest.approx(TRUE["gen_call_s"])
+    assert device.fixed.gen_gather_s == pytest.approx(900e-6)  # the rollout rows' gather, on its own
     assert device.fixed.layer_s == pytest.approx(TRUE["layer_s"])
     # a 2-rank all-reduce costs what one gloo call costs a rank, plus its bytes at gloo's bandwidth
     assert ring_allreduce_seconds(1e6, 2, 2, device) == pytest.approx(allreduce_s(1e6))
@@ -204,21 +231,30 @@ def test_the_value_models_passes_pay_the_critic_s_costs_and_the_rest_the_actor_s
     est = simulate(w, placement, device)
     actor_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False)
     critic_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False, critic=True)
-    micro = 32 // layout.d // 8
-    own = fixed.critic_micro_s + L * fixed.critic_layer_s - fixed.micro_s - L * fixed.layer_s
-    assert critic_fwd - actor_fwd == pytest.approx(micro * own, rel=1e-9)
+    micro, t = 32 // layout.d // 8, layout.t > 1  # at t > 1 the critic's tensor-parallel costs too
+    own = fixed.critic_micro_s + L * fixed.critic_layer_s + t * fixed.critic_tp_micro_s
+    actor_own = fixed.micro_s + L * fixed.layer_s + t * fixed.tp_micro_s
+    assert critic_fwd - actor_fwd == pytest.approx(micro * (own - actor_own), rel=1e-9)
     actor_bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True)
     critic_bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True, critic=True)
-    own = fixed.critic_train_micro_s + L * fixed.critic_train_layer_s
-    assert critic_bwd - actor_bwd == pytest.approx(
-        micro * (own - fixed.train_micro_s - L * fixed.train_layer_s), rel=1e-9
+    own = fixed.critic_train_micro_s + L * fixed.critic_train_layer_s + t * fixed.critic_train_tp_micro_s
+    actor_own = fixed.train_micro_s + L * fixed.train_layer_s + t * fixed.train_tp_micro_s
+    assert critic_bwd - actor_bwd == pytest.approx(micro * (own - actor_own), rel=1e-9)
+    # both value models (critic, cost_critic): the critic's calls and passes; the actor's stages: its own
+    critic_call = fixed.critic_call_s + L * fixed.critic_call_layer_s
+    assert est.stages["values"] == pytest.approx(2 * (critic_call + critic_fwd), rel=1e-9)
+    assert est.stages["old_logp"] == pytest.approx(
+        fixed.call_s + L * fixed.call_layer_s + actor_fwd, rel=1e-9
     )
-    # both value models (critic, cost_critic): the critic's passes; the actor's stages: its own
-    call = fixed.call_s + L * fixed.call_layer_s
-    assert est.stages["values"] == pytest.approx(2 * (call + critic_fwd), rel=1e-9)
-    assert est.stages["old_logp"] == pytest.approx(call + actor_fwd, rel=1e-9)
-    assert est.stages["update_critic"] - 2 * critic_bwd == pytest.approx(
-        2 * (est.stages["update_actor"] - actor_bwd), rel=1e-9
+    steps, tp_step = 32 // 16, t * fixed.train_tp_step_s  # optimizer steps a pass
+    actor_rest = fixed.train_call_s + L * fixed.train_call_layer_s + steps * (fixed.optim_step_s + tp_step)
+    critic_rest = (
+        fixed.critic_train_call_s + L * fixed.critic_train_call_layer_s
+        + steps * (fixed.critic_optim_step_s + tp_step)
+    )  # fmt: skip
+    # the same gradients and Adam bytes for both: what differs is the fixed costs
+    assert est.stages["update_critic"] - 2 * (critic_bwd + critic_rest) == pytest.approx(
+        2 * (est.stages["update_actor"] - actor_bwd - actor_rest), rel=1e-9
     )
     assert est.stages["values"] < 2 * est.stages["old_logp"]  # the critic's costs are the cheaper here
 
@@ -228,6 +264,10 @@ def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_ac
     c["rows"] = [r for r in c["rows"] if not r["kind"].startswith("critic_")]
     fixed = cpu_device(c).fixed
     assert (fixed.critic_micro_s, fixed.critic_layer_s) == (fixed.micro_s, fixed.layer_s)
+    assert (fixed.critic_call_s, fixed.critic_train_call_s) == (fixed.call_s, fixed.train_call_s)
+    assert fixed.critic_optim_step_s == fixed.optim_step_s
+    tp = (fixed.critic_tp_micro_s, fixed.critic_train_tp_micro_s)
+    assert tp == (fixed.tp_micro_s, fixed.train_tp_micro_s)
     assert (fixed.critic_train_micro_s, fixed.critic_train_layer_s) == (
         fixed.train_micro_s,
         fixed.train_layer_s,
@@ -236,3 +276,67 @@ def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_ac
     est = simulate(w, placement, cpu_device(c))
     assert est.stages["values"] == pytest.approx(2 * est.stages["old_logp"], rel=1e-12)
     assert est.stages["update_critic"] == pytest.approx(2 * est.stages["update_actor"], rel=1e-12)
+
+
+def test_a_separate_pool_s_rows_are_handed_over_and_a_colocated_replica_s_gathered():
+    device = cpu_device(calibration())
+    fixed = device.fixed
+    w = Workload(actor=TINY, prompts=8, samples_per_prompt=4, prompt_len=16, response_len=8)
+    actor = PoolPlacement("actor", ParallelLayout(1, 1, 2), w.roles)
+    colocated = simulate(w, Placement(pools=(actor,)), device).stages
+    rollout = PoolPlacement("rollout", ParallelLayout(1, 1, 2), ("rollout",))
+    separate = simulate(w, Placement(pools=(actor, rollout)), device).stages
+    assert "handover" not in colocated
+    # the same replicas generate; only the colocated ones' rows are gathered
+    assert colocated["prefill"] - separate["prefill"] == pytest.approx(fixed.gen_gather_s, rel=1e-9)
+    waited = separate["prefill"] + separate["decode"]  # the trainer polls while the pool generates
+    assert separate["handover"] == pytest.approx(TRUE["handover_s"] + waited * TRUE["handover_wait_share"])
+    assert "handover" not in simulate(w, Placement(pools=(actor, rollout)), A100).stages  # zero on a GPU
+
+
+def test_a_calibration_without_a_separate_pool_s_rows_charges_no_hand_over():
+    c = calibration()
+    c["rows"] = [r for r in c["rows"] if r["kind"] not in ("generate_separate", "forward_after_wait")]
+    fixed = cpu_device(c).fixed
+    assert (fixed.handover_s, fixed.handover_wait_share, fixed.wake_share) == (0.0, 0.0, 0.0)
+
+
+def _pools(w: Workload, *own: str, separate: bool = False) -> tuple[PoolPlacement, ...]:
+    """The actor's pool with every role not in `own`, a pool per role in `own`, a rollout pool."""
+    lay = ParallelLayout(1, 1, 2)
+    pools = [PoolPlacement("actor", lay, tuple(r for r in w.roles if r not in own))]
+    pools += [PoolPlacement(r, lay, (r,)) for r in own]
+    return (*pools, *([PoolPlacement("rollout", lay, ("rollout",))] if separate else []))
+
+
+@pytest.mark.parametrize(
+    "own, separate, staleness, woken",
+    [
+        ((), False, 0, []),  # one pool: every stage follows its own
+        ((), True, 0, ["old_logp"]),  # the trainer waited through the pool's generation
+        ((), True, 1, []),  # the pool generated while the trainer worked
+        (("reference",), False, 0, ["ref_logp", "update_critic"]),
+        (("critic", "reference"), False, 0, ["values", "ref_logp", "update_critic", "update_actor"]),
+    ],
+)
+def test_a_stage_whose_ranks_waited_for_another_pool_pays_the_wake_up(own, separate, staleness, woken):
+    device = cpu_device(calibration())
+    w = Workload(actor=TINY, roles=("actor", "critic", "reference"), prompts=8, samples_per_prompt=4,
+                 prompt_len=16, response_len=8, micro_batch_size=8, mini_batch_size=16)  # fmt: skip
+    placement = Placement(pools=_pools(w, *own, separate=separate), max_staleness=staleness)
+    est = simulate(w, placement, device)
+    assert woken_stages(w, placement, est.stages) == woken
+    cold = simulate(w, placement, replace(device, fixed=replace(device.fixed, wake_share=0.0)))
+    for stage, seconds in est.stages.items():
+        assert seconds == pytest.approx(cold.stages[stage] * (1 + WAKE_SHARE if stage in woken else 1))
+
+
+def test_the_wake_up_is_the_woken_forward_s_excess_and_never_negative():
+    pairs = [("forward_after_wait", 33e-3), ("forward_again", 30e-3), ("forward_after_wait", 16e-3),
+             ("forward_again", 15e-3)]  # fmt: skip
+    rows = [{"kind": k, "samples": 32 if i < 2 else 16, "seconds": t} for i, (k, t) in enumerate(pairs)]
+    # least squares through the origin: sum(woken x again) / sum(again^2) - 1
+    assert wake_share(rows) == pytest.approx((33 * 30 + 16 * 15) / (30**2 + 15**2) - 1)
+    faster = [r | {"seconds": r["seconds"] * (0.9 if r["kind"] == "forward_after_wait" else 1)} for r in rows]
+    assert wake_share(faster) == 0.0
+    assert wake_share([]) == 0.0
