@@ -11,7 +11,8 @@ Per rank of a pool (the worst pipeline stage), for each role it hosts:
 - activations of the largest trained role while it trains, counted as the memory plan counts
   them (`rl3d.planning.memory_activations`: with the pool's sequence parallelism and full
   recompute per role, `PoolPlacement.sequence_parallel` and `.recompute`; flash attention or
-  megatron's local attention as `Workload.flash_attention` says);
+  megatron's local attention as `Workload.flash_attention` says), and with p > 1 the pipeline's
+  send and receive buffers;
 - generation on the actor's pool: the generation shard beyond the actor's training shard (all
   experts of the stage, TP-sharded, against the E/ep it trains), then KV.
 Everything stays resident (nothing offloaded during generation), and `USABLE` of the device's
@@ -26,7 +27,7 @@ import math
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
+from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, pipeline_buffer_bytes
 from rl3d.planning.memory_generate import GenShape, gen_weight_numel
 from rl3d.planning.memory_train import layout_static_bytes, stage_numels
 from rl3d.planning.workload import ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
@@ -118,11 +119,11 @@ def generation_extra_bytes(w: Workload, placement: Placement, pool: PoolPlacemen
 
 
 def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
-    """The largest trained role's activations on its worst stage (the memory plan's count:
-    `rl3d.planning.memory_activations`): the first holds min(p, m) micro-batches, the last the
-    output layer. A role in the pool's `sequence_parallel` keeps the hidden states between the
-    blocks split over t (its length padded to a multiple of t, as the models pad it); one in
-    its `recompute` keeps only each layer's input."""
+    """The largest trained role's activations and pipeline buffers on its worst stage (the
+    memory plan's count: `rl3d.planning.memory_activations`): the first holds min(p, m)
+    micro-batches, the last the output layer. A role in the pool's `sequence_parallel` keeps
+    the hidden states between the blocks split over t (its length padded to a multiple of t, as
+    the models pad it); one in its `recompute` keeps only each layer's input."""
     from rl3d.models.sequence_parallel import padded_length
 
     lay = pool.layout
@@ -137,19 +138,17 @@ def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
                 seq_len, w.micro_batch_size, w.response_len, w.flash_attention,
                 role in pool.recompute, in_flight, split,
             )  # fmt: skip
-            worst = max(
-                worst,
-                activation_bytes(
-                    spec,
-                    tp=lay.t,
-                    layers=spec.num_layers // lay.p,
-                    last_stage=last,
-                    lm_head=role == "actor",
-                    shape=shape,
-                    dtype_bytes=w.dtype_bytes,
-                    trains=True,
-                ),  # fmt: skip
+            kept = activation_bytes(
+                spec,
+                tp=lay.t,
+                layers=spec.num_layers // lay.p,
+                last_stage=last,
+                lm_head=role == "actor",
+                shape=shape,
+                dtype_bytes=w.dtype_bytes,
+                trains=True,
             )
+            worst = max(worst, kept + pipeline_buffer_bytes(spec, lay.t, lay.p, shape, w.dtype_bytes))
     return worst
 
 
