@@ -106,3 +106,9 @@ def test_the_70b_recipes_choice_fits_per_the_memory_plan():
     assert actor.layout.t > 1 and "actor" in actor.sequence_parallel
     assert best["gain_over_recipe"] > 1
     assert best["step_seconds"] == min(e["step_seconds"] for e in out["candidates"] if e["fits"])
+    # the footprint the search ranks by counts training as the memory plan's train phase does
+    # (a packed micro-batch's fp32 logits aside: the plan keeps them for every token)
+    w, pool = workload_of(cfg), actor
+    statics = max(_static_bytes(pool, w, j) for j in range(pool.layout.p))
+    train = max(rank.peaks["train"] for rank in plan.ranks)
+    assert statics + _activation_bytes(pool, w) == pytest.approx(train, rel=1e-3)
