@@ -9,8 +9,8 @@ The search (after HybridFlow's mapping algorithm, EuroSys'25 section 6) runs ove
   stays inside a node; for a mixture of experts' actor also ep, dividing d and the experts) and,
   on the actor's pool, the generation layout (t_g | t, p_g | p);
 - per pool that trains (actor, critic) at t > 1, megatron's sequence parallelism on and off
-  (a mixture of experts trains at t > 1 only with it), and full activation recompute where
-  nothing at that size fits without it. An actor layout the recipe refuses (`actor_ok`, from
+  (a mixture of experts trains at t > 1 only with it), and full activation recompute for an
+  option that does not fit without it. An actor layout the recipe refuses (`actor_ok`, from
   `rl3d.planning.auto_place`) is not taken.
 The stages of one pool do not depend on the other pools' layouts (the weight sync aside, which
 takes the rest of the devices as the actor's), so each pool's best layout per size is found
@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
@@ -136,13 +136,12 @@ def _pools(structure, choices: list[PoolChoice]) -> tuple[PoolPlacement, ...]:
     )
 
 
-def run_options(spec: ModelSpec, roles: tuple[str, ...], t: int, recompute: bool) -> list[tuple[bool, bool]]:
-    """(sequence parallelism, recompute) a pool hosting `roles` at tensor-parallel size t may
-    train with: sequence parallelism only at t > 1 (and always for a mixture of experts there)."""
-    if not any(r in TRAINED for r in roles):
-        return [(False, False)]
-    splits = [True] if t > 1 and spec.is_moe else [False, True] if t > 1 else [False]
-    return [(split, recompute) for split in splits]
+def split_options(spec: ModelSpec, roles: tuple[str, ...], t: int) -> list[bool]:
+    """Sequence parallelism off and on for a pool hosting `roles` that trains at t > 1 (a
+    mixture of experts trains there only with it); off elsewhere."""
+    if t == 1 or not any(r in TRAINED for r in roles):
+        return [False]
+    return [True] if spec.is_moe else [False, True]
 
 
 class Search:
@@ -159,7 +158,7 @@ class Search:
         self.actor_ok = actor_ok
         self.sizes = pool_sizes(gpus, device)
 
-    def _options(self, structure, index: int, size: int, recompute: bool):
+    def _options(self, structure, index: int, size: int):
         roles = structure[index]
         if roles == (ROLLOUT,):
             for t in divisors(size):
@@ -171,8 +170,8 @@ class Search:
         for lay in layouts(spec, size, self.device, experts=actor and spec.is_moe):
             if not self._splits_batch(roles, lay.d):
                 continue
-            for split, rc in run_options(spec, roles, lay.t, recompute):
-                choice = PoolChoice(lay, split, rc)
+            for split in split_options(spec, roles, lay.t):
+                choice = PoolChoice(lay, split)
                 if actor and self.actor_ok is not None and not self.actor_ok(choice):
                     continue
                 if actor and structure[-1] != (ROLLOUT,):
@@ -192,27 +191,17 @@ class Search:
     @functools.cache  # noqa: B019  (one search object per query)
     def best_pool(self, structure, index: int, size: int):
         """(seconds, fits, choice, t_g, p_g, peak bytes) of the pool's best option at `size`, or
-        None; of equally fast ones the smallest footprint. Recompute is tried only when nothing
-        fits without it."""
-        best = self._best_pool(structure, index, size, recompute=False)
-        if best is None or best[1]:
-            return best
-        again = self._best_pool(structure, index, size, recompute=True)
-        return best if again is None or (not best[1], best[0]) <= (not again[1], again[0]) else again
-
-    def _best_pool(self, structure, index: int, size: int, *, recompute: bool):
+        None; of equally fast ones the smallest footprint. An option that does not fit is tried
+        again with recompute."""
         best = None
-        others = self.gpus - size
-        for choice, t_g, p_g in self._options(structure, index, size, recompute):
-            filler = [
-                PoolChoice(ParallelLayout(1, 1, max(others, 1)) if i == 0 else ParallelLayout(1, 1, 1))
-                for i in range(len(structure))
-            ]
-            filler[index] = choice
-            placement = Placement(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
+        for choice, t_g, p_g in self._options(structure, index, size):
+            placement, peak, budget, fits = self._footprint(structure, index, choice, t_g, p_g)
+            again = replace(choice, recompute=True)
+            if not fits and self._may_recompute(structure[index], again):
+                trial = self._footprint(structure, index, again, t_g, p_g)
+                if trial[3]:
+                    choice, (placement, peak, budget, fits) = again, trial
             pool = placement.pools[index]
-            peak, budget = pool_footprint(self.w, placement, self.device, pool)
-            fits = peak <= self.device.memory_gb * 1e9 and (budget is None or budget >= 0)
             bound = sum(
                 pool_stages(self.w, placement, self.device, pool, budget or 0.0, transition=False).values()
             )
@@ -222,6 +211,25 @@ class Search:
             if best is None or (not fits, seconds, peak) < (not best[1], best[0], best[5]):
                 best = (seconds, fits, choice, t_g, p_g, peak)
         return best
+
+    def _footprint(self, structure, index: int, choice: PoolChoice, t_g: int, p_g: int):
+        """(placement, peak bytes, KV budget, fits) of the pool `index` in `choice`, the other
+        pools filling the rest of the devices."""
+        others = self.gpus - choice.layout.world_size
+        filler = [
+            PoolChoice(ParallelLayout(1, 1, max(others, 1)) if i == 0 else ParallelLayout(1, 1, 1))
+            for i in range(len(structure))
+        ]
+        filler[index] = choice
+        placement = Placement(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
+        peak, budget = pool_footprint(self.w, placement, self.device, placement.pools[index])
+        fits = peak <= self.device.memory_gb * 1e9 and (budget is None or budget >= 0)
+        return placement, peak, budget, fits
+
+    def _may_recompute(self, roles: tuple[str, ...], choice: PoolChoice) -> bool:
+        if not any(r in TRAINED for r in roles):
+            return False
+        return roles[0] != "actor" or self.actor_ok is None or self.actor_ok(choice)
 
     def splits(self, structure):
         k = len(structure)

@@ -66,15 +66,16 @@ def test_sequence_parallelism_costs_no_time_and_recompute_one_forward():
     )
 
 
-def test_recompute_is_tried_only_where_nothing_fits_without_it():
+def test_recompute_is_taken_only_where_an_option_does_not_fit_without_it():
     w = workload_of(load_config(GPU_7B).config)
     search = Search(w, A100, 8)
     structure = (("actor", "reference"), ("critic",))
     # the critic alone on 2 A100s fits only with recompute; on 4 without it
     for size, needs in ((2, True), (4, False)):
-        best = search.best_pool(structure, 1, size)  # (seconds, fits, choice, ...)
-        plain = search._best_pool(structure, 1, size, recompute=False)
-        assert best[1] and plain[1] == (not needs) and best[2].recompute == needs
+        _, fits, choice, t_g, p_g, _ = search.best_pool(structure, 1, size)
+        assert fits and choice.recompute == needs
+        plain = search._footprint(structure, 1, replace(choice, recompute=False), t_g, p_g)
+        assert plain[3] == (not needs)  # fits without it
 
 
 def test_every_listed_candidate_loads_with_its_sequence_parallelism_and_recompute():
