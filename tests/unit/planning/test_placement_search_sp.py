@@ -19,6 +19,7 @@ from rl3d.planning.simulator import pass_seconds, simulate
 from rl3d.planning.workload import Placement, PoolPlacement, Workload
 
 MOE = "recipes/quickstart_cpu_moe_grpo.yaml"
+PPO = "recipes/quickstart_cpu_ppo.yaml"
 GPU_7B = "recipes/gpu_llama2_7b_ppo.yaml"
 GPU_70B = "recipes/gpu_llama2_70b_ppo.yaml"
 LLAMA7 = get_model_spec("llama2-7b")
@@ -44,6 +45,33 @@ def test_footprint_counts_a_moe_at_tp2_as_the_memory_plan_does():
     assert _static_bytes(pool, w, 0) + _activation_bytes(pool, w) == rank.peaks["train"]
     # counted without it, the hidden states between the blocks would be whole on each TP rank
     assert _activation_bytes(replace(pool, sequence_parallel=()), w) > _activation_bytes(pool, w)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "split", "recompute", "described"),
+    [
+        ([], (), (), "[2: p1 t2 d1]"),  # dense: `auto` leaves it off
+        (["critic.parallel.sequence_parallel=true"], ("critic",), (), "[2: p1 t2 d1 sp(critic)]"),
+        (
+            [
+                "actor.parallel.sequence_parallel=true",
+                "critic.parallel.sequence_parallel=true",
+                "actor.recompute=full",
+            ],
+            ("actor", "critic"),
+            ("actor",),
+            "[2: p1 t2 d1 sp rc(actor)]",
+        ),
+    ],
+)
+def test_a_recipe_placement_runs_each_role_as_its_section_says(overrides, split, recompute, described):
+    cfg = load_config(PPO, overrides).config  # actor, critic and reference at p1 t2 d1
+    w, pool = workload_of(cfg), placement_of(cfg).pools[0]
+    assert (pool.sequence_parallel, pool.recompute) == (split, recompute)
+    assert described in placement_of(cfg).describe()
+    rank = plan_memory(cfg).ranks[0]
+    planned = max(e.activations for e in rank.phases["train"].values() if hasattr(e, "activations"))
+    assert _activation_bytes(pool, w) == planned  # the larger role's, byte for byte
 
 
 def test_sequence_parallelism_costs_no_time_and_recompute_one_forward():
