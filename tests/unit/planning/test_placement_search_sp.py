@@ -10,10 +10,10 @@ from rl3d.config import load_config
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning import plan_memory
-from rl3d.planning.auto_place import auto_place
+from rl3d.planning.auto_place import actor_layout_check, auto_place
 from rl3d.planning.devices import A100
 from rl3d.planning.footprint import _activation_bytes, _static_bytes
-from rl3d.planning.placement_search import Search
+from rl3d.planning.placement_search import PoolChoice, Search, search_placements
 from rl3d.planning.recipe import placement_of, workload_of
 from rl3d.planning.simulator import pass_seconds, simulate
 from rl3d.planning.workload import Placement, PoolPlacement, Workload
@@ -141,3 +141,14 @@ def test_the_70b_recipes_choice_fits_per_the_memory_plan():
     statics = max(_static_bytes(pool, w, j) for j in range(pool.layout.p))
     train = max(rank.peaks["train"] for rank in plan.ranks)
     assert statics + _activation_bytes(pool, w) == pytest.approx(train, rel=1e-3)
+
+
+def test_lora_is_not_searched_under_sequence_parallelism():
+    recipe = "recipes/quickstart_cpu_lora_grpo.yaml"  # LoRA adapters read whole sequences
+    load = _loader(recipe)
+    w = workload_of(load([]))
+    ok = actor_layout_check(load, w.roles, 8, ep=False)
+    tp2 = ParallelLayout(1, 2, 1)
+    assert ok(PoolChoice(tp2)) and not ok(PoolChoice(tp2, sequence_parallel=True))
+    kept = search_placements(w, A100, 4, actor_ok=ok)
+    assert kept and not any(c.placement.pool_of("actor").sequence_parallel for c in kept)
