@@ -36,7 +36,7 @@ def workload_of(cfg: RL3DConfig) -> Workload:
     )
 
 
-def trained_section(cfg: RL3DConfig, role: str):
+def _section(cfg: RL3DConfig, role: str):
     """The recipe section that configures trained role `role` (the cost critic is built as the
     critic)."""
     return cfg.actor if role == "actor" else cfg.critic
@@ -51,10 +51,10 @@ def _pool(cfg: RL3DConfig, pool) -> PoolPlacement:
         r
         for r in trained
         if resolve_sequence_parallel(
-            trained_section(cfg, r).parallel.sequence_parallel, is_moe=is_moe, tp=pool.layout.t
+            _section(cfg, r).parallel.sequence_parallel, is_moe=is_moe, tp=pool.layout.t
         )
     )
-    recompute = tuple(r for r in trained if trained_section(cfg, r).recompute == "full")
+    recompute = tuple(r for r in trained if _section(cfg, r).recompute == "full")
     name = pool.name if pool.name == ROLLOUT else pool.roles[0]
     return PoolPlacement(name, pool.layout, pool.roles, split, recompute)
 
