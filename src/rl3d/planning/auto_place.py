@@ -4,9 +4,11 @@ overrides that `rl3d train` and `rl3d validate` accept.
 
 Every reported candidate is validated as a recipe (the recipe, its command-line overrides,
 then the candidate's) before it is listed; one the loader refuses is dropped and counted. The
-search itself skips an actor layout the loader refuses by an `actor.parallel` key (asked once
-per layout with every role on the actor's devices), so refused layouts (a mixture of experts
-at a tensor-parallel size its trainer does not run, say) never crowd out the ones it takes.
+search itself skips an actor layout the loader refuses by an `actor.parallel`, `actor.lora` or
+`actor.recompute` key (asked once per layout, sequence parallelism and recompute, with every
+role on the actor's devices), so refused layouts (a mixture of experts at a tensor-parallel
+size its trainer does not run, LoRA under sequence parallelism, say) never crowd out the ones
+it takes. The overrides state each trained role's `parallel.sequence_parallel` and `recompute`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from collections.abc import Callable
 
 from rl3d.config import RL3DConfig, load_config
 from rl3d.config.errors import ConfigError
-from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass, get_device
 from rl3d.planning.memory import plan_memory
-from rl3d.planning.placement_search import Candidate, search_placements
+from rl3d.planning.placement_search import Candidate, PoolChoice, search_placements
 from rl3d.planning.recipe import placement_of, workload_of
 from rl3d.planning.simulator import simulate
 from rl3d.planning.workload import Placement, PoolPlacement
@@ -37,6 +38,8 @@ SECTIONS = {
     "cost_model": "reward.cost_model",
 }
 MAX_VALIDATIONS = 60
+# a refusal by one of these keys rules the actor's layout out of the search
+ACTOR_KEYS = ("actor.parallel", "actor.lora", "actor.recompute")
 
 
 def _parallel(section: str, lay) -> list[str]:
@@ -47,11 +50,19 @@ def _parallel(section: str, lay) -> list[str]:
     ]
 
 
+def _runs(section: str, role: str, pool: PoolPlacement) -> list[str]:
+    """How trained role `role` runs in `pool`: its sequence parallelism and recompute."""
+    split = "true" if role in pool.sequence_parallel else "false"
+    recompute = "full" if role in pool.recompute else "none"
+    return [f"{section}.parallel.sequence_parallel={split}", f"{section}.recompute={recompute}"]
+
+
 def overrides_of(placement: Placement, gpus_per_node: int, *, ep: bool = False) -> list[str]:
     """The recipe overrides that put a run in `placement`; `ep`: state the actor's expert
     parallelism too (a mixture of experts)."""
     actor = placement.pool_of("actor")
     out = _parallel("actor", actor.layout) + ([f"actor.parallel.ep={actor.layout.ep}"] if ep else [])
+    out += _runs("actor", "actor", actor)
     for role, section in SECTIONS.items():
         if any(role in p.roles for p in placement.pools):
             pool = placement.pool_of(role)
@@ -59,6 +70,8 @@ def overrides_of(placement: Placement, gpus_per_node: int, *, ep: bool = False) 
             out.append(f"{section}.colocate={'false' if own else 'true'}")
             if own or role == "critic":  # a colocated critic states the actor's layout
                 out += _parallel(section, pool.layout)
+            if role == "critic":
+                out += _runs(section, role, pool)
     rollout = placement.separate
     if rollout is None:
         out += ["rollout.placement=colocated", f"rollout.t_g={placement.t_g}", f"rollout.p_g={placement.p_g}"]
@@ -75,18 +88,18 @@ def overrides_of(placement: Placement, gpus_per_node: int, *, ep: bool = False) 
 
 def actor_layout_check(
     load: Callable[[list[str]], RL3DConfig], roles: tuple[str, ...], gpus_per_node: int, *, ep: bool
-) -> Callable[[ParallelLayout], bool]:
-    """`ok(layout)`: False when the recipe refuses the actor in `layout` by an `actor.parallel`
-    key (the loader's own checks, with every role on the actor's devices); any other refusal
-    is left to the candidate's own validation."""
+) -> Callable[[PoolChoice], bool]:
+    """`ok(choice)`: False when the recipe refuses the actor in `choice` (a layout, sequence
+    parallelism, recompute) by one of `ACTOR_KEYS` (the loader's own checks, with every role on
+    the actor's devices, running as the actor does); any other refusal is left to the
+    candidate's own validation."""
 
     @functools.cache
-    def ok(layout: ParallelLayout) -> bool:
-        alone = Placement(pools=(PoolPlacement("actor", layout, roles),))
+    def ok(choice: PoolChoice) -> bool:
         try:
-            load(overrides_of(alone, gpus_per_node, ep=ep))
+            load(overrides_of(Placement(pools=(choice.pool("actor", roles),)), gpus_per_node, ep=ep))
         except ConfigError as err:
-            return not (err.key or "").startswith("actor.parallel")
+            return not (err.key or "").startswith(ACTOR_KEYS)
         except ValueError:
             return True
         return True

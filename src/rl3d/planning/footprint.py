@@ -9,8 +9,10 @@ Per rank of a pool (the worst pipeline stage), for each role it hosts:
   rank holds E/ep of each layer's routed experts, their optimizer state sharded over d/ep;
 - a forward-only role (reference, reward and cost models): its parameters;
 - activations of the largest trained role while it trains, counted as the memory plan counts
-  them (`rl3d.planning.memory_activations`: no recompute; flash attention or megatron's local
-  attention as `Workload.flash_attention` says);
+  them (`rl3d.planning.memory_activations`: with the pool's sequence parallelism and full
+  recompute per role, `PoolPlacement.sequence_parallel` and `.recompute`; flash attention or
+  megatron's local attention as `Workload.flash_attention` says), and with p > 1 the pipeline's
+  send and receive buffers;
 - generation on the actor's pool: the generation shard beyond the actor's training shard (all
   experts of the stage, TP-sharded, against the E/ep it trains), then KV.
 Everything stays resident (nothing offloaded during generation), and `USABLE` of the device's
@@ -25,7 +27,7 @@ import math
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
+from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, pipeline_buffer_bytes
 from rl3d.planning.memory_generate import GenShape, gen_weight_numel
 from rl3d.planning.memory_train import layout_static_bytes, stage_numels
 from rl3d.planning.workload import ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
@@ -117,31 +119,36 @@ def generation_extra_bytes(w: Workload, placement: Placement, pool: PoolPlacemen
 
 
 def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
-    """The largest trained role's activations on its worst stage (the memory plan's count:
-    `rl3d.planning.memory_activations`): the first holds min(p, m) micro-batches, the last the
-    output layer."""
+    """The largest trained role's activations and pipeline buffers on its worst stage (the
+    memory plan's count: `rl3d.planning.memory_activations`): the first holds min(p, m)
+    micro-batches, the last the output layer. A role in the pool's `sequence_parallel` keeps
+    the hidden states between the blocks split over t (its length padded to a multiple of t, as
+    the models pad it); one in its `recompute` keeps only each layer's input."""
+    from rl3d.models.sequence_parallel import padded_length
+
     lay = pool.layout
     micro = max(1, w.mini_batch_size // (lay.d * w.micro_batch_size))
     worst = 0
     for role in (r for r in pool.roles if r in TRAINED and r in w.roles):
         spec = w.spec(role)
+        split = role in pool.sequence_parallel and lay.t > 1
+        seq_len = padded_length(w.seq_len, lay.t if split else 1)
         for in_flight, last in ((min(lay.p, micro), lay.p == 1), (1, True)):
             shape = MicroBatchShape(
-                w.seq_len, w.micro_batch_size, w.response_len, w.flash_attention, False, in_flight
+                seq_len, w.micro_batch_size, w.response_len, w.flash_attention,
+                role in pool.recompute, in_flight, split,
+            )  # fmt: skip
+            kept = activation_bytes(
+                spec,
+                tp=lay.t,
+                layers=spec.num_layers // lay.p,
+                last_stage=last,
+                lm_head=role == "actor",
+                shape=shape,
+                dtype_bytes=w.dtype_bytes,
+                trains=True,
             )
-            worst = max(
-                worst,
-                activation_bytes(
-                    spec,
-                    tp=lay.t,
-                    layers=spec.num_layers // lay.p,
-                    last_stage=last,
-                    lm_head=role == "actor",
-                    shape=shape,
-                    dtype_bytes=w.dtype_bytes,
-                    trains=True,
-                ),  # fmt: skip
-            )
+            worst = max(worst, kept + pipeline_buffer_bytes(spec, lay.t, lay.p, shape, w.dtype_bytes))
     return worst
 
 

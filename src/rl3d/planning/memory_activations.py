@@ -85,6 +85,14 @@ def output_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: 
     )
 
 
+def pipeline_buffer_bytes(spec: ModelSpec, tp: int, pp: int, shape: MicroBatchShape, dtype_bytes: int) -> int:
+    """A pipeline stage's send and receive buffers: one micro-batch's hidden states each way
+    (megatron's p2p shape, [s / tp, b, h] under sequence parallelism); none without pipelining."""
+    if pp == 1:
+        return 0
+    return 2 * hidden_positions(tp, shape) * shape.rows * spec.hidden_size * dtype_bytes
+
+
 def activation_bytes(
     spec: ModelSpec,
     *,

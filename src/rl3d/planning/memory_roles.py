@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import ParallelLayout
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
+from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, pipeline_buffer_bytes
 from rl3d.planning.memory_train import RoleBytes, layout_static_bytes, stage_numels
 from rl3d.utils.dtypes import DTYPE_BYTES
 
@@ -145,8 +145,7 @@ def role_train_bytes(
         dtype_bytes=dtype_bytes,
         trains=role.trainable,
     )
-    # pipeline stages send and receive one micro-batch's hidden states
-    p2p = 2 * shape.seq_len * shape.rows * spec.hidden_size * dtype_bytes if layout.p > 1 else 0
+    p2p = pipeline_buffer_bytes(spec, layout.t, layout.p, shape, dtype_bytes)
     return RoleBytes(
         params=static.params,
         grads=static.grads,

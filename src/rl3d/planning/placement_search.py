@@ -7,8 +7,11 @@ The search (after HybridFlow's mapping algorithm, EuroSys'25 section 6) runs ove
 - splits of the devices over the structure's pools (whole nodes once the job spans nodes);
 - per pool and size, its parallel layout (p divides the layers, t the heads and KV heads and
   stays inside a node; for a mixture of experts' actor also ep, dividing d and the experts) and,
-  on the actor's pool, the generation layout (t_g | t, p_g | p). An actor layout the recipe
-  refuses (`actor_ok`, from `rl3d.planning.auto_place`) is not taken.
+  on the actor's pool, the generation layout (t_g | t, p_g | p);
+- per pool that trains (actor, critic) at t > 1, megatron's sequence parallelism on and off
+  (a mixture of experts trains at t > 1 only with it), and full activation recompute for an
+  option that does not fit without it. An actor layout the recipe refuses (`actor_ok`, from
+  `rl3d.planning.auto_place`) is not taken.
 The stages of one pool do not depend on the other pools' layouts (the weight sync aside, which
 takes the rest of the devices as the actor's), so each pool's best layout per size is found
 once, splits are ranked by the sum, and the best few per structure are simulated whole. A
@@ -16,6 +19,8 @@ pool's layout that does not fit memory is taken only when none fits; such a cand
 reported with `fits: false` and never chosen. Of a layout's ep options only the reshard's time
 differs (the experts gathered over the EP group; the tokens' all-to-all is not modelled), so ep
 > 1 is taken where the footprint needs it; of equally fast options the smaller footprint wins.
+Sequence parallelism costs the same time as without (`rl3d.planning.simulator`), so it is taken
+at t > 1 by the same rule; recompute costs a forward and is taken only to fit.
 """
 
 from __future__ import annotations
@@ -23,17 +28,34 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
 from rl3d.planning.footprint import pool_footprint
 from rl3d.planning.simulator import StepEstimate, pool_stages, simulate
-from rl3d.planning.workload import ROLLOUT, Placement, PoolPlacement, Workload
+from rl3d.planning.workload import ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
 
 MOVABLE = (("critic", "cost_critic"), ("reference",), ("reward_model",), ("cost_model",))
 SPLITS_PER_STRUCTURE = 6
+
+
+@dataclass(frozen=True)
+class PoolChoice:
+    """A pool's layout and how its trained roles run in it."""
+
+    layout: ParallelLayout
+    sequence_parallel: bool = False
+    recompute: bool = False
+
+    def pool(self, name: str, roles: tuple[str, ...]) -> PoolPlacement:
+        trained = tuple(r for r in roles if r in TRAINED)
+        split = trained if self.sequence_parallel else ()
+        return PoolPlacement(name, self.layout, roles, split, trained if self.recompute else ())
+
+
+ActorCheck = Callable[[PoolChoice], bool]
 
 
 @dataclass(frozen=True)
@@ -108,11 +130,18 @@ def structures(roles: tuple[str, ...], rollout_pool: bool) -> list[tuple[tuple[s
     return out
 
 
-def _pools(structure, layouts_: list[ParallelLayout]) -> tuple[PoolPlacement, ...]:
+def _pools(structure, choices: list[PoolChoice]) -> tuple[PoolPlacement, ...]:
     return tuple(
-        PoolPlacement(ROLLOUT if roles == (ROLLOUT,) else roles[0], lay, roles)
-        for roles, lay in zip(structure, layouts_)
+        c.pool(ROLLOUT if roles == (ROLLOUT,) else roles[0], roles) for roles, c in zip(structure, choices)
     )
+
+
+def split_options(spec: ModelSpec, roles: tuple[str, ...], t: int) -> list[bool]:
+    """Sequence parallelism off and on for a pool hosting `roles` that trains at t > 1 (a
+    mixture of experts trains there only with it); off elsewhere."""
+    if t == 1 or not any(r in TRAINED for r in roles):
+        return [False]
+    return [True] if spec.is_moe else [False, True]
 
 
 class Search:
@@ -123,7 +152,7 @@ class Search:
         w: Workload,
         device: DeviceClass,
         gpus: int,
-        actor_ok: Callable[[ParallelLayout], bool] | None = None,
+        actor_ok: ActorCheck | None = None,
     ):
         self.w, self.device, self.gpus = w, device, gpus
         self.actor_ok = actor_ok
@@ -134,20 +163,22 @@ class Search:
         if roles == (ROLLOUT,):
             for t in divisors(size):
                 if tp_fits(self.w.actor, t, self.device):
-                    yield ParallelLayout(1, t, size // t), 1, 1
+                    yield PoolChoice(ParallelLayout(1, t, size // t)), 1, 1
             return
         spec = self.w.spec(roles[0])
         actor = roles[0] == "actor"
         for lay in layouts(spec, size, self.device, experts=actor and spec.is_moe):
             if not self._splits_batch(roles, lay.d):
                 continue
-            if actor and self.actor_ok is not None and not self.actor_ok(lay):
-                continue
-            if actor and structure[-1] != (ROLLOUT,):
-                for t_g, p_g in itertools.product(divisors(lay.t), divisors(lay.p)):
-                    yield lay, t_g, p_g
-            else:
-                yield lay, 1, 1
+            for split in split_options(spec, roles, lay.t):
+                choice = PoolChoice(lay, split)
+                if actor and self.actor_ok is not None and not self.actor_ok(choice):
+                    continue
+                if actor and structure[-1] != (ROLLOUT,):
+                    for t_g, p_g in itertools.product(divisors(lay.t), divisors(lay.p)):
+                        yield choice, t_g, p_g
+                else:
+                    yield choice, 1, 1
 
     def _splits_batch(self, roles: tuple[str, ...], dp: int) -> bool:
         """A trained role's mini-batch splits over dp ranks in whole micro-batches; a forward
@@ -159,20 +190,18 @@ class Search:
 
     @functools.cache  # noqa: B019  (one search object per query)
     def best_pool(self, structure, index: int, size: int):
-        """(seconds, fits, layout, t_g, p_g, peak bytes) of the pool's best option at `size`, or
-        None; of equally fast ones the smallest footprint."""
+        """(seconds, fits, choice, t_g, p_g, peak bytes) of the pool's best option at `size`, or
+        None; of equally fast ones the smallest footprint. An option that does not fit is tried
+        again with recompute."""
         best = None
-        others = self.gpus - size
-        for lay, t_g, p_g in self._options(structure, index, size):
-            filler = [
-                ParallelLayout(1, 1, max(others, 1)) if i == 0 else ParallelLayout(1, 1, 1)
-                for i in range(len(structure))
-            ]
-            filler[index] = lay
-            placement = Placement(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
+        for choice, t_g, p_g in self._options(structure, index, size):
+            placement, peak, budget, fits = self._footprint(structure, index, choice, t_g, p_g)
+            again = replace(choice, recompute=True)
+            if not fits and self._may_recompute(structure[index], again):
+                trial = self._footprint(structure, index, again, t_g, p_g)
+                if trial[3]:
+                    choice, (placement, peak, budget, fits) = again, trial
             pool = placement.pools[index]
-            peak, budget = pool_footprint(self.w, placement, self.device, pool)
-            fits = peak <= self.device.memory_gb * 1e9 and (budget is None or budget >= 0)
             bound = sum(
                 pool_stages(self.w, placement, self.device, pool, budget or 0.0, transition=False).values()
             )
@@ -180,8 +209,27 @@ class Search:
                 continue
             seconds = sum(pool_stages(self.w, placement, self.device, pool, budget or 0.0).values())
             if best is None or (not fits, seconds, peak) < (not best[1], best[0], best[5]):
-                best = (seconds, fits, lay, t_g, p_g, peak)
+                best = (seconds, fits, choice, t_g, p_g, peak)
         return best
+
+    def _footprint(self, structure, index: int, choice: PoolChoice, t_g: int, p_g: int):
+        """(placement, peak bytes, KV budget, fits) of the pool `index` in `choice`, the other
+        pools filling the rest of the devices."""
+        others = self.gpus - choice.layout.world_size
+        filler = [
+            PoolChoice(ParallelLayout(1, 1, max(others, 1)) if i == 0 else ParallelLayout(1, 1, 1))
+            for i in range(len(structure))
+        ]
+        filler[index] = choice
+        placement = Placement(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
+        peak, budget = pool_footprint(self.w, placement, self.device, placement.pools[index])
+        fits = peak <= self.device.memory_gb * 1e9 and (budget is None or budget >= 0)
+        return placement, peak, budget, fits
+
+    def _may_recompute(self, roles: tuple[str, ...], choice: PoolChoice) -> bool:
+        if not any(r in TRAINED for r in roles):
+            return False
+        return roles[0] != "actor" or self.actor_ok is None or self.actor_ok(choice)
 
     def splits(self, structure):
         k = len(structure)
@@ -215,10 +263,11 @@ def search_placements(
     gpus: int,
     *,
     rollout_pool: bool = True,
-    actor_ok: Callable[[ParallelLayout], bool] | None = None,
+    actor_ok: ActorCheck | None = None,
 ) -> list[Candidate]:
     """Every structure's best few placements on `gpus` devices, fastest fitting first;
-    `actor_ok(layout)` False: the actor may not train in that layout."""
+    `actor_ok(choice)` False: the actor may not train in that layout (with that sequence
+    parallelism and recompute)."""
     if gpus < 1:
         raise ValueError(f"--gpus must be >= 1, got {gpus}")
     return Search(w, device, gpus, actor_ok).candidates(rollout_pool)

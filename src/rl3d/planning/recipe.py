@@ -11,7 +11,7 @@ from rl3d.config import RL3DConfig
 from rl3d.config.pools import role_pools
 from rl3d.config.roles import old_logp_source, role_table
 from rl3d.models.spec import spec_of
-from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, Placement, PoolPlacement, Workload
+from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 
@@ -36,10 +36,31 @@ def workload_of(cfg: RL3DConfig) -> Workload:
     )
 
 
-def placement_of(cfg: RL3DConfig) -> Placement:
-    pools = tuple(
-        PoolPlacement(p.name if p.name == ROLLOUT else p.roles[0], p.layout, p.roles) for p in role_pools(cfg)
+def _section(cfg: RL3DConfig, role: str):
+    """The recipe section that configures trained role `role` (the cost critic is built as the
+    critic)."""
+    return cfg.actor if role == "actor" else cfg.critic
+
+
+def _pool(cfg: RL3DConfig, pool) -> PoolPlacement:
+    from rl3d.models.sequence_parallel import resolve_sequence_parallel
+
+    is_moe = spec_of(cfg.model).is_moe
+    trained = [r for r in pool.roles if r in TRAINED]
+    split = tuple(
+        r
+        for r in trained
+        if resolve_sequence_parallel(
+            _section(cfg, r).parallel.sequence_parallel, is_moe=is_moe, tp=pool.layout.t
+        )
     )
+    recompute = tuple(r for r in trained if _section(cfg, r).recompute == "full")
+    name = pool.name if pool.name == ROLLOUT else pool.roles[0]
+    return PoolPlacement(name, pool.layout, pool.roles, split, recompute)
+
+
+def placement_of(cfg: RL3DConfig) -> Placement:
+    pools = tuple(_pool(cfg, p) for p in role_pools(cfg))
     return Placement(
         pools=pools,
         t_g=cfg.rollout.t_g,

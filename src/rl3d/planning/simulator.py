@@ -15,7 +15,13 @@ works, so the step is the longer of the two):
   step the data-parallel all-reduce of fp32 gradients and a fused Adam over the rank's
   parameters (30 bytes per parameter through HBM; `rl3d.bench.modeled`). Megatron's two
   tensor-parallel all-reduces per layer and direction are charged on the TP group's link, the
-  pipeline bubble as (p - 1) / m of the pipelined time (m micro-batches per rank, 1F1B).
+  pipeline bubble as (p - 1) / m of the pipelined time (m micro-batches per rank, 1F1B). With
+  sequence parallelism (`PoolPlacement.sequence_parallel`) megatron replaces each all-reduce by
+  a reduce-scatter and an all-gather of the same bytes: a ring all-reduce is exactly those two,
+  so the time is the same (the norms' work split over t is not counted). With full recompute
+  (`PoolPlacement.recompute`) the backward reruns each layer's forward: 4x a forward's FLOPs
+  and its two all-reduces per layer (the fixed costs stay a training pass's: zero on the GPU
+  classes, calibrated on a CPU without recompute).
 - `reshard`: the colocated transition, rl3d's hybridflow mechanism on this device's cluster
   (`rl3d.bench.mechanisms`, the same model as `rl3d bench --modeled`); with a rollout pool the
   weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
@@ -108,10 +114,13 @@ def pass_seconds(
     samples: float,
     backward: bool,
     critic: bool = False,
+    recompute: bool = False,
 ) -> float:
     """A forward (or forward + backward) of `samples` full sequences on `layout`; `critic`: of
-    a value model (its own micro-batch and layer fixed costs)."""
-    passes = 3 if backward else 1
+    a value model (its own micro-batch and layer fixed costs); `recompute`: the backward reruns
+    the forward."""
+    recompute = recompute and backward
+    passes = 3 + recompute if backward else 1
     tokens = samples * w.seq_len
     compute = (
         passes
@@ -121,7 +130,7 @@ def pass_seconds(
     per_rank = samples / layout.d
     micro = max(1.0, per_rank / w.micro_batch_size)
     bytes_per_micro = w.micro_batch_size * w.seq_len * spec.hidden_size * w.dtype_bytes
-    calls = micro * 2 * (2 if backward else 1) * spec.num_layers / layout.p
+    calls = micro * 2 * (1 + backward + recompute) * spec.num_layers / layout.p
     tp = calls * ring_allreduce_seconds(bytes_per_micro, layout.t, layout.t, device)
     bubble = 1 + (layout.p - 1) / micro
     fixed, layers = device.fixed, spec.num_layers / layout.p
@@ -144,10 +153,12 @@ def pass_seconds(
     return (compute + tp + overhead) * bubble
 
 
-def update_seconds(role: str, layout: ParallelLayout, device: DeviceClass, w: Workload) -> float:
+def update_seconds(
+    role: str, layout: ParallelLayout, device: DeviceClass, w: Workload, *, recompute: bool = False
+) -> float:
     spec, critic = w.spec(role), role in VALUE_MODELS
     passes = w.ppo_epochs * pass_seconds(
-        spec, layout, device, w, samples=w.samples, backward=True, critic=critic
+        spec, layout, device, w, samples=w.samples, backward=True, critic=critic, recompute=recompute
     )
     steps = w.ppo_epochs * max(1, w.samples // w.mini_batch_size)
     shard = spec.num_params() / (layout.t * layout.p)
@@ -286,9 +297,11 @@ def pool_stages(
     critics = [r for r in VALUE_MODELS if r in hosted]
     if critics:
         stages["values"] = forward(*critics)
-        stages["update_critic"] = sum(update_seconds(r, lay, device, w) for r in critics)
+        stages["update_critic"] = sum(
+            update_seconds(r, lay, device, w, recompute=r in pool.recompute) for r in critics
+        )
     if "actor" in hosted:
-        stages["update_actor"] = update_seconds("actor", lay, device, w)
+        stages["update_actor"] = update_seconds("actor", lay, device, w, recompute="actor" in pool.recompute)
         if rollout is None and transition:
             dtype = DTYPE_NAMES.get(w.dtype_bytes, "bfloat16")
             stages["reshard"] = transition_seconds(w.actor, lay, placement.t_g, placement.p_g, device, dtype)

@@ -18,7 +18,9 @@ simulator and device class. Nothing is fitted to the paper's numbers.
   a per-parameter gather and NCCL broadcast (`rl3d.bench.mechanisms.openrlhf`). The split of
   the devices is searched (whole nodes; the best is taken).
 - NeMo-Aligner: all models colocated, one 3D layout for training and generation (no
-  resharding: generation runs at the training's t and p), the best such layout.
+  resharding: generation runs at the training's t and p), the best such layout; Megatron's
+  sequence parallelism at t > 1 and full recompute where a layout fits only with it, as rl3d's
+  search takes them.
 The transition mechanisms' facts and sources: /work/shared/TRANSITION_FACTS.md and
 `rl3d.bench.mechanisms`.
 """
@@ -188,9 +190,15 @@ def openrlhf(w: Workload, n: int, device: DeviceClass) -> dict | None:
 
 def nemo_aligner(w: Workload, n: int, device: DeviceClass) -> dict | None:
     best = None
+    trained = tuple(r for r in w.roles if r in TRAINED)
     for lay in layouts(w.actor, n, device):
-        placement = Placement(pools=(PoolPlacement("actor", lay, w.roles),), t_g=lay.t, p_g=lay.p)
-        est = simulate(w, placement, device)
+        split = trained if lay.t > 1 else ()
+        for recompute in ((), trained):  # recompute only where the layout needs it to fit
+            pool = PoolPlacement("actor", lay, w.roles, split, recompute)
+            placement = Placement(pools=(pool,), t_g=lay.t, p_g=lay.p)
+            est = simulate(w, placement, device)
+            if est.fits:
+                break
         if est.fits and (best is None or est.step_seconds < best["step_seconds"]):
             best = {"stages": est.stages, "step_seconds": est.step_seconds, "layout": placement.describe()}
     return best

@@ -73,6 +73,10 @@ class PoolPlacement:
     name: str
     layout: ParallelLayout
     roles: tuple[str, ...]
+    # trained roles of this pool that run with megatron's sequence parallelism (t > 1) and with
+    # full activation recompute (each layer's forward rerun in the backward)
+    sequence_parallel: tuple[str, ...] = ()
+    recompute: tuple[str, ...] = ()
 
     @property
     def size(self) -> int:
@@ -110,6 +114,15 @@ class Placement:
             lay = p.layout
             what = "+".join(sorted(p.roles, key=lambda r: (r != "actor", r)))  # one spelling per pool
             ep = f" ep{lay.ep}" if lay.ep > 1 else ""
-            parts.append(f"{what}[{p.size}: p{lay.p} t{lay.t} d{lay.d}{ep}]")
+            flags = _flag("sp", p, p.sequence_parallel) + _flag("rc", p, p.recompute)
+            parts.append(f"{what}[{p.size}: p{lay.p} t{lay.t} d{lay.d}{ep}{flags}]")
         gen = "" if self.separate else f" gen t_g{self.t_g} p_g{self.p_g}"
         return " ".join(parts) + gen
+
+
+def _flag(name: str, pool: PoolPlacement, roles: tuple[str, ...]) -> str:
+    """ " sp" when every trained role of the pool has it, " sp(critic)" when some do."""
+    if not roles:
+        return ""
+    trained = [r for r in pool.roles if r in TRAINED]
+    return f" {name}" if set(roles) >= set(trained) else f" {name}({'+'.join(sorted(roles))})"

@@ -46,8 +46,9 @@ def test_a_candidate_that_does_not_fit_is_never_chosen():
     cfg = load_config(GPU_7B).config
     w = workload_of(cfg)
     roomy = search_placements(w, A100, 16)
-    # a device 5% smaller than the roomy choice's largest pool needs: that choice cannot fit
-    small = replace(A100, memory_gb=0.95 * max(roomy[0].estimate.memory_bytes.values()) / 1e9)
+    # a device with 70% of the roomy choice's largest pool's peak: that choice cannot fit (with
+    # sequence parallelism and recompute some layouts still do)
+    small = replace(A100, memory_gb=0.7 * max(roomy[0].estimate.memory_bytes.values()) / 1e9)
     tight = search_placements(w, small, 16)
     assert roomy[0].estimate.fits and any(not c.estimate.fits for c in tight)
     best = next(c for c in tight if c.estimate.fits)

@@ -11,7 +11,7 @@ from rl3d.planning import plan_memory
 from rl3d.planning.auto_place import actor_layout_check, auto_place, overrides_of
 from rl3d.planning.devices import A100, H100, H200
 from rl3d.planning.footprint import _static_bytes, generation_extra_bytes
-from rl3d.planning.placement_search import search_placements
+from rl3d.planning.placement_search import PoolChoice, search_placements
 from rl3d.planning.recipe import placement_of, workload_of
 from rl3d.planning.workload import Placement, PoolPlacement
 
@@ -97,10 +97,12 @@ def test_30b_a3b_is_placed_with_expert_parallelism_the_recipe_accepts():
         assert placement_of(loaded).describe() == entry["placement"]
     # the trainer's refusals (an actor layout) were asked during the search, not listed
     assert not [r for r in out["rejected"] if "actor.parallel" in r["error"]]
-    # at one rank per expert group the experts' state does not fit: the chosen actor splits them
-    # (over ep, or over tp now that a mixture of experts trains at tp > 1)
-    layout = placement_of(load(out["best"]["overrides"])).pool_of("actor").layout
-    assert layout.ep * layout.t > 1
+    # the chosen actor splits the experts' state (over TP, PP or EP), at tp > 1 under sequence
+    # parallelism (megatron's MoE layer needs it there); expert parallelism is listed too
+    chosen = placement_of(load(out["best"]["overrides"])).pool_of("actor")
+    assert chosen.layout.t * chosen.layout.p * chosen.layout.ep > 1
+    assert chosen.layout.t == 1 or chosen.sequence_parallel == ("actor",)
+    assert any(" ep" in e["placement"] for e in out["candidates"])
 
 
 def test_an_actor_layout_the_recipe_refuses_is_not_searched():
@@ -109,24 +111,30 @@ def test_an_actor_layout_the_recipe_refuses_is_not_searched():
     w = workload_of(load([]))
     ok = actor_layout_check(load, w.roles, 8, ep=True)
 
-    def accepted(layout):  # the recipe itself, with every role on the actor's ranks
-        alone = Placement(pools=(PoolPlacement("actor", layout, w.roles),))
+    def accepted(layout):  # the recipe itself, every role on the actor's ranks, the actor under SP
+        alone = Placement(pools=(PoolPlacement("actor", layout, w.roles, sequence_parallel=("actor",)),))
         try:
             load(overrides_of(alone, 8, ep=True))
         except ConfigError as err:
             return not err.key.startswith("actor.parallel")
         return True
 
-    assert not ok(ParallelLayout(1, 1, 6, ep=3))  # 3 does not divide the 128 experts
-    assert ok(ParallelLayout(1, 1, 8, ep=8)) and ok(ParallelLayout(2, 1, 4, ep=1))
+    assert not ok(PoolChoice(ParallelLayout(1, 1, 6, ep=3)))  # 3 does not divide the 128 experts
+    assert ok(PoolChoice(ParallelLayout(1, 1, 8, ep=8))) and ok(PoolChoice(ParallelLayout(2, 1, 4, ep=1)))
     tp2 = ParallelLayout(1, 2, 4, ep=4)
-    assert ok(tp2) == accepted(tp2)  # whatever the trainer runs at tp > 1 today
+    assert ok(PoolChoice(tp2, sequence_parallel=True)) == accepted(tp2)  # what the trainer runs at tp > 1
+    assert not ok(PoolChoice(tp2, sequence_parallel=False))  # megatron's MoE layer needs it at tp > 1
     asked = []
 
-    def recorded(layout):
-        asked.append(layout)
-        return ok(layout)
+    def recorded(choice):
+        asked.append(choice)
+        return ok(choice)
 
     kept = search_placements(w, H100, 8, actor_ok=recorded)
-    assert any(lay.t > 1 for lay in asked) and any(lay.ep > 1 for lay in asked)
-    assert kept and all(ok(c.placement.pool_of("actor").layout) for c in kept)
+    assert any(c.layout.t > 1 for c in asked) and any(c.layout.ep > 1 for c in asked)
+    assert all(c.sequence_parallel for c in asked if c.layout.t > 1)
+    assert kept and all(ok(_choice(c.placement.pool_of("actor"))) for c in kept)
+
+
+def _choice(pool):
+    return PoolChoice(pool.layout, bool(pool.sequence_parallel), bool(pool.recompute))
