@@ -71,6 +71,17 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
                 f"{section}.parallel.ep",
                 f"ep={ep} must divide the model's {spec.num_experts} experts ({spec.name})",
             )
+        etp = pool.layout.etp
+        if etp is not None and not spec.is_moe:
+            raise fail(
+                f"{section}.parallel.etp",
+                f"etp={etp}: {spec.name} is dense (no experts to split); leave etp unset (= tp)",
+            )
+        if etp is not None and spec.moe_ffn_hidden_size % etp:
+            raise fail(
+                f"{section}.parallel.etp",
+                f"etp={etp} must divide the experts' width {spec.moe_ffn_hidden_size} ({spec.name})",
+            )
     try:
         GenerationLayout.from_training(
             ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g

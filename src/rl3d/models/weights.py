@@ -22,7 +22,7 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
 from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader, shard_dir_name
 from rl3d.models.hf_mapping import tensor_maps
-from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param
+from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param, megatron_params
 from rl3d.models.safetensors_io import ShardedReader
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import unwrap_model
@@ -77,6 +77,7 @@ def load_weights(
     padded = model.vocab_size
     params = dict(model.named_parameters())
     names = rank_param_names(spec, groups, role=role)
+    experts = {p.name for p in megatron_params(spec, role=role) if p.expert is not None}
     source = _open_source(src, spec, padded)
     loaded = set()
     try:
@@ -85,7 +86,10 @@ def load_weights(
                 if role == "critic" and global_name == OUTPUT_LAYER:
                     continue
                 param = local_param(params, local)
-                param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
+                if global_name in experts:  # split over the expert TP group
+                    param.copy_(source.shard(global_name, layout.expert_t, groups.etp_rank, padded))
+                else:
+                    param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
                 loaded.add(id(param))
             tied_copy = params.get(OUTPUT_LAYER)
             if tied_copy is not None and spec.tied_embeddings and role != "critic" and layout.p > 1:
@@ -107,6 +111,11 @@ def save_weights(
 
     model = unwrap_model(model)
     layout, dst = groups.layout, Path(dst)
+    if layout.etp is not None:
+        raise ValueError(
+            f"actor.parallel.etp={layout.etp}: saving a Megatron weight directory needs the experts "
+            f"split like the dense weights (etp = tp = {layout.t})"
+        )
     params = dict(model.named_parameters())
     if groups.dp_rank < layout.ep:  # the first replica of every expert shard
         names = rank_param_names(spec, groups)
