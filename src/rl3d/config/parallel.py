@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rl3d.config.errors import FieldError
+from rl3d.parallel.layout import EP1_DRIFT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +36,8 @@ class ParallelConfig:
             return
         if self.etp <= 0:
             raise FieldError("etp", f"must be > 0, got {self.etp}")
+        if self.ep == 1:
+            raise FieldError("etp", f"etp={self.etp} apart from tp={self.tp} needs ep > 1: {EP1_DRIFT}")
         if self.tp % self.etp:
             raise FieldError(
                 "etp", f"etp={self.etp} must divide tp={self.tp} (an expert's shards stay in one TP group)"

@@ -125,6 +125,14 @@ def assemble(engine, train: dict, received, buffers: list):
         stage = stages_of(p, engine.spec.num_layers, engine.train.p)[0]
         tps = [mine.tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
         dp = c.dp
+        if p.expert is not None and engine.train.etp is not None:  # t_g = 1: every etp shard
+            owner = expert_owner(engine.spec, p.expert, engine.train.ep)[0]
+            holders = [
+                engine.train.expert_rank_of(pp=stage, edp=mine.edp, ep=owner, etp=j)
+                for j in range(engine.train.expert_t)
+            ]
+            pieces[p.name] = [train[p.name] if h == me else received(h, p) for h in holders]
+            continue
         if p.expert is not None:  # the data-parallel rank of this EP group that holds the expert
             dp += expert_owner(engine.spec, p.expert, engine.train.ep)[0] - mine.ep
         holders = [engine.train.rank_of(pp=stage, dp=dp, tp=i) for i in tps]

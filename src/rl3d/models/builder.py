@@ -29,6 +29,7 @@ from rl3d.models.params import (  # noqa: F401  (re-exported)
     stage_param_names,
 )
 from rl3d.models.spec import ModelSpec
+from rl3d.parallel.layout import EP1_DRIFT
 from rl3d.parallel.sharding import padded_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -82,6 +83,8 @@ def transformer_config(
         raise ValueError(
             f"expert tensor parallelism etp={groups.layout.etp}: {spec.name} is dense (no experts)"
         )
+    if groups.layout.etp is not None and groups.layout.ep == 1:
+        raise ValueError(f"etp={groups.layout.etp} apart from tp={groups.layout.t} needs ep > 1: {EP1_DRIFT}")
     if spec.is_moe and spec.moe_ffn_hidden_size % groups.layout.expert_t:
         raise ValueError(
             f"etp={groups.layout.expert_t} must divide the experts' width "

@@ -26,6 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# megatron-core 0.16 marks the experts' weights expert-parallel (their gradients averaged over
+# the expert data-parallel ranks) only when ep > 1; at ep 1 the dense DP all-reduce misses
+# the TP ranks that hold the same expert, and their copies drift apart.
+EP1_DRIFT = (
+    "megatron-core averages the experts' gradients over the ranks holding them only under expert parallelism"
+)
+
 
 def _check_positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -269,8 +276,22 @@ class GenerationLayout:
         """The micro-DP groups of one EP group's `ep` data-parallel ranks, joined (for each fixed
         (edp, c, a)): between them they hold every expert of generation shard (a, c) once, each
         member its own EP rank's experts, so one all-gather gives each member all of them. With
-        ep = 1 these are the micro-DP groups."""
-        ep = self.train.ep
+        ep = 1 these are the micro-DP groups. With experts trained at etp != t (generated at
+        t_g = 1): the ranks of one expert-DP index and generation stage, each holding its
+        (ep, etp) shard of its stage's experts."""
+        ep, train = self.train.ep, self.train
+        if train.etp is not None:  # every expert whole on each rank (t_g = 1): one holder of each
+            assert self.t_g == 1, "experts trained at etp != t are planned for t_g = 1 only"
+            return [
+                sorted(
+                    train.expert_rank_of(pp=c * self.s + e, edp=edp, ep=k, etp=j)
+                    for e in range(self.s)
+                    for k in range(ep)
+                    for j in range(train.expert_t)
+                )
+                for edp in range(train.expert_d)
+                for c in range(self.p_g)
+            ]
         return [
             sorted(
                 self._rank(dp=edp * ep + k, a=a, b=b, c=c, e=e)
