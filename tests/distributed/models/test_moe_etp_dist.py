@@ -9,6 +9,8 @@ steps) agree within 1e-6 (`TOL`, as the TP x EP test), old log-probs within 1e-5
 every shard (dense over DP, experts over expert DP) stay equal bit for bit.
 """
 
+import json
+
 import pytest
 import test_moe_tp_ep_dist as tp_ep_cases  # its batch maker and recipe overrides (same directory)
 import torch
@@ -20,14 +22,17 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 TOL, LOGP_TOL = 1e-6, 1e-5
 
 
-def worker(rank, world, hf_dir, tp, ep, etp, fed):
+def worker(rank, world, hf_dir, tp, ep, etp, fed, out_dir):
     from rl3d.config import load_config
     from rl3d.config.pools import role_pools
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.builder import rank_param_names
+    from rl3d.models.dist_checkpoint import save_checkpoint
+    from rl3d.models.hf_mapping import hf_config_from_spec
     from rl3d.models.params import local_param, megatron_params
     from rl3d.models.spec import spec_of
     from rl3d.models.training import unwrap_model
+    from rl3d.models.weights import save_weights
     from rl3d.single_controller.batch import DataBatch
     from rl3d.workers.context import RoleContext
     from rl3d.workers.roles import ActorRolloutWorker
@@ -55,6 +60,13 @@ def worker(rank, world, hf_dir, tp, ep, etp, fed):
     for mine in shares:
         actor.update_actor(mine)
     trained = shards()
+    hf_config = {**hf_config_from_spec(spec).to_dict(), "model_type": "qwen3_moe"}
+    save_weights(actor.role.model, spec, groups, out_dir, hf_config=hf_config)
+    role = actor.role
+    ckpt = f"{out_dir}-ckpt"  # a training checkpoint (megatron's dist checkpoint) too
+    save_checkpoint(
+        ckpt, ddp=role.ddp, optimizer=role.optimizer, scheduler=role.scheduler, groups=groups, iteration=3
+    )
     destroy_megatron()
     logp = old["old_logp"] if groups.tp_rank == 0 else None
     return groups.dp_rank, logp, trained, initial
@@ -87,8 +99,9 @@ def test_tp2_etp1_ep2_update_equals_tp1_ep1(tmp_path_factory):
     hf_dir = tmp_path_factory.mktemp("hf") / "tiny-qwen3-moe"
     save_tiny_hf_model("tiny-qwen3-moe", hf_dir, seed=5)
     fed = tp_ep_cases.make_batches(hf_dir)
-    one = run_distributed(worker, 2, str(hf_dir), 1, 1, None, fed, timeout_s=600)
-    two = run_distributed(worker, 4, str(hf_dir), 2, 2, 1, fed, timeout_s=600)
+    out = tmp_path_factory.mktemp("saved")
+    one = run_distributed(worker, 2, str(hf_dir), 1, 1, None, fed, str(out / "one"), timeout_s=600)
+    two = run_distributed(worker, 4, str(hf_dir), 2, 2, 1, fed, str(out / "two"), timeout_s=600)
     # ETP 1: every expert shard is whole on its rank; each rank holds 4 of the 8 experts
     assert {size for r in two for n, (_, size, _, _) in r[2].items() if ".experts." in n} == {1}
     assert all(sum(".experts." in n for n in r[2]) == 4 * 2 * 2 for r in two)  # x 2 layers x fc1, fc2
@@ -108,4 +121,22 @@ def test_tp2_etp1_ep2_update_equals_tp1_ep1(tmp_path_factory):
     logp_diff = (logps(one) - logps(two)).abs().max().item()
     assert logp_diff <= LOGP_TOL, logp_diff
     assert diff <= TOL, diff
+    # the saved ETP 1 directory (dense files by TP, expert files by EP rank) converts back to HF
+    assert sorted(p.name for p in (out / "two").glob("expert_rank_*")) == [
+        "expert_rank_00_000_000",
+        "expert_rank_00_000_001",
+    ]
+    hf_one, hf_two = (tp_ep_cases.hf_weights(out / k, out / f"hf-{k}") for k in ("one", "two"))
+    assert set(hf_one) == set(hf_two)
+    assert max((hf_one[n] - hf_two[n]).abs().max().item() for n in hf_one) == diff
+    # `rl3d export` of the ETP 1 training checkpoint: the same weights, bit for bit
+    from safetensors.torch import load_file
+
+    from rl3d.models.export import export_hf
+    from rl3d.models.hf_mapping import spec_from_hf_config
+
+    spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
+    exported = export_hf(f"{out / 'two'}-ckpt", spec, out / "exported")
+    from_ckpt = load_file(str(exported / "model.safetensors"))
+    assert set(from_ckpt) == set(hf_two) and all(torch.equal(from_ckpt[n], hf_two[n]) for n in hf_two)
     print(f"max |TP2xETP1xEP2 - TP1xEP1| weights after 3 updates {diff:.2e}, old logp {logp_diff:.2e}")
