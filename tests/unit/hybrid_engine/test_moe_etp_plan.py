@@ -78,3 +78,27 @@ def test_what_is_not_planned_is_refused_by_key(call, message):
 
     with pytest.raises(ValueError, match=message):
         call(get_model_spec("tiny-qwen3-moe"), ParallelLayout(1, 2, 2, ep=2, etp=1))
+
+
+def test_cli_plans_expert_tp_apart_from_tp():
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "rl3d.cli", "plan", "--model", "qwen3-30b-a3b", "--train", "1,4,8,8,1"]
+    out = subprocess.run(
+        [*cmd, "--gen", "1,1", "--strategy", "hybridflow", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    experts = json.loads(out.stdout)["moe"]["experts"]
+    # a rank trains 1/ep of the experts, whole (etp 1), and generates with all of them (t_g 1)
+    assert experts["train_max"] == experts["model_bytes"] // 8
+    assert experts["held_max"] == experts["model_bytes"]
+    assert experts["recv_max"] == experts["held_max"] - experts["train_max"]
+    bad = subprocess.run(
+        [*cmd, "--gen", "4,1", "--strategy", "hybridflow"], capture_output=True, text=True, timeout=120
+    )
+    assert bad.returncode != 0 and "rollout.t_g=4" in bad.stderr
