@@ -12,6 +12,11 @@ experts of its stage. The micro-DP groups of one EP group's ep ranks, joined, ho
 expert's generation shard exactly once between them (member (k, b, e): EP rank k's experts,
 training TP shard b, stage e), so a second all-gather over those ep * d_g ranks gives every
 member exactly the expert shards it lacks, each once, from the rank that trains them.
+
+With the experts split over an expert TP size apart from TP (`etp`, megatron's second grid of
+each stage: etp fastest, then ep, then expert DP), generation at t_g = 1 needs every expert
+whole: the expert group is the ranks of one expert-DP index and generation stage, one holder
+of each (EP rank, expert TP rank, stage) shard, and the same all-gather completes every expert.
 """
 
 from __future__ import annotations
