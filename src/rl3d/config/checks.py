@@ -71,6 +71,13 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
                 f"{section}.parallel.ep",
                 f"ep={ep} must divide the model's {spec.num_experts} experts ({spec.name})",
             )
+        etp = pool.layout.etp
+        if etp is not None and spec.moe_ffn_hidden_size % etp:
+            raise fail(
+                f"{section}.parallel.etp",
+                f"etp={etp} must divide the experts' width {spec.moe_ffn_hidden_size} ({spec.name})",
+            )
+    _check_expert_tp_transition(cfg, fail)
     try:
         GenerationLayout.from_training(
             ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g
@@ -211,3 +218,20 @@ def _check_reward_names(cfg: RL3DConfig, fail) -> None:
             if not (sep and where.startswith(key)):
                 where, message = key, str(err)
             raise fail(where, message) from None
+
+
+def _check_expert_tp_transition(cfg: RL3DConfig, fail) -> None:
+    """What the 3D-HybridEngine plans for experts trained at an expert TP apart from TP: a
+    colocated engine at t_g = 1 under hybridflow (each expert gathered whole)."""
+    par = cfg.actor.parallel
+    if par.etp is None or par.etp == par.tp:
+        return
+    where = f"actor.parallel.etp={par.etp} (apart from tp={par.tp})"
+    if cfg.rollout.placement != "colocated":
+        raise fail("rollout.placement", f"{where}: a separate rollout pool is not planned; use colocated")
+    if cfg.rollout.t_g != 1:
+        raise fail("rollout.t_g", f"t_g={cfg.rollout.t_g}: {where} reshards to t_g = 1 only")
+    if cfg.hybrid_engine.strategy != "hybridflow":
+        raise fail(
+            "hybrid_engine.strategy", f"{cfg.hybrid_engine.strategy}: {where} is planned by hybridflow only"
+        )

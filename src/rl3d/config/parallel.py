@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rl3d.config.errors import FieldError
+from rl3d.parallel.layout import EP1_DRIFT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -16,6 +17,9 @@ class ParallelConfig:
     # Expert parallelism (a mixture of experts): each layer's experts split over ep of the dp
     # ranks (rl3d.parallel.layout); must divide dp and the number of experts.
     ep: int = 1
+    # Expert tensor parallelism: each expert's fc1/fc2 split over etp ranks (null: tp, megatron's
+    # default); must divide tp, and ep x etp must divide tp x dp (rl3d.parallel.layout).
+    etp: int | None = None
     # Megatron's sequence parallelism at tp > 1 (rl3d.models.sequence_parallel): auto = on for a
     # mixture of experts (megatron trains one at tp > 1 only so), off for a dense model.
     sequence_parallel: bool | Literal["auto"] = "auto"
@@ -24,9 +28,25 @@ class ParallelConfig:
         for name in ("tp", "pp", "dp", "ep"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
-        if self.dp % self.ep:
+        if self.etp is None or self.etp == self.tp:
+            if self.dp % self.ep:
+                raise FieldError(
+                    "ep", f"ep={self.ep} must divide dp={self.dp} (experts split over data-parallel ranks)"
+                )
+            return
+        if self.etp <= 0:
+            raise FieldError("etp", f"must be > 0, got {self.etp}")
+        if self.ep == 1:
+            raise FieldError("etp", f"etp={self.etp} apart from tp={self.tp} needs ep > 1: {EP1_DRIFT}")
+        if self.tp % self.etp:
             raise FieldError(
-                "ep", f"ep={self.ep} must divide dp={self.dp} (experts split over data-parallel ranks)"
+                "etp", f"etp={self.etp} must divide tp={self.tp} (an expert's shards stay in one TP group)"
+            )
+        if (self.tp * self.dp) % (self.ep * self.etp):
+            raise FieldError(
+                "etp",
+                f"ep x etp = {self.ep} x {self.etp} must divide tp x dp = {self.tp} x {self.dp} "
+                "(megatron splits each stage's ranks into etp x ep x expert-dp)",
             )
 
     @property

@@ -26,7 +26,7 @@ __all__ = ["Pool", "hosting", "pool_of", "role_pools"]
 
 
 def _layout(par: ParallelConfig) -> ParallelLayout:
-    return ParallelLayout(par.pp, par.tp, par.dp, ep=getattr(par, "ep", 1))
+    return ParallelLayout(par.pp, par.tp, par.dp, ep=getattr(par, "ep", 1), etp=getattr(par, "etp", None))
 
 
 def role_pools(cfg: RL3DConfig) -> list[Pool]:

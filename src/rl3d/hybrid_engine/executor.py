@@ -106,10 +106,14 @@ class Resharder:
     def stage_params(self, pp_rank: int, pp: int) -> list[ParamInfo]:
         return [p for p in self.params if pp_rank in stages_of(p, self.spec.num_layers, pp)]
 
+    def train_split(self, param: ParamInfo) -> int:
+        """How many training shards `param` is split into: an expert's over expert TP."""
+        return self.train.expert_t if param.expert is not None else self.train.t
+
     def piece_numel(self, unit: str, param: ParamInfo) -> int:
         """Elements of one piece of `param` (see `plan.Collective`)."""
         if unit == "shard":
-            return int(torch.Size(shard_shape(param, self.train.t)).numel())
+            return int(torch.Size(shard_shape(param, self.train_split(param))).numel())
         if unit == "zero_chunk":
             return -(-param.numel // self.train.world_size)
         return param.numel
@@ -132,7 +136,7 @@ class Resharder:
         ranks, contrib = found
         group = getattr(self.groups, collective.group_kind)
         assert list(group.ranks) == ranks, (collective.group_kind, group.ranks, ranks)
-        dtype, device, tp = self.dtype, self.device, self.train.t
+        dtype, device = self.dtype, self.device
         lists = {m: [self.params[i] for i in contrib[m]] for m in ranks}
         numels = {m: [self.piece_numel("shard", p) for p in lists[m]] for m in ranks}
         stored = [m for m in ranks if copy_own or m != self.rank]
@@ -145,7 +149,7 @@ class Resharder:
         for m in stored:
             cursor = offsets[m]
             for p, n in zip(lists[m], numels[m]):
-                views[(m, p.name)] = buffer[cursor : cursor + n].view(shard_shape(p, tp))
+                views[(m, p.name)] = buffer[cursor : cursor + n].view(shard_shape(p, self.train_split(p)))
                 cursor += n
         # Cut every member's list into buckets of at most bucket_bytes (a bigger tensor is alone).
         element = torch.empty((), dtype=dtype).element_size()
@@ -220,6 +224,7 @@ class Resharder:
             spec=self.spec,
             params=self.by_name,
             train_tp=self.gen.t_g if gen_tp_as_train else self.train.t,
+            expert_train_tp=self.gen.t_g if gen_tp_as_train else self.train.expert_t,
             gen_tp=self.gen.t_g,
             gen_tp_rank=gen_tp_rank,
             pieces=pieces,
@@ -340,10 +345,15 @@ class Resharder:
         coords = self.train.coords(self.rank) if self.rank < self.train.world_size else None
         if zero_shards is not None:
             mine = ("zero", self.rank, {k: v.cpu() for k, v in zero_shards.items()})
-        elif coords is not None and coords.dp < self.train.ep:
-            # data-parallel rank 0 sends every weight it holds; ranks 1 .. ep-1 their experts
-            sent = {k: v for k, v in train.items() if coords.dp == 0 or self._is_expert(k)}
-            mine = ("tp", coords.tp, {k: v.cpu() for k, v in sent.items()})
+        elif coords is not None and (coords.dp == 0 or coords.edp == 0):
+            # data-parallel rank 0 sends its dense weights, expert-DP rank 0 its experts (by TP
+            # and expert TP rank)
+            sent = {
+                k: (coords.etp if self._is_expert(k) else coords.tp, v.cpu())
+                for k, v in train.items()
+                if (coords.edp == 0 if self._is_expert(k) else coords.dp == 0)
+            }
+            mine = ("tp", 0, sent)
         else:
             mine = ("none", 0, {})
         group = None if self.impl.uses_rollout_ranks else self.groups.world
@@ -354,8 +364,12 @@ class Resharder:
         for p in self.params:
             if p.kind is ShardKind.REPLICATED or zero_shards is not None:
                 chunks = [(i, d[p.name]) for kind, i, d in everyone if p.name in d]
+                if zero_shards is None:
+                    chunks = [(i, tensor) for _, (i, tensor) in chunks]
             else:
-                chunks = sorted((i, d[p.name]) for kind, i, d in everyone if kind == "tp" and p.name in d)
+                chunks = sorted(
+                    (d[p.name] for kind, _, d in everyone if kind == "tp" and p.name in d), key=lambda x: x[0]
+                )
             if not chunks:
                 continue
             if zero_shards is not None:

@@ -12,6 +12,11 @@ experts of its stage. The micro-DP groups of one EP group's ep ranks, joined, ho
 expert's generation shard exactly once between them (member (k, b, e): EP rank k's experts,
 training TP shard b, stage e), so a second all-gather over those ep * d_g ranks gives every
 member exactly the expert shards it lacks, each once, from the rank that trains them.
+
+With the experts split over an expert TP size apart from TP (`etp`, megatron's second grid of
+each stage: etp fastest, then ep, then expert DP), generation at t_g = 1 needs every expert
+whole: the expert group is the ranks of one expert-DP index and generation stage, one holder
+of each (EP rank, expert TP rank, stage) shard, and the same all-gather completes every expert.
 """
 
 from __future__ import annotations
@@ -125,6 +130,14 @@ def assemble(engine, train: dict, received, buffers: list):
         stage = stages_of(p, engine.spec.num_layers, engine.train.p)[0]
         tps = [mine.tp] if p.kind is ShardKind.REPLICATED else range(c.tp_g * gen.r, (c.tp_g + 1) * gen.r)
         dp = c.dp
+        if p.expert is not None and engine.train.etp is not None:  # t_g = 1: every etp shard
+            owner = expert_owner(engine.spec, p.expert, engine.train.ep)[0]
+            holders = [
+                engine.train.expert_rank_of(pp=stage, edp=mine.edp, ep=owner, etp=j)
+                for j in range(engine.train.expert_t)
+            ]
+            pieces[p.name] = [train[p.name] if h == me else received(h, p) for h in holders]
+            continue
         if p.expert is not None:  # the data-parallel rank of this EP group that holds the expert
             dp += expert_owner(engine.spec, p.expert, engine.train.ep)[0] - mine.ep
         holders = [engine.train.rank_of(pp=stage, dp=dp, tp=i) for i in tps]

@@ -1,6 +1,7 @@
 """A mixture of experts' transition with its expert and dense weights apart.
 
-Each expert's fc1 and fc2 are TP-sharded like the dense MLP's, in training and in generation.
+Each expert's fc1 and fc2 are TP-sharded like the dense MLP's in generation, and in training
+too unless the expert TP size is set apart (`ParallelLayout.etp`: split over etp ranks).
 With expert parallelism in training (`ParallelLayout.ep > 1`) a rank trains only its EP rank's
 experts, so it holds fewer expert bytes than it needs for generation (every expert of its stage)
 and receives the rest over its EP group (`rl3d.hybrid_engine.hybridflow`). Planning the two

@@ -208,7 +208,23 @@ class PlanContext:
 
     def train_segs(self, rank: int) -> frozenset[int]:
         c = self.train.coords(rank)
-        return self.holding(c.pp, self.train.p, c.tp, self.train.t, c.ep if self.train.ep > 1 else None)
+        if self.train.etp is None:
+            return self.holding(c.pp, self.train.p, c.tp, self.train.t, c.ep if self.train.ep > 1 else None)
+        key = ("train_segs", c.pp, c.tp, c.ep, c.etp)  # experts: the (ep, etp) shard
+        if key not in self._cache:
+            segs: set[int] = set()
+            for i in self.train_params(rank):
+                tp, size = self.split_of(i, rank)
+                segs.update(self.table.shard(i, tp, size))
+            self._cache[key] = frozenset(segs)
+        return self._cache[key]
+
+    def split_of(self, index: int, rank: int) -> tuple[int, int]:
+        """(TP rank, TP size) of training rank `rank`'s shard of parameter `index`: an expert's
+        over the expert TP group, every other one's over TP (megatron order: both fastest)."""
+        if self.params[index].expert is not None and self.train.etp is not None:
+            return rank % self.train.expert_t, self.train.expert_t
+        return rank % self.train.t, self.train.t
 
     def gen_segs(self, rank: int) -> frozenset[int]:
         c = self.gen.coords(rank)
@@ -219,10 +235,10 @@ class PlanContext:
 
     def piece_bytes(self, unit: str, index: int, member: int) -> int:
         if unit == "shard":
-            tp = member % self.train.t  # megatron order: tp is the fastest axis
-            key = ("shard", index, tp)
+            tp, size = self.split_of(index, member)
+            key = ("shard", index, tp, size)
             if key not in self._cache:
-                self._cache[key] = self.nbytes(self.table.shard(index, tp, self.train.t))
+                self._cache[key] = self.nbytes(self.table.shard(index, tp, size))
             return self._cache[key]
         numel = self.params[index].numel
         if unit == "zero_chunk":
@@ -319,8 +335,7 @@ class TransitionPlan:
 
     def train_shards(self, rank: int) -> list[tuple[str, int, int]]:
         """(param name, tp rank, tp size) of every training shard `rank` holds."""
-        c = self.train.coords(rank)
-        return [(self.params[i].name, c.tp, self.train.t) for i in self._ctx.train_params(rank)]
+        return [(self.params[i].name, *self._ctx.split_of(i, rank)) for i in self._ctx.train_params(rank)]
 
     def gen_shards(self, rank: int) -> list[tuple[str, int, int]]:
         """(param name, generation tp rank, t_g) of every generation shard `rank` needs."""
@@ -387,6 +402,17 @@ def plan_transition(
                     f"strategy {name} does not plan expert parallelism (actor.parallel.ep={train.ep}); "
                     f"those that do: {', '.join(n for n in STRATEGIES if STRATEGIES[n].supports_ep)}"
                 )
+    if train.etp is not None:
+        if t_g != 1:
+            raise ValueError(
+                f"rollout.t_g={t_g}: experts trained at actor.parallel.etp={train.etp} (apart from "
+                f"tp={train.t}) are resharded to t_g = 1 only"
+            )
+        if set(names) != {"hybridflow"}:
+            raise ValueError(
+                f"hybrid_engine.strategy: only hybridflow plans actor.parallel.etp={train.etp} "
+                f"apart from tp={train.t}; asked for {', '.join(names)}"
+            )
     params = params if params is not None else model_params(spec, train_tp=train.t)
     if nodes is not None and not nodes.covers(range(train.world_size)):
         raise ValueError(f"nodes {nodes.to_json()} leave out some of the {train.world_size} training ranks")

@@ -104,6 +104,11 @@ def plan_pool_transition(
     """Plan the move of the actor's training shards to a rollout pool of `gen_dp` engines of
     `gen_tp` ranks each. ValueError on layouts that do not nest or an unknown dtype."""
     t = train.t
+    if train.etp is not None:
+        raise ValueError(
+            f"actor.parallel.etp={train.etp}: a separate rollout pool takes experts trained at "
+            f"etp = tp ({t}) only; use rollout.placement: colocated"
+        )
     if t % gen_tp and gen_tp % t:
         raise ValueError(f"rollout t_g={gen_tp} must divide or be a multiple of the training tp={t}")
     if dtype not in DTYPE_BYTES:

@@ -33,7 +33,10 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", nargs="?", help="recipe YAML (takes model and layouts from it)")
     parser.add_argument("overrides", nargs="*", help="key.sub=value overrides for the recipe")
     parser.add_argument("--model", help="model name, e.g. llama2-70b (instead of a recipe)")
-    parser.add_argument("--train", help="training layout P,T,D or P,T,D,EP (EP: expert parallelism)")
+    parser.add_argument(
+        "--train",
+        help="training layout P,T,D, P,T,D,EP or P,T,D,EP,ETP (expert parallelism, expert TP)",
+    )
     parser.add_argument("--gen", help="generation layout TG,PG")
     parser.add_argument("--strategy", choices=list(STRATEGIES), action="append", help="only these strategies")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPE_BYTES), help="default bfloat16")
@@ -55,7 +58,7 @@ def _inputs(args: argparse.Namespace, cfg: Any):
         dtype = args.dtype or cfg.model.dtype
         return (
             spec_of(cfg.model),
-            ParallelLayout(par.pp, par.tp, par.dp, ep=par.ep),
+            ParallelLayout(par.pp, par.tp, par.dp, ep=par.ep, etp=par.etp),
             cfg.rollout.t_g,
             cfg.rollout.p_g,
             dtype,
@@ -63,9 +66,10 @@ def _inputs(args: argparse.Namespace, cfg: Any):
         )
     if not (args.model and args.train and (args.gen or args.auto)):
         raise ValueError("give a RECIPE, or --model NAME --train P,T,D --gen TG,PG")
-    p, t, d, *ep = _ints(args.train, 4 if args.train.count(",") == 3 else 3, "--train")
+    p, t, d, *expert = _ints(args.train, min(max(args.train.count(",") + 1, 3), 5), "--train")
     t_g, p_g = _ints(args.gen, 2, "--gen") if args.gen else (t, p)
-    layout = ParallelLayout(p, t, d, ep=ep[0] if ep else 1)
+    ep, etp = expert[0] if expert else 1, expert[1] if len(expert) > 1 else None
+    layout = ParallelLayout(p, t, d, ep=ep, etp=etp)
     return get_model_spec(args.model), layout, t_g, p_g, args.dtype or "bfloat16", None
 
 

@@ -90,6 +90,7 @@ class GenerationWeights:
     full: dict[str, torch.Tensor] = field(default_factory=dict)  # or the whole (t=1) tensor
     buffers: list[torch.Tensor] = field(default_factory=list)  # storage this transition allocated
     released: bool = False
+    expert_train_tp: int | None = None  # an expert's training shards, where not train_tp (etp)
 
     def names(self) -> list[str]:
         return [*self.pieces, *self.full]
@@ -139,7 +140,7 @@ class GenerationWeights:
         return gather_to_layout(
             pieces,
             layout,
-            train_tp=self.train_tp,
+            train_tp=self.expert_train_tp if p.expert is not None and self.expert_train_tp else self.train_tp,
             gen_tp=self.gen_tp,
             gen_rank=self.gen_tp_rank,
             target=target,

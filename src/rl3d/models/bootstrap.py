@@ -40,7 +40,8 @@ class MegatronGroups:
     pg_collection: Any  # megatron.core.process_groups_config.ProcessGroupCollection
     dp_group_gloo: Any = None  # the distributed optimizer's gloo twin of dp_group
     ep_group: Any = None  # the layout.ep ranks splitting the experts (a MoE model's all-to-all)
-    expert_dp_group: Any = None  # the d / ep ranks holding the same experts
+    expert_dp_group: Any = None  # the ranks holding the same expert shard
+    expert_tp_group: Any = None  # the layout.expert_t ranks splitting each of their experts
     # where this rank computes: the world's backend says (NCCL: this rank's bound GPU)
     device: torch.device = torch.device("cpu")
 
@@ -59,6 +60,10 @@ class MegatronGroups:
     @property
     def ep_rank(self) -> int:
         return self.coords.ep
+
+    @property
+    def etp_rank(self) -> int:
+        return self.coords.etp
 
     @property
     def is_first_stage(self) -> bool:
@@ -106,7 +111,8 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.t,
         pipeline_model_parallel_size=layout.p,
-        expert_model_parallel_size=layout.ep,  # expert tensor parallel: megatron's default, = t
+        expert_model_parallel_size=layout.ep,
+        expert_tensor_parallel_size=layout.expert_t,
         order="tp-cp-ep-dp-pp",
         create_gloo_process_groups=True,
         distributed_timeout_minutes=_world_timeout_s(device) / 60,
@@ -127,6 +133,7 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
         dp_group_gloo=parallel_state.get_data_parallel_group_gloo(with_context_parallel=True),
         ep_group=pgs.ep,
         expert_dp_group=pgs.expt_dp,
+        expert_tp_group=pgs.expt_tp,
         device=device,
     )
     _check_matches_layout(groups)
@@ -147,6 +154,7 @@ def _check_matches_layout(groups: MegatronGroups) -> None:
         "mp": _own_group(layout.model_parallel_groups(), rank),
         "ep": _own_group(layout.ep_groups(), rank),
         "expert_dp": _own_group(layout.expert_dp_groups(), rank),
+        "expert_tp": _own_group(layout.expert_tp_groups(), rank),
     }
     actual = {
         "tp": _ranks(groups.tp_group),
@@ -155,6 +163,7 @@ def _check_matches_layout(groups: MegatronGroups) -> None:
         "mp": _ranks(groups.mp_group),
         "ep": _ranks(groups.ep_group),
         "expert_dp": _ranks(groups.expert_dp_group),
+        "expert_tp": _ranks(groups.expert_tp_group),
     }
     assert actual == expected, f"megatron's groups {actual} differ from layout {layout}: {expected}"
 

@@ -29,6 +29,7 @@ from rl3d.models.params import (  # noqa: F401  (re-exported)
     stage_param_names,
 )
 from rl3d.models.spec import ModelSpec
+from rl3d.parallel.layout import EP1_DRIFT
 from rl3d.parallel.sharding import padded_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -78,6 +79,17 @@ def transformer_config(
         raise ValueError(f"expert parallelism ep={groups.layout.ep}: {spec.name} is dense (no experts)")
     if spec.is_moe and spec.num_experts % groups.layout.ep:
         raise ValueError(f"ep={groups.layout.ep} must divide the number of experts ({spec.num_experts})")
+    if groups.layout.etp is not None and not spec.is_moe:
+        raise ValueError(
+            f"expert tensor parallelism etp={groups.layout.etp}: {spec.name} is dense (no experts)"
+        )
+    if groups.layout.etp is not None and groups.layout.ep == 1:
+        raise ValueError(f"etp={groups.layout.etp} apart from tp={groups.layout.t} needs ep > 1: {EP1_DRIFT}")
+    if spec.is_moe and spec.moe_ffn_hidden_size % groups.layout.expert_t:
+        raise ValueError(
+            f"etp={groups.layout.expert_t} must divide the experts' width "
+            f"{spec.moe_ffn_hidden_size} ({spec.name})"
+        )
     on_cpu = groups.device.type == "cpu"
     fused = use_transformer_engine(
         groups.device, packed=packed
@@ -100,6 +112,7 @@ def transformer_config(
         tensor_model_parallel_size=groups.layout.t,
         pipeline_model_parallel_size=groups.layout.p,
         expert_model_parallel_size=groups.layout.ep,
+        expert_tensor_parallel_size=groups.layout.expert_t,
         params_dtype=params_dtype,
         pipeline_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,

@@ -35,6 +35,9 @@ def add_convert_arguments(parser: argparse.ArgumentParser) -> None:
     to_mcore.add_argument(
         "--ep", type=int, default=1, help="expert-parallel size, dividing the experts (default 1)"
     )
+    to_mcore.add_argument(
+        "--etp", type=int, default=None, help="expert tensor-parallel size, dividing tp (default: tp)"
+    )
     to_hf = sub.add_parser("mcore2hf", help="Megatron weights (any tp, pp, ep) -> HF directory")
     to_hf.add_argument("--src", required=True, help="Megatron weight directory (rl3d_meta.json)")
     to_hf.add_argument("--dst", required=True, help="output HF directory")
@@ -48,12 +51,14 @@ def run_convert(args: argparse.Namespace) -> int:
 
     try:
         if args.direction == "hf2mcore":
-            if args.tp < 1 or args.pp < 1 or args.ep < 1:
+            if args.tp < 1 or args.pp < 1 or args.ep < 1 or (args.etp is not None and args.etp < 1):
                 raise ValueError(
-                    f"--tp, --pp and --ep must be positive, got tp={args.tp} pp={args.pp} ep={args.ep}"
+                    f"--tp, --pp, --ep and --etp must be positive, got tp={args.tp} pp={args.pp} "
+                    f"ep={args.ep} etp={args.etp}"
                 )
-            meta = hf_to_mcore(args.src, args.dst, tp=args.tp, pp=args.pp, ep=args.ep)
-            print(f"wrote {args.dst}: {meta.model_type} as tp={meta.tp} pp={meta.pp} ep={meta.ep}")
+            meta = hf_to_mcore(args.src, args.dst, tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
+            etp = "" if meta.etp is None else f" etp={meta.etp}"
+            print(f"wrote {args.dst}: {meta.model_type} as tp={meta.tp} pp={meta.pp} ep={meta.ep}{etp}")
         else:
             mcore_to_hf(args.src, args.dst, max_shard_bytes=args.max_shard_size)
             print(f"wrote HF directory {args.dst}")

@@ -11,6 +11,10 @@ Megatron weight directory (what `rl3d convert hf2mcore` writes, `load_weights` r
                                              with expert parallelism (ep > 1): EP rank `ep`'s file
                                              holds its experts (EP-local indices) and a copy of
                                              every other parameter, so each rank reads one file
+    DIR/mp_rank_{tp:02d}_{pp:03d}/ + DIR/expert_rank_{etp:02d}_{pp:03d}_{ep:03d}/
+                                             with expert tensor parallelism apart from tp (`etp`):
+                                             the dense weights by TP shard, each EP rank's experts
+                                             by expert TP shard (each file written by one rank)
     DIR/hf_extra/                            the HF directory's other files (config, tokenizer, …)
 
 Tensors keep the HF checkpoint's dtype, so HF -> Megatron -> HF is bit for bit. The embedding
@@ -34,7 +38,7 @@ import torch
 
 from rl3d.models.builder import layers_per_stage, stage_param_names
 from rl3d.models.hf_mapping import TensorMap, spec_from_hf_config, tensor_maps
-from rl3d.models.params import EMBEDDING, OUTPUT_LAYER
+from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, megatron_params
 from rl3d.models.safetensors_io import INDEX_NAME, ShardedReader, StreamingWriter, split_into_files
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import merge_tp_shards, padded_vocab_size, shard_for_tp
@@ -54,6 +58,11 @@ def shard_dir_name(tp_rank: int, pp_rank: int, ep_rank: int | None = None) -> st
     return f"mp_rank_{tp_rank:02d}_{pp_rank:03d}{suffix}"
 
 
+def expert_dir_name(etp_rank: int, pp_rank: int, ep_rank: int) -> str:
+    """The directory of EP rank `ep_rank`'s experts, expert TP shard `etp_rank`, of a stage."""
+    return f"expert_rank_{etp_rank:02d}_{pp_rank:03d}_{ep_rank:03d}"
+
+
 @dataclass(frozen=True)
 class McoreMeta:
     tp: int
@@ -63,12 +72,22 @@ class McoreMeta:
     spec: ModelSpec
     hf_config: dict[str, Any]
     ep: int = 1
+    etp: int | None = None  # expert TP apart from tp; None: experts split like the dense weights
 
-    def shard_dir(self, tp_rank: int, pp_rank: int, ep_rank: int = 0) -> str:
-        return shard_dir_name(tp_rank, pp_rank, ep_rank if self.ep > 1 else None)
+    def shard_dir(self, tp_rank: int, pp_rank: int, ep_rank: int = 0, *, expert: bool = False) -> str:
+        """The directory holding TP shard `tp_rank` (an expert's: expert TP shard) of a stage."""
+        if self.etp is None:
+            return shard_dir_name(tp_rank, pp_rank, ep_rank if self.ep > 1 else None)
+        return expert_dir_name(tp_rank, pp_rank, ep_rank) if expert else shard_dir_name(tp_rank, pp_rank)
+
+    def split(self, expert: bool) -> int:
+        """How many TP shards a parameter is stored in."""
+        return self.etp if expert and self.etp is not None else self.tp
 
     def write(self, directory: Path) -> None:
         record = {"format": FORMAT, **asdict(self)}
+        if self.etp is None:  # a directory without expert TP reads as before
+            del record["etp"]
         (directory / META_NAME).write_text(json.dumps(record, indent=2, sort_keys=True))
 
     @classmethod
@@ -118,8 +137,13 @@ def _stage_of(spec: ModelSpec, p: int, ep: int = 1) -> dict[str, list[tuple[int,
     return out
 
 
-def check_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int = 1) -> None:
-    """A ValueError unless (tp, pp, ep) shards `spec`."""
+def check_layout(spec: ModelSpec, *, tp: int, pp: int, ep: int = 1, etp: int | None = None) -> None:
+    """A ValueError unless (tp, pp, ep, etp) shards `spec`."""
+    if etp is not None and (not spec.is_moe or tp % etp or spec.moe_ffn_hidden_size % etp):
+        raise ValueError(
+            f"etp={etp} must divide tp={tp} and the experts' width ({spec.moe_ffn_hidden_size}) "
+            f"of a mixture of experts ({spec.name})"
+        )
     layers_per_stage(spec, pp)
     ffn = spec.moe_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size
     if spec.num_query_groups % tp or ffn % tp or spec.shared_expert_ffn_hidden_size % tp:
@@ -134,17 +158,28 @@ def _meta_tensor(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device="meta")
 
 
-def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int, ep: int = 1) -> McoreMeta:
-    """Convert an HF directory (config.json + safetensors) into Megatron weights for (tp, pp, ep)."""
+def hf_to_mcore(
+    src: str | Path, dst: str | Path, *, tp: int, pp: int, ep: int = 1, etp: int | None = None
+) -> McoreMeta:
+    """Convert an HF directory (config.json + safetensors) into Megatron weights for (tp, pp,
+    ep) with the experts split over `etp` (None: tp)."""
     src, dst = Path(src), Path(dst)
     try:
         hf_config = json.loads((src / "config.json").read_text())
     except ValueError as err:
         raise ValueError(f"{src / 'config.json'}: not valid JSON ({err})") from None
     spec = spec_from_hf_config(hf_config)
-    check_layout(spec, tp=tp, pp=pp, ep=ep)
+    etp = None if etp == tp else etp
+    check_layout(spec, tp=tp, pp=pp, ep=ep, etp=etp)
     meta = McoreMeta(
-        tp, pp, padded_vocab_size(spec.vocab_size, tp), hf_config["model_type"], spec, hf_config, ep=ep
+        tp,
+        pp,
+        padded_vocab_size(spec.vocab_size, tp),
+        hf_config["model_type"],
+        spec,
+        hf_config,
+        ep=ep,
+        etp=etp,
     )
     maps = tensor_maps(spec, meta.padded_vocab)
     stages = _stage_of(spec, pp, ep)
@@ -155,28 +190,34 @@ def hf_to_mcore(src: str | Path, dst: str | Path, *, tp: int, pp: int, ep: int =
 
 
 def _write_mcore(src: Path, dst: Path, meta: McoreMeta, maps: list[TensorMap], stages: dict) -> None:
-    spec, tp = meta.spec, meta.tp
+    spec = meta.spec
+    experts = {p.name for p in megatron_params(spec) if p.expert is not None}
+
+    def places(name: str):  # (directory, local name, TP rank, TP size) of every stored shard
+        expert = name in experts
+        size = meta.split(expert)
+        for pp_rank, ep_rank, local in stages[name]:
+            if meta.etp is not None and not expert and ep_rank:  # dense: once, not per EP rank
+                continue
+            for r in range(size):
+                yield meta.shard_dir(r, pp_rank, ep_rank, expert=expert), local, r, size
+
     with ShardedReader(src) as reader:
-        plans: dict[tuple[int, int, int], list] = {
-            (r, s, e): [] for r in range(tp) for s in range(meta.pp) for e in range(meta.ep)
-        }
+        plans: dict[str, list] = {}
         for tmap in maps:
             full = _meta_tensor(tmap.shape, reader.dtype(tmap.hf[0]))
-            for pp_rank, ep_rank, local in stages[tmap.mcore]:
-                for r in range(tp):
-                    shard = shard_for_tp(full, tmap.kind, tp, r)
-                    plans[(r, pp_rank, ep_rank)].append((local, shard.dtype, tuple(shard.shape)))
+            for where, local, r, size in places(tmap.mcore):
+                shard = shard_for_tp(full, tmap.kind, size, r)
+                plans.setdefault(where, []).append((local, shard.dtype, tuple(shard.shape)))
         writers = {
-            key: StreamingWriter(dst / meta.shard_dir(*key) / "model.safetensors", plan)
-            for key, plan in plans.items()
+            where: StreamingWriter(dst / where / "model.safetensors", plan) for where, plan in plans.items()
         }
         for tmap in maps:
             tensors = [reader.get(name) for name in tmap.hf]
             try:
                 full = tmap.to_mcore(tensors)
-                for pp_rank, ep_rank, local in stages[tmap.mcore]:
-                    for r in range(tp):
-                        writers[(r, pp_rank, ep_rank)].write(local, shard_for_tp(full, tmap.kind, tp, r))
+                for where, local, r, size in places(tmap.mcore):
+                    writers[where].write(local, shard_for_tp(full, tmap.kind, size, r))
             except (RuntimeError, AssertionError) as err:  # a tensor of the wrong shape or dtype
                 shapes = ", ".join(f"{n} {tuple(t.shape)}" for n, t in zip(tmap.hf, tensors))
                 raise ValueError(f"{src}: tensor {shapes}: does not fit {spec.name}'s {tmap.mcore}") from err
@@ -202,27 +243,32 @@ class McoreReader:
         self.meta = McoreMeta.read(directory)
         self._stages = _stage_of(self.meta.spec, self.meta.pp, self.meta.ep)
         self._kinds = {m.mcore: m.kind for m in tensor_maps(self.meta.spec, self.meta.padded_vocab)}
-        self._readers: dict[tuple[int, int, int], ShardedReader] = {}
+        self._experts = {p.name for p in megatron_params(self.meta.spec) if p.expert is not None}
+        self._readers: dict[str, ShardedReader] = {}
 
-    def _reader(self, tp_rank: int, pp_rank: int, ep_rank: int) -> ShardedReader:
-        key = (tp_rank, pp_rank, ep_rank)
-        if key not in self._readers:
-            self._readers[key] = ShardedReader(self.directory / self.meta.shard_dir(*key))
-        return self._readers[key]
+    def _file(self, name: str, tp_rank: int) -> tuple[ShardedReader, str]:
+        """(reader of the file holding TP shard `tp_rank` of `name`, its local name there)."""
+        pp_rank, ep_rank, local = self._stages[name][0]
+        where = self.meta.shard_dir(tp_rank, pp_rank, ep_rank, expert=name in self._experts)
+        if where not in self._readers:
+            self._readers[where] = ShardedReader(self.directory / where)
+        return self._readers[where], local
+
+    def _get(self, name: str, tp_rank: int) -> torch.Tensor:
+        reader, local = self._file(name, tp_rank)
+        return reader.get(local)
 
     def dtype(self, name: str) -> torch.dtype:
-        pp_rank, ep_rank, local = self._stages[name][0]
-        return self._reader(0, pp_rank, ep_rank).dtype(local)
+        reader, local = self._file(name, 0)
+        return reader.dtype(local)
 
     def full(self, name: str) -> torch.Tensor:
-        pp_rank, ep_rank, local = self._stages[name][0]
-        shards = [self._reader(r, pp_rank, ep_rank).get(local) for r in range(self.meta.tp)]
+        shards = [self._get(name, r) for r in range(self.meta.split(name in self._experts))]
         return merge_tp_shards(shards, self._kinds[name])
 
     def shard(self, name: str, tp: int, tp_rank: int, padded_vocab: int) -> torch.Tensor:
-        if tp == self.meta.tp and padded_vocab == self.meta.padded_vocab:
-            pp_rank, ep_rank, local = self._stages[name][0]
-            return self._reader(tp_rank, pp_rank, ep_rank).get(local)  # only this rank's file is read
+        if tp == self.meta.split(name in self._experts) and padded_vocab == self.meta.padded_vocab:
+            return self._get(name, tp_rank)  # only this rank's file is read
         full = self.full(name)
         if name in _VOCAB_PARAMS:
             full = _repad(full, self.meta.spec.vocab_size, padded_vocab)

@@ -20,9 +20,9 @@ import torch.distributed as dist
 
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
-from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader, shard_dir_name
+from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader
 from rl3d.models.hf_mapping import tensor_maps
-from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param
+from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param, megatron_params
 from rl3d.models.safetensors_io import ShardedReader
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import unwrap_model
@@ -77,6 +77,7 @@ def load_weights(
     padded = model.vocab_size
     params = dict(model.named_parameters())
     names = rank_param_names(spec, groups, role=role)
+    experts = {p.name for p in megatron_params(spec, role=role) if p.expert is not None}
     source = _open_source(src, spec, padded)
     loaded = set()
     try:
@@ -85,7 +86,10 @@ def load_weights(
                 if role == "critic" and global_name == OUTPUT_LAYER:
                     continue
                 param = local_param(params, local)
-                param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
+                if global_name in experts:  # split over the expert TP group
+                    param.copy_(source.shard(global_name, layout.expert_t, groups.etp_rank, padded))
+                else:
+                    param.copy_(source.shard(global_name, layout.t, groups.tp_rank, padded))
                 loaded.add(id(param))
             tied_copy = params.get(OUTPUT_LAYER)
             if tied_copy is not None and spec.tied_embeddings and role != "critic" and layout.p > 1:
@@ -108,18 +112,34 @@ def save_weights(
     model = unwrap_model(model)
     layout, dst = groups.layout, Path(dst)
     params = dict(model.named_parameters())
-    if groups.dp_rank < layout.ep:  # the first replica of every expert shard
-        names = rank_param_names(spec, groups)
-        tensors = {
-            local: local_param(params, local).detach().to("cpu").contiguous() for local in names.values()
-        }
-        out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank, groups.ep_rank if layout.ep > 1 else None)
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    meta = McoreMeta(
+        layout.t,
+        layout.p,
+        model.vocab_size,
+        hf_config["model_type"],
+        spec,
+        hf_config,
+        ep=layout.ep,
+        etp=layout.etp,
+    )
+    names = rank_param_names(spec, groups)
+    c = groups.coords
+    if layout.etp is None:  # one file per (tp, pp, ep): the first replica of every expert shard
+        files = {meta.shard_dir(c.tp, c.pp, c.ep): names.values()} if c.dp < layout.ep else {}
+    else:  # dense weights from data-parallel rank 0, experts from expert-data-parallel rank 0
+        experts = {p.name for p in megatron_params(spec) if p.expert is not None}
+        files = {}
+        if c.dp == 0:
+            files[meta.shard_dir(c.tp, c.pp)] = [
+                local for name, local in names.items() if name not in experts
+            ]
+        if c.edp == 0:
+            files[meta.shard_dir(c.etp, c.pp, c.ep, expert=True)] = [names[n] for n in names if n in experts]
+    for where, locals_ in files.items():
+        tensors = {local: local_param(params, local).detach().to("cpu").contiguous() for local in locals_}
+        (dst / where).mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(dst / where / "model.safetensors"), metadata={"format": "pt"})
     if groups.rank == 0:
-        meta = McoreMeta(
-            layout.t, layout.p, model.vocab_size, hf_config["model_type"], spec, hf_config, ep=layout.ep
-        )
         meta.write(dst)
         (dst / HF_EXTRA).mkdir(exist_ok=True)
         (dst / HF_EXTRA / "config.json").write_text(json.dumps(hf_config, indent=2))

@@ -6,10 +6,14 @@ objects once (see `rl3d.parallel.groups`) and handed to whatever needs them.
 Training layout `p-t-d` uses megatron-core's default rank order (tp fastest, then dp, then pp):
     rank = tp + t * (dp + d * pp)
 
-Expert parallelism `ep` (megatron's order tp-cp-ep-dp-pp, expert tensor parallel = t) splits each
-layer's experts over `ep` ranks carved out of the data-parallel ones: dp = ep_rank + ep * edp,
-so `ep` divides `d`. Dense weights stay replicated over all `d` ranks; an expert's weights over
-the `d / ep` expert-data-parallel ranks (same ep_rank).
+Expert parallelism `ep` splits each layer's experts over `ep` ranks, each expert's fc1/fc2 tensor
+parallel over `etp` ranks (default t). megatron-core decomposes each stage's t*d ranks a second
+time for the experts, in its order tp-ep-dp: with L = tp + t * dp a rank's index in its stage,
+    L = etp_rank + etp * (ep_rank + ep * edp)
+so `etp` divides `t` (rl3d's rule: an expert's shards stay inside one dense TP group) and
+`ep * etp` divides `t * d`. With etp = t this is dp = ep_rank + ep * edp. Dense weights stay
+replicated over all `d` ranks; an expert's shard over the `t d / (etp ep)` expert-data-parallel
+ranks (same ep_rank and etp_rank).
 
 Generation layout `p_g-t_g-d_g-d` (HybridFlow, EuroSys'25, section 5.3). With r = t/t_g and
 s = p/p_g, each training TP rank i = a*r + b and PP stage j = c*s + e, where a is the generation
@@ -22,6 +26,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# megatron-core 0.16 marks the experts' weights expert-parallel (their gradients averaged over
+# the expert data-parallel ranks) only when ep > 1; at ep 1 the dense DP all-reduce misses
+# the TP ranks that hold the same expert, and their copies drift apart.
+EP1_DRIFT = (
+    "megatron-core averages the experts' gradients over the ranks holding them only under expert parallelism"
+)
+
 
 def _check_positive(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -30,29 +41,56 @@ def _check_positive(name: str, value: object) -> None:
 
 @dataclass(frozen=True)
 class RankCoords:
-    """A rank's coordinates in the training grid (`ep`: its expert-parallel rank, dp mod ep)."""
+    """A rank's coordinates in the training grid; `ep`, `etp`, `edp`: its expert-parallel,
+    expert tensor-parallel and expert data-parallel ranks."""
 
     pp: int
     dp: int
     tp: int
     ep: int = 0
+    etp: int = 0
+    edp: int = 0
 
 
 @dataclass(frozen=True)
 class ParallelLayout:
     """Megatron training layout: `p` pipeline stages x `t` tensor ranks x `d` data replicas, the
-    experts of a mixture of experts split over `ep` of the data-parallel ranks."""
+    experts of a mixture of experts split over `ep` ranks and each expert over `etp` (None: t)."""
 
     p: int
     t: int
     d: int
     ep: int = 1
+    etp: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("p", "t", "d", "ep"):
             _check_positive(name, getattr(self, name))
-        if self.d % self.ep:
+        if self.etp is not None:
+            _check_positive("etp", self.etp)
+            if self.etp == self.t:  # the default, spelled out: one layout, one equality
+                object.__setattr__(self, "etp", None)
+        if self.t % self.expert_t:
+            raise ValueError(
+                f"expert tensor parallelism etp={self.etp} must divide the tensor size t={self.t}"
+            )
+        if self.expert_t == self.t and self.d % self.ep:
             raise ValueError(f"expert parallelism ep={self.ep} must divide the data-parallel size d={self.d}")
+        if (self.t * self.d) % (self.ep * self.expert_t):
+            raise ValueError(
+                f"expert parallelism ep={self.ep} x etp={self.expert_t} must divide "
+                f"t x d = {self.t * self.d} (a stage's ranks)"
+            )
+
+    @property
+    def expert_t(self) -> int:
+        """The expert tensor-parallel size (`etp`, t unless set apart)."""
+        return self.t if self.etp is None else self.etp
+
+    @property
+    def expert_d(self) -> int:
+        """The expert data-parallel size: ranks holding the same expert shard, per stage."""
+        return self.t * self.d // (self.ep * self.expert_t)
 
     @property
     def world_size(self) -> int:
@@ -68,24 +106,38 @@ class ParallelLayout:
         tp = rank % self.t
         dp = (rank // self.t) % self.d
         pp = rank // (self.t * self.d)
-        return RankCoords(pp=pp, dp=dp, tp=tp, ep=dp % self.ep)
+        etp, rest = rank % self.expert_t, (rank % (self.t * self.d)) // self.expert_t
+        return RankCoords(pp=pp, dp=dp, tp=tp, ep=rest % self.ep, etp=etp, edp=rest // self.ep)
+
+    def expert_rank_of(self, *, pp: int, edp: int, ep: int, etp: int) -> int:
+        assert 0 <= edp < self.expert_d and 0 <= ep < self.ep and 0 <= etp < self.expert_t, (edp, ep, etp)
+        return pp * self.t * self.d + etp + self.expert_t * (ep + self.ep * edp)
 
     def ep_groups(self) -> list[list[int]]:
-        """The `ep` ranks that split one layer's experts: consecutive DP indices."""
+        """The `ep` ranks that split one layer's experts (with etp = t: consecutive DP indices)."""
         return [
-            [self.rank_of(pp=pp, dp=edp * self.ep + e, tp=tp) for e in range(self.ep)]
+            [self.expert_rank_of(pp=pp, edp=edp, ep=e, etp=et) for e in range(self.ep)]
             for pp in range(self.p)
-            for edp in range(self.d // self.ep)
-            for tp in range(self.t)
+            for edp in range(self.expert_d)
+            for et in range(self.expert_t)
         ]
 
     def expert_dp_groups(self) -> list[list[int]]:
-        """The `d / ep` ranks holding the same experts (their gradients are averaged)."""
+        """The ranks holding the same expert shard (their gradients are averaged)."""
         return [
-            [self.rank_of(pp=pp, dp=edp * self.ep + e, tp=tp) for edp in range(self.d // self.ep)]
+            [self.expert_rank_of(pp=pp, edp=edp, ep=e, etp=et) for edp in range(self.expert_d)]
             for pp in range(self.p)
             for e in range(self.ep)
-            for tp in range(self.t)
+            for et in range(self.expert_t)
+        ]
+
+    def expert_tp_groups(self) -> list[list[int]]:
+        """The `etp` ranks that split each of their experts (with etp = t: the TP groups)."""
+        return [
+            [self.expert_rank_of(pp=pp, edp=edp, ep=e, etp=et) for et in range(self.expert_t)]
+            for pp in range(self.p)
+            for edp in range(self.expert_d)
+            for e in range(self.ep)
         ]
 
     def tp_groups(self) -> list[list[int]]:
@@ -117,7 +169,8 @@ class ParallelLayout:
         ]
 
     def __str__(self) -> str:
-        return f"{self.p}-{self.t}-{self.d}" + (f" ep={self.ep}" if self.ep > 1 else "")
+        etp = f" etp={self.etp}" if self.etp is not None else ""
+        return f"{self.p}-{self.t}-{self.d}" + (f" ep={self.ep}" if self.ep > 1 else "") + etp
 
 
 @dataclass(frozen=True)
@@ -223,8 +276,22 @@ class GenerationLayout:
         """The micro-DP groups of one EP group's `ep` data-parallel ranks, joined (for each fixed
         (edp, c, a)): between them they hold every expert of generation shard (a, c) once, each
         member its own EP rank's experts, so one all-gather gives each member all of them. With
-        ep = 1 these are the micro-DP groups."""
-        ep = self.train.ep
+        ep = 1 these are the micro-DP groups. With experts trained at etp != t (generated at
+        t_g = 1): the ranks of one expert-DP index and generation stage, each holding its
+        (ep, etp) shard of its stage's experts."""
+        ep, train = self.train.ep, self.train
+        if train.etp is not None:  # every expert whole on each rank (t_g = 1): one holder of each
+            assert self.t_g == 1, "experts trained at etp != t are planned for t_g = 1 only"
+            return [
+                sorted(
+                    train.expert_rank_of(pp=c * self.s + e, edp=edp, ep=k, etp=j)
+                    for e in range(self.s)
+                    for k in range(ep)
+                    for j in range(train.expert_t)
+                )
+                for edp in range(train.expert_d)
+                for c in range(self.p_g)
+            ]
         return [
             sorted(
                 self._rank(dp=edp * ep + k, a=a, b=b, c=c, e=e)

@@ -110,7 +110,7 @@ def role_train_bytes(
         from rl3d.planning.memory_adapters import adapter_numels, lm_head_numels, lora_static_bytes
 
         where = {"tp": layout.t, "pp": layout.p, "pp_rank": coords.pp}
-        numels = stage_numels(spec, role.model_role, **where, ep=layout.ep)
+        numels = stage_numels(spec, role.model_role, **where, ep=layout.ep, etp=layout.etp)
         adapters = adapter_numels(spec, lora.targets, lora.rank, tp=layout.t, pp=layout.p)
         if lora.lm_head and coords.pp == layout.p - 1:
             adapters += lm_head_numels(spec, lora.rank, tp=layout.t)
@@ -130,6 +130,7 @@ def role_train_bytes(
             pp_rank=coords.pp,
             dp=layout.d,
             ep=layout.ep,
+            etp=layout.etp,
             dtype_bytes=dtype_bytes,
             trainable=role.trainable,
             distributed_optimizer=role.distributed_optimizer,

@@ -85,18 +85,27 @@ def model_inventory(spec: ModelSpec, role: str, padded_vocab: int) -> tuple[Para
 
 
 def stage_numels(
-    spec: ModelSpec, role: str, *, tp: int, pp: int, pp_rank: int, ep: int = 1, experts: bool | None = None
+    spec: ModelSpec,
+    role: str,
+    *,
+    tp: int,
+    pp: int,
+    pp_rank: int,
+    ep: int = 1,
+    experts: bool | None = None,
+    etp: int | None = None,
 ) -> list[int]:
     """Elements of each parameter a rank of PP stage `pp_rank` holds, in megatron's order; a
     tied model's last stage (pp > 1) also holds the synced output copy of the embedding.
 
     With expert parallelism `ep` a rank holds E/ep of each layer's routed experts (every EP rank
     as many, of the same shapes). `experts` selects the routed experts' weights only (True),
-    every other parameter only (False), or all (None)."""
+    every other parameter only (False), or all (None). Each expert is split over `etp` ranks
+    (None: tp), every other TP-sharded weight over `tp`."""
     vocab = padded_vocab_size(spec.vocab_size, tp)
     params = model_inventory(spec, role, vocab)
     out = [
-        local_numel(p, tp)
+        local_numel(p, tp if p.expert is None or etp is None else etp)
         for p in params
         if pp_rank in stages_of(p, spec.num_layers, pp)
         and (experts is None or experts == (p.expert is not None))
@@ -131,12 +140,14 @@ def layout_static_bytes(
     dtype_bytes: int,
     trainable: bool,
     distributed_optimizer: bool,
+    etp: int | None = None,
 ) -> RoleBytes:
     """`static_bytes` of a rank of a p-t-d layout with expert parallelism `ep`. With ep > 1
     megatron marks the routed experts expert-parallel and gives them their own param/grad
     buffer, data-parallel over the d/ep ranks holding the same experts (its distributed
     optimizer shards their master and Adam states over those); at ep 1 they sit in the one
-    buffer with the rest."""
+    buffer with the rest. With expert TP `etp` apart from tp, an expert is split over etp
+    ranks and its shard held by t d / (ep etp) of them."""
     common = {
         "dtype_bytes": dtype_bytes,
         "trainable": trainable,
@@ -146,7 +157,9 @@ def layout_static_bytes(
     if ep == 1 or not spec.is_moe:
         return static_bytes(stage_numels(spec, role, **where), dp=dp, **common)
     dense = static_bytes(stage_numels(spec, role, **where, ep=ep, experts=False), dp=dp, **common)
-    experts = static_bytes(stage_numels(spec, role, **where, ep=ep, experts=True), dp=dp // ep, **common)
+    expert_dp = dp // ep if etp is None else tp * dp // (ep * etp)
+    numels = stage_numels(spec, role, **where, ep=ep, experts=True, etp=etp)
+    experts = static_bytes(numels, dp=expert_dp, **common)
     return RoleBytes(**{k: v + experts.items()[k] for k, v in dense.items().items()})
 
 

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 RECIPE = "recipes/quickstart_cpu_grpo.yaml"
 
 
-def worker(rank, world, hf_dir, p, t, d, ep, t_g):
+def worker(rank, world, hf_dir, p, t, d, ep, t_g, etp=None):
     from safetensors.torch import load_file
 
     from rl3d.config import load_config
@@ -37,13 +37,13 @@ def worker(rank, world, hf_dir, p, t, d, ep, t_g):
             "model.name=null",
             f"model.hf_path={hf_dir}",
             "model.dtype=float32",
-            f"actor.parallel={{pp: {p}, tp: {t}, dp: {d}, ep: {ep}}}",
+            f"actor.parallel={{pp: {p}, tp: {t}, dp: {d}, ep: {ep}, etp: {'null' if etp is None else etp}}}",
             f"launch.nproc_per_node={world}",
             f"rollout.t_g={t_g}",
             "hybrid_engine.verify=true",  # and the executor's own check against the gathered model
         ],
     ).config
-    layout = ParallelLayout(p, t, d, ep=ep)
+    layout = ParallelLayout(p, t, d, ep=ep, etp=etp)
     groups = init_megatron(layout, seed=cfg.trainer.seed)
     spec = spec_of(cfg.model)
     actor = ActorRolloutWorker(RoleContext(cfg, spec, groups, tokenizer=None))
@@ -104,6 +104,29 @@ def test_expert_parallel_weights_reshard_bit_for_bit(hf_dir, p, t, d, ep, t_g):
         assert r["mismatched"] == [], (rank, r["mismatched"])
         assert r["checked"] > 0
         # a rank trains the experts of its EP rank and its stage; generates with all 8 of its stage
+        assert r["held_experts"] == 2 * 8 // ep * (2 // p), rank
+        assert r["gen_experts"] == 8, rank
+        assert r["recv"] == r["planned_recv"] == r["metric_bytes"] > 0, rank
+        assert r["send"] == r["planned_send"], rank
+
+
+@pytest.mark.parametrize(
+    ("p", "t", "d", "ep", "etp"),
+    [
+        (1, 2, 2, 2, 1),  # expert TP 1 at TP 2: a TP group is an EP group, experts whole
+        (1, 2, 2, 4, 1),  # one EP group of all 4 ranks
+        (2, 2, 1, 2, 1),  # PP folds into micro-DP: norms and experts of both stages
+    ],
+)
+def test_expert_tensor_parallel_weights_reshard_bit_for_bit(hf_dir, p, t, d, ep, etp):
+    """Experts trained whole (etp 1) on the ranks megatron's expert grid gives them, dense
+    weights TP-split: each generation rank (t_g 1) gets every expert of its stage from its
+    holder, equal to the HF checkpoint bit for bit, counted = planned."""
+    world = p * t * d
+    results = run_distributed(worker, world, str(hf_dir), p, t, d, ep, 1, etp, timeout_s=600)
+    for rank, r in enumerate(results):
+        assert r["mismatched"] == [], (rank, r["mismatched"])
+        assert r["checked"] > 0
         assert r["held_experts"] == 2 * 8 // ep * (2 // p), rank
         assert r["gen_experts"] == 8, rank
         assert r["recv"] == r["planned_recv"] == r["metric_bytes"] > 0, rank

@@ -100,3 +100,63 @@ def test_expert_parallel_groups_follow_megatrons_tp_ep_dp_pp_order():
     assert str(layout) == "2-2-4 ep=2" and str(ParallelLayout(1, 1, 2)) == "1-1-2"
     with pytest.raises(ValueError, match="ep=3 must divide the data-parallel size d=4"):
         ParallelLayout(p=1, t=1, d=4, ep=3)
+
+
+def _megatron_expert_groups(layout):
+    """megatron-core's own expert rank generator (pure Python), as initialize_model_parallel builds it."""
+    from megatron.core.parallel_state import RankGenerator
+
+    gen = RankGenerator(
+        tp=layout.expert_t,
+        ep=layout.ep,
+        dp=layout.expert_d,
+        pp=layout.p,
+        cp=1,
+        order="tp-cp-ep-dp-pp",
+        rank_offset=0,
+    )
+    return {axis: sorted(sorted(g) for g in gen.get_ranks(axis)) for axis in ("tp", "ep", "dp")}
+
+
+@pytest.mark.parametrize(
+    ("p", "t", "d", "ep", "etp"),
+    [(1, 2, 2, 2, 1), (1, 2, 2, 4, 1), (2, 4, 2, 8, 1), (1, 4, 4, 2, 2), (2, 2, 4, 2, None), (1, 4, 8, 8, 1)],
+)
+def test_expert_groups_equal_megatrons_rank_generator(p, t, d, ep, etp):
+    layout = ParallelLayout(p=p, t=t, d=d, ep=ep, etp=etp)
+    ours = {
+        "tp": sorted(sorted(g) for g in layout.expert_tp_groups()),
+        "ep": sorted(sorted(g) for g in layout.ep_groups()),
+        "dp": sorted(sorted(g) for g in layout.expert_dp_groups()),
+    }
+    assert ours == _megatron_expert_groups(layout)
+    for rank in range(layout.world_size):  # coords name each rank's place in its groups
+        c = layout.coords(rank)
+        assert layout.expert_rank_of(pp=c.pp, edp=c.edp, ep=c.ep, etp=c.etp) == rank
+        assert next(g for g in layout.ep_groups() if rank in g).index(rank) == c.ep
+        assert next(g for g in layout.expert_tp_groups() if rank in g).index(rank) == c.etp
+
+
+def test_etp_1_at_tp_2_makes_a_tp_group_an_ep_group():
+    layout = ParallelLayout(p=1, t=2, d=2, ep=2, etp=1)
+    assert [layout.coords(r).ep for r in range(4)] == [0, 1, 0, 1]
+    assert layout.ep_groups() == [[0, 1], [2, 3]] == layout.tp_groups()
+    assert layout.expert_dp_groups() == [[0, 2], [1, 3]] and layout.expert_d == 2
+    assert str(layout) == "1-2-2 ep=2 etp=1"
+    # etp = t is the default spelled out: the same layout, printed as before
+    assert ParallelLayout(1, 2, 2, ep=2, etp=2) == ParallelLayout(1, 2, 2, ep=2)
+    assert str(ParallelLayout(1, 2, 2, ep=2, etp=2)) == "1-2-2 ep=2"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"t": 2, "d": 2, "ep": 1, "etp": 4}, "etp=4 must divide the tensor size t=2"),
+        ({"t": 4, "d": 1, "ep": 2, "etp": 3}, "etp=3 must divide the tensor size t=4"),
+        ({"t": 2, "d": 1, "ep": 4, "etp": 1}, r"ep=4 x etp=1 must divide t x d = 2"),
+        ({"t": 2, "d": 2, "ep": 2, "etp": 0}, "etp must be a positive integer"),
+    ],
+)
+def test_expert_tensor_parallel_refusals(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ParallelLayout(p=1, **kwargs)
