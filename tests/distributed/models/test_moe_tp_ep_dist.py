@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_moe_ep_dist import hf_weights  # same directory
 
 from rl3d.testing.spawn import run_distributed
 
@@ -128,15 +129,6 @@ def worker(rank, world, hf_dir, tp, ep, packing, fed, out_dir, pp=1):
     cut_logp = None if cut is None else cut["old_logp"]
     tp_rank = groups.tp_rank if groups.is_last_stage else -1  # log-probs and metrics: last stage
     return split, groups.dp_rank, tp_rank, logp, cut_logp, metrics
-
-
-def hf_weights(mcore_dir, tmp):
-    from safetensors.torch import load_file
-
-    from rl3d.models.convert import mcore_to_hf
-
-    out = mcore_to_hf(mcore_dir, tmp)
-    return {k: v for f in sorted(Path(out).glob("*.safetensors")) for k, v in load_file(f).items()}
 
 
 @pytest.fixture(scope="module")
