@@ -39,7 +39,6 @@ from rl3d.hybrid_engine.plan import (
 )
 from rl3d.hybrid_engine.strategy import Strategy, register_strategy
 from rl3d.models.params import expert_owner
-from rl3d.ops.layouts import shard_for_tp
 from rl3d.parallel.sharding import ShardKind
 
 
@@ -195,6 +194,8 @@ def assemble(engine, train: dict, received, buffers: list, parts: dict | None = 
 def _expert_parts(engine, train: dict, p, parts: dict) -> list:
     """The parts of expert parameter `p`'s generation shard, in order: cut from this rank's own
     training shard where it trains them, else the received ones."""
+    from rl3d.ops.layouts import shard_for_tp  # the planner stays free of torch
+
     layout, t_g = engine.train, engine.gen.t_g
     n, me, tp_g = expert_parts(layout, t_g), layout.coords(engine.rank), engine.gen.coords(engine.rank).tp_g
     own = slice_parts(layout, t_g, me.etp, tp_g) if p.name in train else range(0)
