@@ -4,6 +4,8 @@ and assembles its t_g shard. Each generation weight equals the full model's slic
 (also by `verify`'s independent path), and the bytes each rank counts from each sender equal the
 plan's. Megatron is not needed: the training shards are cut from a seeded full model the way
 megatron's expert grid holds them (dense weights by TP rank, experts by EP and expert TP rank).
+Overlapped with an optimizer step (`on_bucket`), every training tensor is updated once, before
+its parts are cut and sent.
 """
 
 from collections import defaultdict
@@ -57,7 +59,21 @@ def worker(rank, world, layout, ep, etp, t_g):
                 mismatched.append(name)
     experts = {n for n in weights.names() if ".local_experts." in n}
     stats = engine.last_stats
+    updated = []
+
+    def on_bucket(bucket):  # an in-place elementwise step, so a shard's update is the full one's
+        names = [q.name for q in bucket] if bucket is not None else [n for n in shards if n not in updated]
+        for name in names:
+            shards[name].mul_(0.5).add_(1.0)
+            updated.append(name)
+
+    weights = engine.to_generation(shards, on_bucket=on_bucket)
+    for name in weights.names():
+        expected = shard_for_tp(full[name] * 0.5 + 1.0, weights.params[name].kind, t_g, weights.gen_tp_rank)
+        if not torch.equal(weights.reference_materialize(name), expected):
+            mismatched.append(f"overlapped {name}")
     return {
+        "updated_once": sorted(updated) == sorted(shards),
         "mismatched": mismatched,
         "experts": len(experts),
         "recv_from": stats.recv_from,
@@ -82,7 +98,7 @@ def test_expert_parts_reshard_bit_for_bit_counted_as_planned(layout, ep, etp, t_
     plan = plan_transition(model(), train, t_g, dtype="float32", strategies=("hybridflow",))
     counted = defaultdict(int)
     for dst, r in enumerate(results):
-        assert r["mismatched"] == [] and r["verified"], (dst, r["mismatched"])
+        assert r["mismatched"] == [] and r["verified"] and r["updated_once"], (dst, r["mismatched"])
         assert r["experts"] == 2 * 8 * 2, dst  # fc1 and fc2 of all 8 experts of both layers
         assert r["send"] == plan.strategies["hybridflow"].ranks[dst].send_bytes, dst
         for src, nbytes in r["recv_from"].items():
