@@ -222,15 +222,14 @@ def _check_reward_names(cfg: RL3DConfig, fail) -> None:
 
 def _check_expert_tp_transition(cfg: RL3DConfig, fail) -> None:
     """What the 3D-HybridEngine plans for experts trained at an expert TP apart from TP: a
-    colocated engine at t_g = 1 under hybridflow (each expert gathered whole)."""
+    colocated engine under hybridflow (each expert gathered whole at t_g = 1, its generation
+    TP shard's parts moved point to point at t_g > 1)."""
     par = cfg.actor.parallel
     if par.etp is None or par.etp == par.tp:
         return
     where = f"actor.parallel.etp={par.etp} (apart from tp={par.tp})"
     if cfg.rollout.placement != "colocated":
         raise fail("rollout.placement", f"{where}: a separate rollout pool is not planned; use colocated")
-    if cfg.rollout.t_g != 1:
-        raise fail("rollout.t_g", f"t_g={cfg.rollout.t_g}: {where} reshards to t_g = 1 only")
     if cfg.hybrid_engine.strategy != "hybridflow":
         raise fail(
             "hybrid_engine.strategy", f"{cfg.hybrid_engine.strategy}: {where} is planned by hybridflow only"

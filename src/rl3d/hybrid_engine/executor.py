@@ -24,7 +24,14 @@ from rl3d.hybrid_engine.comm import CountedComm, ReshardError
 from rl3d.hybrid_engine.nodes import NodeMap
 from rl3d.hybrid_engine.p2p import run_phases
 from rl3d.hybrid_engine.params import ParamInfo, model_params, shard_shape, stages_of
-from rl3d.hybrid_engine.plan import Collective, StrategyPlan, bucket_bounds, plan_transition
+from rl3d.hybrid_engine.plan import (
+    Collective,
+    StrategyPlan,
+    bucket_bounds,
+    expert_parts,
+    plan_transition,
+    slice_parts,
+)
 from rl3d.hybrid_engine.registry import get_strategy
 from rl3d.hybrid_engine.weights import GenerationWeights
 from rl3d.models.spec import ModelSpec
@@ -110,8 +117,12 @@ class Resharder:
         """How many training shards `param` is split into: an expert's over expert TP."""
         return self.train.expert_t if param.expert is not None else self.train.t
 
-    def piece_numel(self, unit: str, param: ParamInfo) -> int:
-        """Elements of one piece of `param` (see `plan.Collective`)."""
+    def piece_numel(self, unit: str, param: ParamInfo, holder: int = 0, dst: int = 0) -> int:
+        """Elements of one piece of `param` (see `plan.Collective`; a slice's: `holder`'s to `dst`)."""
+        if unit == "slice":
+            etp, tp_g = self.train.coords(holder).etp, self.gen.coords(dst).tp_g
+            parts = slice_parts(self.train, self.gen.t_g, etp, tp_g)
+            return len(parts) * param.numel // expert_parts(self.train, self.gen.t_g)
         if unit == "shard":
             return int(torch.Size(shard_shape(param, self.train_split(param))).numel())
         if unit == "zero_chunk":
@@ -206,14 +217,15 @@ class Resharder:
 
     def run_phases(self, plan: StrategyPlan, train) -> tuple[dict[tuple[int, int], torch.Tensor], list]:
         """Run the plan's point-to-point phases in order (`p2p.run_phases`). Returns what this
-        rank received, by piece key (param index, holder's TP rank or -1 when replicated), and
-        the buffers."""
+        rank received, by piece key (param index, holder's TP rank or -1 when replicated; an
+        expert's part index for a slice), and the buffers."""
         return run_phases(
             plan.phases,
             comm=self.comm,
             params=self.params,
             train=self.train,
             own=train,
+            gen=self.gen,
             dtype=self.dtype,
             device=self.device,
             kernel_backend=self.kernel_backend,
@@ -224,7 +236,8 @@ class Resharder:
             spec=self.spec,
             params=self.by_name,
             train_tp=self.gen.t_g if gen_tp_as_train else self.train.t,
-            expert_train_tp=self.gen.t_g if gen_tp_as_train else self.train.expert_t,
+            # an expert's pieces: its etp shards, or its parts when t_g > 1 cuts them (lcm(etp, t_g))
+            expert_train_tp=self.gen.t_g if gen_tp_as_train else expert_parts(self.train, self.gen.t_g),
             gen_tp=self.gen.t_g,
             gen_tp_rank=gen_tp_rank,
             pieces=pieces,
@@ -262,7 +275,9 @@ class Resharder:
             else:
                 comm.broadcast(group, flat(numel[ranks[0]]), src=ranks[0])
         for k, phase in enumerate(self.plan.phases):
-            sizes = {t: sum(self.piece_numel(t.unit, self.params[i]) for _, i in t.pieces) for t in phase}
+            sizes = {
+                t: sum(self.piece_numel(t.unit, self.params[i], h, t.dst) for h, i in t.pieces) for t in phase
+            }
             sends = {t.dst: flat(n) for t, n in sizes.items() if t.src == me}
             recvs = {t.src: flat(n) for t, n in sizes.items() if t.dst == me}
             comm.exchange(sends, recvs, tag=k)

@@ -3,9 +3,11 @@ are ranks of the same world (the hierarchical gather) or another pool's (a rollo
 weight sync, over its bridge).
 
 Phase k runs after phase k-1, one message per transfer with tag k; a transfer's pieces are
-`(holder, parameter index)` training shards, packed in order. A sender packs its own shards and
-whatever it received in an earlier phase (a relay); a receiver gets views into one buffer per
-message. Every byte goes through a `CountedComm`, so what is counted is what the plan lists.
+`(holder, parameter index)` training shards, packed in order, or (`unit="slice"`) the parts of
+an expert's training shard that the receiver generates with (`plan.slice_parts`). A sender
+packs its own shards and whatever it received in an earlier phase (a relay); a receiver gets
+views into one buffer per message. Every byte goes through a `CountedComm`, so what is counted
+is what the plan lists.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import torch
 
 from rl3d.hybrid_engine.comm import CountedComm
 from rl3d.hybrid_engine.params import ParamInfo, shard_shape
-from rl3d.hybrid_engine.plan import Transfer, piece_key
+from rl3d.hybrid_engine.plan import Transfer, expert_parts, piece_key, slice_parts
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
-from rl3d.parallel.layout import ParallelLayout
+from rl3d.parallel.layout import GenerationLayout, ParallelLayout
 
-Key = tuple[int, int]  # piece_key: (parameter index, holder's TP rank or -1 when replicated)
+# piece_key: (parameter index, holder's TP rank or -1 when replicated), or (index, part) of a slice
+Key = tuple[int, int]
 
 
 def run_phases(
@@ -33,8 +36,10 @@ def run_phases(
     dtype: torch.dtype,
     device: torch.device,
     kernel_backend: str | None = None,
+    gen: GenerationLayout | None = None,
 ) -> tuple[dict[Key, torch.Tensor], list[torch.Tensor]]:
-    """This rank's part (`comm.rank`) of every phase. `own`: its training shards by global name.
+    """This rank's part (`comm.rank`) of every phase. `own`: its training shards by global name;
+    `gen`: the generation layout the ranks of the world take (slices only).
     Returns what it received, by piece key, and the buffers holding it."""
     from rl3d.ops import pack_bucket
 
@@ -50,25 +55,49 @@ def run_phases(
         for t in phase:
             if me not in (t.src, t.dst):
                 continue
-            assert t.unit == "shard", f"point-to-point phases move training shards, not {t.unit}"
-            shapes = [shard_shape(params[i], train.t) for _, i in t.pieces]
+            if t.unit == "slice":
+                assert gen is not None, "slices are cut for a generation layout"
+                keys, shapes, tensors = _slices(t, params, gen, own if t.src == me else None)
+            else:
+                assert t.unit == "shard", f"point-to-point phases move training shards, not {t.unit}"
+                keys = [key(h, i) for h, i in t.pieces]
+                shapes = [shard_shape(params[i], train.t) for _, i in t.pieces]
+                if t.src == me:
+                    tensors = [own[params[i].name] if h == me else got[key(h, i)] for h, i in t.pieces]
             buf = torch.empty(sum(torch.Size(s).numel() for s in shapes), dtype=dtype, device=device)
             if t.src == me:
-                tensors = [own[params[i].name] if h == me else got[key(h, i)] for h, i in t.pieces]
                 pack_bucket(tensors, out=buf, backend=kernel_backend)
                 sends[t.dst] = buf
             else:
                 recvs[t.src] = buf
-                landed.append((buf, t.pieces, shapes))
+                landed.append((buf, keys, shapes))
         comm.exchange(sends, recvs, tag=k)
-        for buf, pieces, shapes in landed:
+        for buf, keys, shapes in landed:
             cursor = 0
-            for (h, i), shape in zip(pieces, shapes):
+            for piece, shape in zip(keys, shapes):
                 n = torch.Size(shape).numel()
-                got[key(h, i)] = buf[cursor : cursor + n].view(shape)
+                got[piece] = buf[cursor : cursor + n].view(shape)
                 cursor += n
             buffers.append(buf)
     return got, buffers
+
+
+def _slices(t: Transfer, params: Sequence[ParamInfo], gen: GenerationLayout, own: dict | None):
+    """(keys, shapes, tensors) of a slice transfer's parts, in order; tensors are cut from the
+    holder's own expert shards (None on the receiver)."""
+    train = gen.train
+    n = expert_parts(train, gen.t_g)
+    per = n // train.expert_t  # parts of one training shard
+    keys, shapes, tensors = [], [], []
+    for h, i in t.pieces:
+        assert h == t.src, "a slice is sent by its holder"
+        etp = train.coords(h).etp
+        for q in slice_parts(train, gen.t_g, etp, gen.coords(t.dst).tp_g):
+            keys.append((i, q))
+            shapes.append(shard_shape(params[i], n))
+            if own is not None:
+                tensors.append(shard_for_tp(own[params[i].name], params[i].kind, per, q - etp * per))
+    return keys, shapes, tensors if own is not None else None
 
 
 def generation_shards(

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Container
 from dataclasses import dataclass, field
+from math import lcm
 from statistics import mean
 
 from rl3d.hybrid_engine.nodes import LinkBytes, NodeMap, link_bytes
@@ -90,12 +91,30 @@ class Transfer:
     """Point to point: `src` sends `dst` the pieces `(holder, param index)` in one message.
 
     A piece is `holder`'s training shard (`unit="shard"`): `src` either is the holder or got
-    the piece in an earlier phase (a node's fetcher relaying what it fetched to its node-mates)."""
+    the piece in an earlier phase (a node's fetcher relaying what it fetched to its node-mates).
+    Or (`unit="slice"`, an expert trained at etp != t) the part of the holder's expert TP shard
+    that `dst`'s generation TP shard covers (`slice_parts`), sent by the holder itself."""
 
     src: int
     dst: int
     unit: str
     pieces: tuple[tuple[int, int], ...]
+
+
+def expert_parts(train: ParallelLayout, t_g: int) -> int:
+    """How many parts an expert is cut into so that both its expert TP shards (of etp) and its
+    generation TP shards (of t_g) are runs of whole parts: lcm(etp, t_g), a divisor of t."""
+    return lcm(train.expert_t, t_g)
+
+
+def slice_parts(train: ParallelLayout, t_g: int, etp_rank: int, tp_g: int) -> range:
+    """The parts (of `expert_parts`) that expert TP shard `etp_rank` and generation TP shard
+    `tp_g` share: what a holder of the first sends a rank generating with the second."""
+    n = expert_parts(train, t_g)
+    per_train, per_gen = n // train.expert_t, n // t_g
+    lo = max(etp_rank * per_train, tp_g * per_gen)
+    hi = min((etp_rank + 1) * per_train, (tp_g + 1) * per_gen)
+    return range(lo, max(lo, hi))
 
 
 def piece_key(index: int, replicated: bool, holder_tp: int) -> tuple[int, int]:
@@ -233,7 +252,14 @@ class PlanContext:
     def nbytes(self, segs) -> int:
         return self.table.nbytes(segs, self.dtype_bytes)
 
-    def piece_bytes(self, unit: str, index: int, member: int) -> int:
+    def piece_bytes(self, unit: str, index: int, member: int, dst: int | None = None) -> int:
+        if unit == "slice":  # the part of member's expert shard that dst generates with
+            etp, tp_g = member % self.train.expert_t, (dst % self.train.t) // self.gen.r
+            key = ("slice", index, etp, tp_g)
+            if key not in self._cache:
+                held = set(self.table.shard(index, etp, self.train.expert_t))
+                self._cache[key] = self.nbytes(held & set(self.table.shard(index, tp_g, self.gen.t_g)))
+            return self._cache[key]
         if unit == "shard":
             tp, size = self.split_of(index, member)
             key = ("shard", index, tp, size)
@@ -267,6 +293,11 @@ class PlanContext:
         shard_bytes: dict[tuple[int, int], int] = {}  # (index, tp): a large hierarchical plan's hot path
         for phase in phases:
             for t in phase:
+                if t.unit == "slice":  # sent by the holder: one (etp rank, generation TP rank) pair
+                    pairs[(t.src, t.dst)] += sum(
+                        self.piece_bytes("slice", i, t.src, t.dst) for _, i in t.pieces
+                    )
+                    continue
                 if t.unit != "shard":
                     pairs[(t.src, t.dst)] += sum(self.piece_bytes(t.unit, i, h) for h, i in t.pieces)
                     continue
@@ -403,11 +434,6 @@ def plan_transition(
                     f"those that do: {', '.join(n for n in STRATEGIES if STRATEGIES[n].supports_ep)}"
                 )
     if train.etp is not None:
-        if t_g != 1:
-            raise ValueError(
-                f"rollout.t_g={t_g}: experts trained at actor.parallel.etp={train.etp} (apart from "
-                f"tp={train.t}) are resharded to t_g = 1 only"
-            )
         if set(names) != {"hybridflow"}:
             raise ValueError(
                 f"hybrid_engine.strategy: only hybridflow plans actor.parallel.etp={train.etp} "

@@ -9,7 +9,7 @@ from typing import Any
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
 from rl3d.hybrid_engine.lora_plan import LoraTransition, format_lora, plan_lora_transition
 from rl3d.hybrid_engine.moe_plan import format_moe, plan_moe_split
-from rl3d.hybrid_engine.plan import TransitionPlan, plan_transition
+from rl3d.hybrid_engine.plan import TransitionPlan, expert_parts, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.lora_names import LORA_TARGETS
 from rl3d.models.spec import get_model_spec, spec_of
@@ -84,6 +84,11 @@ def identity_line(plan: TransitionPlan, engine: tuple[str, str | None, str] | No
             "identity for the dense weights (in place); experts: each rank trains its EP rank's and "
             "receives the others' over its EP group"
         )
+    if plan.train.etp is not None and plan.gen.t_g > 1:
+        head = (
+            "identity for the dense weights (in place); experts: each rank receives the parts of its "
+            "generation TP shard it does not train, point to point"
+        )
     if engine is None:
         return f"{head}; the torch engine reads the training parameters in place unless rollout.dtype differs"
     name, engine_dtype, train_dtype = engine
@@ -100,6 +105,15 @@ def _groups_text(name: str, groups: list[list[int]], limit: int = 16) -> str:
         return f"{name:<18} {' '.join(str(g) for g in groups)}"
     shown = " ".join(str(g) for g in groups[:3])
     return f"{name:<18} {shown} ... ({len(groups)} groups of {len(groups[0])})"
+
+
+def _expert_groups_text(gen) -> str:
+    if gen.train.etp is not None and gen.t_g > 1:
+        parts = expert_parts(gen.train, gen.t_g)
+        return (
+            f"{'expert parts':<18} {parts} an expert (lcm of etp and t_g), point to point from their holders"
+        )
+    return _groups_text("expert micro-DP", gen.expert_micro_dp_groups())
 
 
 def _unit(nbytes: float) -> tuple[str, float]:
@@ -120,7 +134,7 @@ def format_plan(plan: TransitionPlan, engine: tuple[str, str | None, str] | None
         _groups_text("generation TP", gen.gen_tp_groups()),
         _groups_text("generation PP", gen.gen_pp_groups()),
         _groups_text("micro-DP", gen.micro_dp_groups()),
-        *([_groups_text("expert micro-DP", gen.expert_micro_dp_groups())] if train.ep > 1 else []),
+        *([_expert_groups_text(gen)] if train.ep > 1 else []),
         _groups_text("generation DP", gen.gen_dp_groups()),
         *filter(None, [identity_line(plan, engine)]),
         "",

@@ -276,12 +276,14 @@ class GenerationLayout:
         """The micro-DP groups of one EP group's `ep` data-parallel ranks, joined (for each fixed
         (edp, c, a)): between them they hold every expert of generation shard (a, c) once, each
         member its own EP rank's experts, so one all-gather gives each member all of them. With
-        ep = 1 these are the micro-DP groups. With experts trained at etp != t (generated at
-        t_g = 1): the ranks of one expert-DP index and generation stage, each holding its
-        (ep, etp) shard of its stage's experts."""
+        ep = 1 these are the micro-DP groups. With experts trained at etp != t, generated at
+        t_g = 1: the ranks of one expert-DP index and generation stage, each holding its
+        (ep, etp) shard of its stage's experts; at t_g > 1 none (the experts' parts move point
+        to point, see `rl3d.hybrid_engine.hybridflow`)."""
         ep, train = self.train.ep, self.train
+        if train.etp is not None and self.t_g > 1:
+            return []
         if train.etp is not None:  # every expert whole on each rank (t_g = 1): one holder of each
-            assert self.t_g == 1, "experts trained at etp != t are planned for t_g = 1 only"
             return [
                 sorted(
                     train.expert_rank_of(pp=c * self.s + e, edp=edp, ep=k, etp=j)

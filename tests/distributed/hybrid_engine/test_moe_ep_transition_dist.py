@@ -111,19 +111,21 @@ def test_expert_parallel_weights_reshard_bit_for_bit(hf_dir, p, t, d, ep, t_g):
 
 
 @pytest.mark.parametrize(
-    ("p", "t", "d", "ep", "etp"),
+    ("p", "t", "d", "ep", "etp", "t_g"),
     [
-        (1, 2, 2, 2, 1),  # expert TP 1 at TP 2: a TP group is an EP group, experts whole
-        (1, 2, 2, 4, 1),  # one EP group of all 4 ranks
-        (2, 2, 1, 2, 1),  # PP folds into micro-DP: norms and experts of both stages
+        (1, 2, 2, 2, 1, 1),  # expert TP 1 at TP 2: a TP group is an EP group, experts whole
+        (1, 2, 2, 4, 1, 1),  # one EP group of all 4 ranks
+        (2, 2, 1, 2, 1, 1),  # PP folds into micro-DP: norms and experts of both stages
+        (1, 2, 2, 2, 1, 2),  # generation TP 2: each rank a half of every expert, point to point
+        (2, 2, 1, 2, 1, 2),  # ... with the experts of the other stage's ranks untouched
     ],
 )
-def test_expert_tensor_parallel_weights_reshard_bit_for_bit(hf_dir, p, t, d, ep, etp):
+def test_expert_tensor_parallel_weights_reshard_bit_for_bit(hf_dir, p, t, d, ep, etp, t_g):
     """Experts trained whole (etp 1) on the ranks megatron's expert grid gives them, dense
-    weights TP-split: each generation rank (t_g 1) gets every expert of its stage from its
-    holder, equal to the HF checkpoint bit for bit, counted = planned."""
+    weights TP-split: each generation rank gets its t_g shard of every expert of its stage from
+    its holders, equal to the HF checkpoint bit for bit, counted = planned."""
     world = p * t * d
-    results = run_distributed(worker, world, str(hf_dir), p, t, d, ep, 1, etp, timeout_s=600)
+    results = run_distributed(worker, world, str(hf_dir), p, t, d, ep, t_g, etp, timeout_s=600)
     for rank, r in enumerate(results):
         assert r["mismatched"] == [], (rank, r["mismatched"])
         assert r["checked"] > 0

@@ -52,15 +52,17 @@ def test_refusals_name_the_key(parallel, model, message):
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        (
-            "rollout.t_g=2",
-            r"rollout\.t_g: t_g=2: actor\.parallel\.etp=1 \(apart from tp=2\) reshards to t_g = 1",
-        ),
         ("hybrid_engine.strategy=ds_chat", r"hybrid_engine\.strategy: ds_chat: .* hybridflow only"),
     ],
-    ids=["t_g", "strategy"],
+    ids=["strategy"],
 )
 def test_the_transition_it_does_not_plan_is_refused_at_validate(override, message):
     par = "actor.parallel={tp: 2, pp: 1, dp: 2, ep: 2, etp: 1}"
     with pytest.raises(ConfigError, match=message):
         load_config(GRPO, [MOE, par, "launch.nproc_per_node=4", override])
+
+
+def test_generation_tp_above_the_expert_tp_validates():
+    par = "actor.parallel={tp: 2, pp: 1, dp: 2, ep: 2, etp: 1}"
+    cfg = load_config(GRPO, [MOE, par, "launch.nproc_per_node=4", "rollout.t_g=2"]).config
+    assert (cfg.actor.parallel.etp, cfg.rollout.t_g) == (1, 2)
