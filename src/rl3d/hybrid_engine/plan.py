@@ -386,6 +386,14 @@ class TransitionPlan:
         s = self.strategies[strategy]
         return self._ctx.pair_traffic(s.collectives, s.phases)
 
+    def traffic(self, collectives: list[Collective]) -> tuple[dict[int, int], dict[int, int]]:
+        """(received, sent) bytes per rank of some of a plan's collectives, run alone."""
+        return self._ctx.traffic(collectives)
+
+    def phase_pair_bytes(self, phase: tuple[Transfer, ...]) -> dict[tuple[int, int], int]:
+        """{(sender, receiver): bytes} of one point-to-point phase of a plan."""
+        return self._ctx.pair_traffic([], (phase,))
+
     def to_json(self) -> dict:
         return {
             "model": self.spec.name,
