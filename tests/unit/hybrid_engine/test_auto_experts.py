@@ -98,3 +98,9 @@ def test_dense_time_is_the_micro_dp_rings(model, train):
         old = link_seconds(plan.gen.micro_dp_groups(), recv, HW) + (ALPHA if row.d_g > 1 else 0)
         assert row.transition_s == old
         assert expert_seconds(plan, HW) == 0.0
+
+
+def test_expert_tp_apart_needs_expert_parallelism():
+    # at ep 1 the experts would ride the dense all-gather and move again point to point
+    with pytest.raises(ValueError, match=r"etp=1 apart from tp=4 needs ep > 1"):
+        plan_transition(QWEN, ParallelLayout(1, 4, 8, ep=1, etp=1), 2)
