@@ -13,7 +13,11 @@ node, as NCCL builds them, so a ring hop that enters a node carries what its rec
 
 The mechanisms (sources in /work/shared/TRANSITION_FACTS.md):
 - hybridflow (rl3d): the planner's micro-DP all-gather, bucketed (`Cluster.bucket_mb`, the
-  executor's default); generation buffers are allocated empty, nothing is reloaded.
+  executor's default), then its other collectives (a mixture of experts' all-gather over the
+  EP group's micro-DP groups, the norms' when p_g < p) and its point-to-point phases (experts
+  trained at an expert TP size apart from t, generated at t_g > 1: one message per sender and
+  receiver, all of a phase at once, one call's latency); generation buffers are allocated
+  empty, nothing is reloaded.
 - hybridflow_v: the planner's all-gather over each replica's t*p ranks, bucketed.
 - ds_chat (DeepSpeed v0.14.0 hybrid engine): one ZeRO-3 all-gather per HF parameter over all
   N ranks, in groups of 8 layers, then a re-slice (HBM copy) into the inference TP shard; peak
@@ -34,7 +38,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from rl3d.bench.cost_model import Cluster
-from rl3d.hybrid_engine.plan import Collective, PlanContext, TransitionPlan
+from rl3d.hybrid_engine.plan import Collective, PlanContext, TransitionPlan, rank_traffic
 
 DS_CHAT_LAYER_GROUP = 8  # DeepSpeed hybrid engine `tp_gather_partition_size` default
 
@@ -42,11 +46,12 @@ DS_CHAT_LAYER_GROUP = 8  # DeepSpeed hybrid engine `tp_gather_partition_size` de
 @dataclass
 class Phase:
     name: str
-    kind: str  # ring | chain | pcie | hbm
+    kind: str  # ring | chain | p2p | pcie | hbm
     groups: list[list[int]] = field(default_factory=list)  # chain: first member is the root
     recv: dict[int, int] = field(default_factory=dict)  # bytes each member receives in the phase
     calls: int = 1
     local_bytes: int = 0  # pcie / hbm: bytes each GPU moves
+    pairs: dict[tuple[int, int], int] = field(default_factory=dict)  # p2p: {(sender, receiver): bytes}
 
 
 @dataclass
@@ -77,15 +82,18 @@ def phase_cost(phase: Phase, cluster: Cluster) -> dict:
     nv_in: dict[int, int] = defaultdict(int)
     nv_out: dict[int, int] = defaultdict(int)
     latency = 0.0
+    hops = [(a, b, phase.recv.get(b, 0)) for g in phase.groups for a, b in _hops(g, phase.kind, cluster)]
+    for (a, b), nbytes in phase.pairs.items():
+        hops.append((a, b, nbytes))
+        latency = max(latency, cluster.nccl.ring_seconds(2, len({cluster.node(a), cluster.node(b)})))
+    for a, b, nbytes in hops:
+        if cluster.node(a) == cluster.node(b):
+            nv_out[a] += nbytes
+            nv_in[b] += nbytes
+        else:
+            node_out[cluster.node(a)] += nbytes
+            node_in[cluster.node(b)] += nbytes
     for group in phase.groups:
-        for a, b in _hops(group, phase.kind, cluster):
-            nbytes = phase.recv.get(b, 0)
-            if cluster.node(a) == cluster.node(b):
-                nv_out[a] += nbytes
-                nv_in[b] += nbytes
-            else:
-                node_out[cluster.node(a)] += nbytes
-                node_in[cluster.node(b)] += nbytes
         nodes = len({cluster.node(r) for r in group})
         latency = max(latency, cluster.nccl.ring_seconds(len(group), nodes))
     net = cluster.node_gbps * 1e9
@@ -114,7 +122,7 @@ def mechanism_cost(mech: Mechanism, cluster: Cluster) -> dict:
         "seconds": sum(c["seconds"] for c in costs),
         "bytes_max": max(recv.values(), default=0),
         "node_bytes_max": max(node_in.values(), default=0),
-        "calls": sum(p.calls for p in mech.phases if p.kind in ("ring", "chain")),
+        "calls": sum(p.calls for p in mech.phases if p.kind in ("ring", "chain", "p2p")),
         "peak_param_bytes": mech.peak_param_bytes,
         "terms": {p.name: round(c["seconds"], 6) for p, c in zip(mech.phases, costs)},
         "latency_seconds": sum(c["latency_seconds"] for c in costs),
@@ -174,7 +182,12 @@ def _zero3_phase(ctx: PlanContext, plan: TransitionPlan, name: str) -> Phase:
 
 def hybridflow(ctx, plan, cluster) -> Mechanism:
     s = plan.strategies["hybridflow"]
-    return Mechanism(_planned_phases(ctx, s.collectives, "micro_dp_all_gather", cluster), s.peak_param_bytes)
+    phases = _planned_phases(ctx, s.collectives, "micro_dp_all_gather", cluster)
+    for k, transfers in enumerate(s.phases):
+        pairs = ctx.pair_traffic([], (transfers,))
+        recv, _ = rank_traffic(pairs)
+        phases.append(Phase(f"point_to_point_{k}", "p2p", recv=dict(recv), pairs=pairs))
+    return Mechanism(phases, s.peak_param_bytes)
 
 
 def hybridflow_v(ctx, plan, cluster) -> Mechanism:

@@ -18,7 +18,12 @@ HybridFlow paper's A100 cluster):
   receiver gets over that node's network link (`ib_gbps`), which all `gpus_per_node` GPUs of
   the node share. The transition takes as long as its busiest link (a node's inbound or
   outbound network link, or a GPU's NVLink), plus `alpha_us`. (Giving each GPU the whole node
-  link would be 8x too optimistic when every GPU of a node pulls at once.)
+  link would be 8x too optimistic when every GPU of a node pulls at once.) The norms' small
+  all-gather (p_g < p) rides on the micro-DP rings;
+- a mixture of experts' weights moved apart from the dense ones are timed by the same links,
+  after them, as the executor runs them: the expert all-gather over each EP group's micro-DP
+  groups joined (ep > 1) as rings, then each point-to-point phase (experts trained at an
+  expert TP size apart from t, generated at t_g > 1) as one hop per message; `alpha_us` each.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from rl3d.hybrid_engine.plan import plan_transition
+from rl3d.hybrid_engine.plan import Transfer, TransitionPlan, plan_transition
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
 
@@ -94,9 +99,7 @@ def search_layouts(
             kv_read = seqs * (prompt_len + response_len / 2) * layers * 2 * kv_heads * spec.head_dim * nbytes
             stage_s = (weight_bytes + kv_read) / (hw.hbm_gbps * 1e9) + 2 * layers * allreduce_s
             generate_s = response_len * p_g * stage_s
-            recv = {r.rank: r.recv_bytes for r in hf.ranks}
-            transition_s = link_seconds(plan.gen.micro_dp_groups(), recv, hw)
-            transition_s += hw.alpha_us * 1e-6 if plan.gen.d_g > 1 else 0
+            transition_s = dense_seconds(plan, hw) + expert_seconds(plan, hw)
             rows.append(
                 AutoRow(
                     t_g,
@@ -113,22 +116,65 @@ def search_layouts(
     return rows
 
 
+EXPERT_GROUPS = "expert_micro_dp"  # the `Collective.group_kind` of the experts' own all-gather
+
+
+def dense_seconds(plan: TransitionPlan, hw: HardwareModel) -> float:
+    """hybridflow's micro-DP all-gather (every collective but the experts' own) on `hw`."""
+    hf = plan.strategies["hybridflow"]
+    recv, _ = plan.traffic([c for c in hf.collectives if c.group_kind != EXPERT_GROUPS])
+    seconds = link_seconds(plan.gen.micro_dp_groups(), recv, hw)
+    return seconds + (hw.alpha_us * 1e-6 if plan.gen.d_g > 1 else 0)
+
+
+def expert_seconds(plan: TransitionPlan, hw: HardwareModel) -> float:
+    """The experts moved apart from the dense weights on `hw`: their all-gather, then each
+    point-to-point phase, one after another (0 where experts ride with the dense weights)."""
+    hf = plan.strategies["hybridflow"]
+    seconds = 0.0
+    for c in hf.collectives:
+        if c.group_kind == EXPERT_GROUPS and any(len(g) > 1 for g in c.groups):
+            recv, _ = plan.traffic([c])
+            seconds += link_seconds(c.groups, recv, hw) + hw.alpha_us * 1e-6
+    for phase in hf.phases:
+        if phase:
+            seconds += transfer_seconds(phase, plan, hw) + hw.alpha_us * 1e-6
+    return seconds
+
+
 def link_seconds(groups: list[list[int]], recv: dict[int, int], hw: HardwareModel) -> float:
     """Ring all-gathers over `groups` at once: the busiest link's bytes over its bandwidth."""
-    node_in: dict[int, int] = defaultdict(int)
-    node_out: dict[int, int] = defaultdict(int)
-    nvlink: dict[int, int] = defaultdict(int)
+    hops = []
     for group in groups:
         ring = sorted(group, key=lambda m: (m // hw.gpus_per_node, m))
-        for a, b in zip(ring[-1:] + ring[:-1], ring) if len(ring) > 1 else ():
-            na, nb = a // hw.gpus_per_node, b // hw.gpus_per_node
-            if na == nb:
-                nvlink[b] += recv.get(b, 0)
-            else:
-                node_in[nb] += recv.get(b, 0)
-                node_out[na] += recv.get(b, 0)
+        hops += [(a, b, recv.get(b, 0)) for a, b in zip(ring[-1:] + ring[:-1], ring) if len(ring) > 1]
+    return busiest_link_seconds(hops, hw)
+
+
+def transfer_seconds(phase: tuple[Transfer, ...], plan: TransitionPlan, hw: HardwareModel) -> float:
+    """One point-to-point phase, its messages at once: each a hop from sender to receiver."""
+    pairs = plan.phase_pair_bytes(phase)
+    return busiest_link_seconds([(a, b, n) for (a, b), n in pairs.items()], hw)
+
+
+def busiest_link_seconds(hops: list[tuple[int, int, int]], hw: HardwareModel) -> float:
+    """(sender, receiver, bytes) hops at once: a hop inside a node loads both GPUs' NVLink (out
+    and in), one between nodes both nodes' network links; the busiest link's bytes over its
+    bandwidth."""
+    node_in: dict[int, int] = defaultdict(int)
+    node_out: dict[int, int] = defaultdict(int)
+    nv_in: dict[int, int] = defaultdict(int)
+    nv_out: dict[int, int] = defaultdict(int)
+    for a, b, nbytes in hops:
+        na, nb = a // hw.gpus_per_node, b // hw.gpus_per_node
+        if na == nb:
+            nv_in[b] += nbytes
+            nv_out[a] += nbytes
+        else:
+            node_in[nb] += nbytes
+            node_out[na] += nbytes
     net = [v / (hw.ib_gbps * 1e9) for v in (*node_in.values(), *node_out.values())]
-    return max(net + [v / (hw.nvlink_gbps * 1e9) for v in nvlink.values()], default=0.0)
+    return max(net + [v / (hw.nvlink_gbps * 1e9) for v in (*nv_in.values(), *nv_out.values())], default=0.0)
 
 
 def best_row(rows: list[AutoRow]) -> AutoRow | None:

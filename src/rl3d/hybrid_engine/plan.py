@@ -35,6 +35,7 @@ from rl3d.hybrid_engine.registry import STRATEGIES, get_strategy
 from rl3d.models.params import expert_owner
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import GenerationLayout, ParallelLayout
+from rl3d.parallel.layout import EP1_DRIFT
 from rl3d.parallel.sharding import ShardKind
 from rl3d.utils.dtypes import DTYPE_BYTES
 
@@ -386,6 +387,14 @@ class TransitionPlan:
         s = self.strategies[strategy]
         return self._ctx.pair_traffic(s.collectives, s.phases)
 
+    def traffic(self, collectives: list[Collective]) -> tuple[dict[int, int], dict[int, int]]:
+        """(received, sent) bytes per rank of some of a plan's collectives, run alone."""
+        return self._ctx.traffic(collectives)
+
+    def phase_pair_bytes(self, phase: tuple[Transfer, ...]) -> dict[tuple[int, int], int]:
+        """{(sender, receiver): bytes} of one point-to-point phase of a plan."""
+        return self._ctx.pair_traffic([], (phase,))
+
     def to_json(self) -> dict:
         return {
             "model": self.spec.name,
@@ -434,6 +443,8 @@ def plan_transition(
                     f"those that do: {', '.join(n for n in STRATEGIES if STRATEGIES[n].supports_ep)}"
                 )
     if train.etp is not None:
+        if train.ep == 1:  # the recipe refuses it too; at ep 1 the experts would ride the dense gather
+            raise ValueError(f"etp={train.etp} apart from tp={train.t} needs ep > 1: {EP1_DRIFT}")
         if set(names) != {"hybridflow"}:
             raise ValueError(
                 f"hybrid_engine.strategy: only hybridflow plans actor.parallel.etp={train.etp} "
