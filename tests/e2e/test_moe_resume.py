@@ -3,7 +3,8 @@ quickstart on 4 gloo ranks, 4 GRPO steps straight against 2 steps, a restart tha
 step 2's checkpoint and 2 more, in two layouts:
 
 - tp 2 x dp 2 x ep 2 with sequence parallelism (`auto` turns it on for a MoE at tp > 1), t_g 1;
-- tp 2, etp 1 x ep 2 x dp 2 (each expert whole on its rank), generating at t_g 2.
+- tp 2, etp 1 x ep 2 x dp 2 (each expert whole on its rank, sequence parallel too), generating
+  at t_g 2.
 
 Both runs' metrics agree bit for bit at every step (the straight run went on from its live
 weights, the resumed one from the checkpoint: model, optimizer, scheduler, data position and every
@@ -19,6 +20,10 @@ import torch
 from safetensors.torch import load_file
 from test_hf_export import assert_same_tensors, megatron_logits
 from train_helpers import ROOT, assert_same_metrics, metrics_by_step, run_train, train_env
+
+from rl3d.config import load_config
+from rl3d.models.sequence_parallel import resolve_sequence_parallel
+from rl3d.models.spec import spec_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -40,6 +45,9 @@ def export(run_dir, dst, step):
 @pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 def test_moe_run_resumes_exactly(layout, tmp_path):
     overrides = (*RUN, *LAYOUTS[layout])
+    cfg = load_config(RECIPE, list(overrides)).config
+    par = cfg.actor.parallel
+    assert resolve_sequence_parallel(par.sequence_parallel, is_moe=spec_of(cfg.model).is_moe, tp=par.tp)
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     proc = run_train(RECIPE, straight, "trainer.total_steps=4", *overrides)
     assert proc.returncode == 0, proc.stderr[-3000:]
