@@ -64,9 +64,11 @@ setup(
     version="0.1.0",
     description="Megatron-centric 3D-parallel RL post-training with a 3D-HybridEngine",
     python_requires=">=3.10",
-    # kernels/ (Triton modules and CUDA sources) ships inside the wheel as `rl3d._kernels`.
-    package_dir={"": "src", "rl3d._kernels": "kernels"},
-    packages=find_packages("src") + ["rl3d._kernels", "rl3d._kernels.triton", "rl3d._kernels.cuda"],
+    # kernels/ (Triton modules and CUDA sources) ships inside the wheel as `rl3d._kernels.triton`
+    # and `rl3d._kernels.cuda`; `rl3d._kernels` itself is src/rl3d/_kernels, so kernels/ needs no
+    # __init__.py and never shadows an installed top-level `kernels` (tests/unit/test_no_shadowing.py).
+    package_dir={"": "src", "rl3d._kernels.triton": "kernels/triton", "rl3d._kernels.cuda": "kernels/cuda"},
+    packages=find_packages("src") + ["rl3d._kernels.triton", "rl3d._kernels.cuda"],
     package_data={"rl3d._kernels.cuda": ["*.cu", "*.cpp", "*.h", "*.cuh"]},
     install_requires=[
         "torch>=2.3",

@@ -15,7 +15,7 @@
 #   1. install the wheels and rl3d itself (with kernels/ as rl3d._kernels) into /tmp/site;
 #   2. tests/gpu: kernels vs torch reference on CUDA, the CPU shim provably inactive, the
 #      rollout engine on CUDA (the SGLang test skips: sglang is not on that machine);
-#   3. benchmarks/kernels.py on one full-size llama2-70b layer: each form's bandwidth against
+#   3. benchmarks/kernel_bandwidth.py on one full-size llama2-70b layer: each form's bandwidth against
 #      a device copy of the same bytes (goal: 80%);
 #   4. the rollout benchmark on CUDA;
 #   5. the whole GRPO loop on CUDA: the CPU quickstart on one GPU (world of 1, NCCL, local layer
@@ -54,7 +54,7 @@ step() {
   timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.log" || status=1
 }
 step test_gpu 240 python3 -m pytest -q -p no:cacheprovider tests/gpu -rs
-step kernels 150 python3 benchmarks/kernels.py --out "$OUT"
+step kernels 150 python3 benchmarks/kernel_bandwidth.py --out "$OUT"
 step rollout 90 python3 -m rl3d.cli bench rollout --out "$OUT"
 step grpo_cuda 180 python3 -m rl3d.cli train recipes/quickstart_cpu_grpo.yaml launch.device=cuda \
     launch.nproc_per_node=1 actor.parallel.tp=1 trainer.total_steps=5 checkpoint.save_every=0 \

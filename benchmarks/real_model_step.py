@@ -70,8 +70,8 @@ def write_prompts(model_dir: Path, out: Path, count: int = 64) -> Path:
 
 # -- TRL's side (runs inside .venv-trl; imports neither rl3d nor this repo's packages) --------
 def trl_worker(args: argparse.Namespace) -> None:
-    # benchmarks/ holds kernels.py and rollout.py, which would shadow the packages transformers
-    # probes for: take this script's folder off the path before importing it
+    # TRL's environment holds packages rl3d's does not (tests/unit/test_no_shadowing.py checks only
+    # rl3d's): take this script's folder off the path before importing them
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     import torch

@@ -3,6 +3,7 @@ at tp=2, synthetic preference parquet) logs train and held-out metrics and write
 checkpoint; a PPO recipe then loads it as `reward.model`, in its own pool of 2 DP ranks beside
 the actor's 2, and scores every rollout with it."""
 
+import importlib.util
 import json
 
 import pytest
@@ -48,3 +49,19 @@ def test_rm_job_writes_metrics_and_a_checkpoint_that_ppo_loads(tmp_path):
         assert 0 <= row["reward/rule_mean"] <= 1  # the hidden rule, logged only
         # reward.model.rule_weight 0: the score the policy trains on is the model's alone
         assert row["reward/score_mean"] == pytest.approx(row["reward/model_mean"], abs=1e-5)
+
+
+@pytest.mark.parametrize("where", ["checkout", "elsewhere"])
+def test_rm_job_runs_the_same_from_any_directory(tmp_path, where):
+    """Started in the checkout, whose top-level folders share names with installed packages
+    (kernels/, yaml/), or anywhere else, the ranks import the installed packages: transformers
+    imports Hugging Face's `kernels` wherever it is installed (transformers 5.25 requires it)."""
+    cwd = ROOT if where == "checkout" else tmp_path
+    run_dir = tmp_path / "rm"
+    proc = run_train(
+        RM, run_dir, "trainer.total_steps=2", "rm.eval_every=2", "data.synthetic.num_pairs=64", cwd=cwd
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(metrics_by_step(run_dir)) == [1, 2]
+    spec = importlib.util.find_spec("kernels")
+    assert spec is None or not str(spec.origin).startswith(str(ROOT / "kernels"))

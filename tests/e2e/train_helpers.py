@@ -26,7 +26,7 @@ def train_env() -> dict[str, str]:
 
 
 def run_train(
-    recipe: Path, run_dir: Path, *overrides: str, timeout: float = 600
+    recipe: Path, run_dir: Path, *overrides: str, timeout: float = 600, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
     return subprocess.run(
         train_command(recipe, run_dir, *overrides),
@@ -34,6 +34,7 @@ def run_train(
         text=True,
         timeout=timeout,
         env=train_env(),
+        cwd=cwd,
     )
 
 

@@ -32,7 +32,7 @@ def launch_rm(loaded, overrides: list[str], *, emit, dry_run: bool = False, over
     import subprocess
 
     from rl3d.config import ConfigError, run_dir_of
-    from rl3d.launch.torchrun_job import first_rank_failure, torchrun_command
+    from rl3d.launch.torchrun_job import first_rank_failure, launch_env, torchrun_command
 
     cfg = loaded.config
     for i, f in enumerate([*cfg.data.train_files, *cfg.data.val_files]):
@@ -55,7 +55,7 @@ def launch_rm(loaded, overrides: list[str], *, emit, dry_run: bool = False, over
     emit("command      " + shlex.join(command))
     if dry_run:
         return 0
-    code = subprocess.call(command)
+    code = subprocess.call(command, env=launch_env())
     if code:
         emit("rl3d: run failed: " + first_rank_failure(run_dir / "logs", code))
     return code

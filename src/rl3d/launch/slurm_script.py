@@ -158,6 +158,8 @@ note() {{
 }}
 echo "$SLURM_JOB_ID" >"$SLURM_DIR/{job_id}"
 export PYTHONUNBUFFERED=1
+# The same code whatever the working directory (rl3d.launch.torchrun_job.launch_env)
+export PYTHONSAFEPATH=1 RL3D_LAUNCH_DIR="${{RL3D_LAUNCH_DIR:-$SLURM_SUBMIT_DIR}}"
 """
 
 # USR1 -> the running step; after `grace` seconds the step is ended so the job can requeue.

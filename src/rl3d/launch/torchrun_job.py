@@ -1,10 +1,22 @@
 """The launcher's side of a torchrun job (`rl3d train`, the reward-model job): the command that
-starts one node's ranks, and which rank's failure to name when the job fails."""
+starts one node's ranks, the environment they start in, and which rank's failure to name when
+the job fails."""
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+
+from rl3d.utils.imports import LAUNCH_DIR_ENV
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """The environment of the processes a launcher starts: the same code whatever the working
+    directory. PYTHONSAFEPATH keeps the interpreter from putting that directory ahead of the
+    installed packages (`python -m` would); user code named by import path (`reward.fn`,
+    `trainer.hooks`) is still found there, after them (`rl3d.utils.imports`)."""
+    return {**os.environ, "PYTHONSAFEPATH": "1", LAUNCH_DIR_ENV: os.getcwd(), **extra}
 
 
 def torchrun_command(

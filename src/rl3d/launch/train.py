@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import logging
-import os
 import shlex
 from collections.abc import Callable
 
 from rl3d.config import load_config, run_dir_of
 from rl3d.launch.preflight import check_run_dir, preflight
 from rl3d.launch.preflight_memory import kv_pool_override
-from rl3d.launch.torchrun_job import RANK_EXITS, first_rank_failure, torchrun_command
+from rl3d.launch.torchrun_job import RANK_EXITS, first_rank_failure, launch_env, torchrun_command
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +92,7 @@ def launch_train(
     log_dir = run_dir_of(loaded.config) / "logs"
     for stale in [*log_dir.glob("failed_rank*.txt"), log_dir / RANK_EXITS]:  # an earlier run's
         stale.unlink(missing_ok=True)
-    env = {**os.environ, PREFLIGHT_DONE_ENV: "1", "RL3D_RANK_EXITS": str(log_dir / RANK_EXITS)}
+    env = launch_env(**{PREFLIGHT_DONE_ENV: "1", "RL3D_RANK_EXITS": str(log_dir / RANK_EXITS)})
     code = subprocess.call(command, env=env)
     if code:
         from rl3d.config.pools import role_pools

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import os
 import re
+import sys
 from collections.abc import Iterable
 from typing import Any
 
 _MODULE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+# The directory `rl3d train` ran in. The processes it starts run with PYTHONSAFEPATH, so that
+# directory is not ahead of the installed packages; user code is looked up there after them.
+LAUNCH_DIR_ENV = "RL3D_LAUNCH_DIR"
+
+
+def _search_launch_dir() -> None:
+    launch_dir = os.environ.get(LAUNCH_DIR_ENV)
+    if launch_dir and launch_dir not in sys.path:
+        sys.path.append(launch_dir)
 
 
 def is_import_path(name: str) -> bool:
@@ -34,6 +45,7 @@ def import_object(path: str, *, what: str = "object", require_callable: bool = T
         raise ValueError(f"{what} {path!r}: {module_name!r} is not a module name")
     if not all(part.isidentifier() for part in attr_path.split(".")):
         raise ValueError(f"{what} {path!r}: {attr_path!r} is not an attribute name")
+    _search_launch_dir()
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:

@@ -1,4 +1,4 @@
-"""`rl3d bench rollout` and `benchmarks/rollout.py`: the JSON contract on a tiny batch (no timing
+"""`rl3d bench rollout` and `benchmarks/rollout_vs_generate.py`: the JSON contract on a tiny batch (no timing
 assertions: the machine may be busy)."""
 
 import json
@@ -12,7 +12,7 @@ from rl3d.cli import main
 
 KEYS = {"torch_tokens_per_s": float, "hf_tokens_per_s": float, "model": str, "batch": int, "new_tokens": int}
 TINY = ["--batch", "3", "--new-tokens", "4", "--prompt-len", "6", "--repeats", "1"]
-SCRIPT = Path(__file__).parents[3] / "benchmarks" / "rollout.py"
+SCRIPT = Path(__file__).parents[3] / "benchmarks" / "rollout_vs_generate.py"
 
 
 def check_contract(out: dict, model: str) -> None:

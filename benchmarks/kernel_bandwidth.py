@@ -5,8 +5,8 @@ form (torch reference, Triton, CUDA extension) is timed, and its bytes read + wr
 are set against `copy_` of a contiguous buffer moving the same bytes: the physical limit. On a
 GPU the Triton and CUDA forms should reach 80% of it.
 
-    python benchmarks/kernels.py --out runs/bench            # GPU: full layer; CPU: scale 8
-    python benchmarks/kernels.py --out runs/bench --scale 1 --train-tp 8 --gen-tp 2
+    python benchmarks/kernel_bandwidth.py --out runs/bench            # GPU: full layer; CPU: scale 8
+    python benchmarks/kernel_bandwidth.py --out runs/bench --scale 1 --train-tp 8 --gen-tp 2
 
 On CPU only the torch reference is a performance path; `--backends triton` there runs Triton's
 interpreter (needs TRITON_INTERPRET=1) and is only useful with a large --scale, as a smoke test.

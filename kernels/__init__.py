@@ -1,1 +1,0 @@
-"""Resharding kernels shipped with rl3d (see rl3d.ops)."""
