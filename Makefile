@@ -12,30 +12,64 @@ TORCH_SPEC ?= torch==2.13.0
 GPU_TORCH_SPEC ?= torch==2.14.1
 STAMP   := $(VENV)/.rl3d-installed
 PYTEST  := $(BIN)/python -m pytest
+FAST    := -m "not slow and not gpu" --timeout=600
 RECIPE  ?= recipes/quickstart_cpu_grpo.yaml
+# The locks: the exact version of every package, what the tests passed with (.ci/rl3d_lock.py).
+# `make install` installs from LOCK (CPython 3.11, the CPU torch), build requirements included, so a
+# new release on PyPI changes nothing until `make lock` re-resolves setup.py's ranges, runs the fast
+# tier on them in a scratch virtualenv and, only if it passes, rewrites LOCK.
+LOCK     ?= constraints/cpu-py311.txt
+GPU_LOCK ?= constraints/gpu-py312.txt
+PINNED  := -c $(LOCK) --build-constraint $(LOCK)
 
-.PHONY: install install-gpu test test-all test-gpu gpu-wheels lint demo bench real-model quickstart-smollm2 clean
+.PHONY: install install-gpu test test-all test-gpu test-latest lock lock-gpu gpu-wheels lint demo bench \
+	real-model quickstart-smollm2 clean
 
 install: $(STAMP)
 
-$(STAMP): setup.py pyproject.toml
+$(STAMP): setup.py pyproject.toml $(LOCK)
 	@command -v nvidia-smi >/dev/null 2>&1 && [ "$(TORCH_SPEC)" = "torch==2.13.0" ] && \
 	  echo "rl3d: CUDA machine detected; installing the CPU torch pin. For GPUs run 'make install-gpu'" || true
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q $(TORCH_SPEC)
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -c $(LOCK) --upgrade pip setuptools wheel
+	$(BIN)/pip install -q $(PINNED) $(TORCH_SPEC)
+	$(BIN)/pip install -q $(PINNED) -e ".[dev]"
 	@touch $(STAMP)
+
+# A scratch virtualenv $(1) with the newest versions setup.py allows (the lock left out).
+define fresh_venv
+	rm -rf $(1) && $(PY) -m venv $(1)
+	$(1)/bin/pip install -q --upgrade pip setuptools wheel
+	$(1)/bin/pip install -q $(TORCH_SPEC)
+	$(1)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+endef
+
+lock:
+	$(call fresh_venv,.venv-lock)
+	.venv-lock/bin/python .ci/rl3d_lock.py diff $(LOCK)
+	.venv-lock/bin/python -m pytest -q $(FAST)
+	.venv-lock/bin/python .ci/rl3d_lock.py write $(LOCK)
+
+# The GPU install ([gpu,dev] for CPython 3.12), resolved from the pinned packages' own requirements
+# without installing anything: it needs no GPU, only PyPI.
+lock-gpu: $(STAMP)
+	$(BIN)/python .ci/rl3d_lock.py gpu $(GPU_LOCK)
+
+# The fast tier on the newest versions setup.py allows; the report names each package that moved.
+test-latest:
+	$(call fresh_venv,.venv-latest)
+	.venv-latest/bin/python .ci/rl3d_lock.py diff $(LOCK) >.venv-latest/drift.txt
+	.venv-latest/bin/python -m pytest -q $(FAST); status=$$?; cat .venv-latest/drift.txt; exit $$status
 
 install-gpu:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel pybind11 ninja
-	$(BIN)/pip install -q $(GPU_TORCH_SPEC)
-	$(BIN)/pip install -q --no-build-isolation -e ".[gpu,dev]"
+	$(BIN)/pip install -q -c $(GPU_LOCK) $(GPU_TORCH_SPEC)
+	$(BIN)/pip install -q -c $(GPU_LOCK) --no-build-isolation -e ".[gpu,dev]"
 	@touch $(STAMP)
 
 test: $(STAMP)
-	$(PYTEST) -q -m "not slow and not gpu" --timeout=600
+	$(PYTEST) -q $(FAST)
 
 test-all: $(STAMP)
 	$(PYTEST) -q -m "not gpu" --timeout=1800
@@ -50,8 +84,8 @@ gpu-wheels: $(STAMP)
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl megatron-core==0.16.1
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks setup.py
-	$(BIN)/ruff format --check src tests benchmarks setup.py
+	$(BIN)/ruff check src tests benchmarks setup.py .ci
+	$(BIN)/ruff format --check src tests benchmarks setup.py .ci
 
 # A fresh run directory each time, so a second `make demo` trains again instead of resuming.
 demo: $(STAMP)
@@ -81,4 +115,4 @@ quickstart-smollm2: real-model
 	$(BIN)/rl3d train recipes/quickstart_cpu_smollm2_gsm8k.yaml trainer.run_dir=runs/smollm2-gsm8k-$$(date +%Y%m%d-%H%M%S)
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-lock .venv-latest build *.egg-info src/*.egg-info .pytest_cache .ruff_cache

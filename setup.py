@@ -6,7 +6,6 @@ on a CUDA machine install your own torch build before `pip install -e .`.
 """
 
 import os
-import sys
 
 from setuptools import find_packages, setup
 
@@ -37,11 +36,15 @@ def cuda_extensions() -> tuple[list, dict]:
 
 
 EXT_MODULES, CMDCLASS = cuda_extensions()
-MEGATRON = "megatron-core>=0.16,<0.17" if sys.version_info < (3, 12) else "megatron-core>=0.16"
+# Upper bounds only where a known incompatibility exists, each saying which; the locks in
+# constraints/ (`make install`, `make lock`), not caps, keep installs reproducible. megatron-core
+# 0.17+ requires Python 3.12 itself, so on 3.11 pip resolves 0.16.x without a cap here.
+MEGATRON = "megatron-core>=0.16"
 # The [gpu] extra follows SGLang's own pins (its wheel's METADATA; tests/unit/rollout checks that
 # they agree): sglang 0.5.23 requires torch==2.14.1 (CUDA 13 builds: flashinfer-python[cu13],
 # cuda-python>=13) and transformers==5.19.0. Transformer Engine is built against that torch, in
-# megatron-core 0.16's range: `make install-gpu`.
+# megatron-core 0.16's range: `make install-gpu`. Caps: rl3d's SGLang adapter is checked against
+# 0.5.23's own source (tests/unit/rollout), and megatron-core 0.16 supports Transformer Engine < 2.12.
 SGLANG = "sglang==0.5.23"
 GPU_TORCH = "torch==2.14.1"
 TRANSFORMER_ENGINE = "transformer-engine[core_cu13,pytorch]>=2.9,<2.12"
@@ -75,7 +78,7 @@ setup(
         MEGATRON,
         "pyyaml>=6",
         "tensorboard>=2.14",
-        "ray>=2.9,<3",
+        "ray>=2.9",
         "pyarrow>=14",
         "safetensors>=0.4",
         "transformers>=4.40",

@@ -38,12 +38,13 @@ def importable_names(folder: Path) -> dict[str, Path]:
 
 def folders_put_on_sys_path() -> list[Path]:
     """The checkout's root, and the folders a test or benchmark run puts first on `sys.path`:
-    every test folder (pytest's prepend import mode) and benchmarks/ (its scripts run directly)."""
+    every test folder (pytest's prepend import mode), benchmarks/ and .ci/ (their scripts run directly)."""
     under = [
         p
-        for top in ("tests", "benchmarks")
+        for top in ("tests", "benchmarks", ".ci")
         for p in [ROOT / top, *(ROOT / top).rglob("*")]
-        if p.is_dir() and not SKIP_DIRS & set(p.relative_to(ROOT).parts) and not p.name.startswith(".")
+        if p.is_dir()
+        and not any(part in SKIP_DIRS or part.startswith(".") for part in p.relative_to(ROOT / top).parts)
     ]
     return [ROOT, *under]
 
