@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ops", "single_controller", "data"),  # resharding kernels; the role protocol; datasets
     ("models", "algos", "rewards"),  # megatron-core models; algorithm functions; reward functions
     ("hybrid_engine", "rollout"),  # planning and moving weights between layouts; generation
-    ("weight_sync",),  # the transport of a transition to another pool's ranks
+    ("weight_sync", "costs"),  # a transition's transport to another pool; cluster and transition costs
     ("agents",),  # an OpenAI-compatible endpoint over a rollout engine; users' agents drive the rollout
     ("config",),  # typed recipe sections: every layer below works without reading a recipe
     ("workers",),  # one class per role

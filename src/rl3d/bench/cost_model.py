@@ -1,8 +1,7 @@
 """An alpha-beta model of the transition's collectives on a GPU cluster (no GPU needed).
 
-Assumptions, all stated and all parameters of `Cluster` (defaults: the HybridFlow testbed,
-16 nodes x 8 A100-80GB, 600 GB/s NVLink, 200 Gb/s between nodes):
-- ranks are numbered node by node: rank // gpus_per_node is the node;
+Assumptions, all stated and all parameters of `rl3d.costs.cluster.Cluster` (its defaults: the
+HybridFlow testbed; ranks numbered node by node):
 - an all-gather over n ranks is a ring, ordered node by node (as NCCL builds its rings), that
   takes (n-1) steps: time = (n-1) * alpha + (bytes a rank receives) / (ring bandwidth);
 - a ring's bandwidth is its slowest hop: NVLink (`nvlink_gbps` per GPU and direction) inside a
@@ -18,37 +17,15 @@ Assumptions, all stated and all parameters of `Cluster` (defaults: the HybridFlo
 
 This charges each strategy as one ideal collective (`strategy_seconds`), the reference the
 earlier benchmark used. The modelled benchmark now costs the calls each system really makes
-(`rl3d.bench.mechanisms`, NCCL's per-call latencies from `rl3d.bench.nccl`) on this `Cluster`.
+(`rl3d.costs.mechanisms`, NCCL's per-call latencies from `rl3d.costs.nccl`) on the same `Cluster`.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 
-from rl3d.bench.nccl import NCCL_2_18, NcclLatency
+from rl3d.costs.cluster import Cluster
 from rl3d.hybrid_engine.plan import TransitionPlan
-
-
-@dataclass(frozen=True)
-class Cluster:
-    gpus_per_node: int = 8
-    nvlink_gbps: float = 300.0  # A100: 600 GB/s bidirectional NVLink = 300 GB/s each way
-    nic_gbps: float = 25.0  # 200 Gb/s between nodes
-    nics_per_node: int = 1  # the paper's "200Gbps" per node (1) or per GPU (8)
-    alpha_us: float = 10.0  # latency per ring step or chain hop (the single-collective model)
-    pcie_gbps: float = 32.0  # PCIe Gen4 x16 per direction, one link per GPU (CPU -> GPU reloads)
-    hbm_gbps: float = 2039.0  # A100-80GB HBM2e (datasheet): copies on the GPU, the optimizer step
-    bucket_mb: float = 256.0  # rl3d's hybrid_engine.bucket_mb default (calls per transition)
-    nccl: NcclLatency = NCCL_2_18  # per-call latency of each collective (see rl3d.bench.nccl)
-
-    def node(self, rank: int) -> int:
-        return rank // self.gpus_per_node
-
-    @property
-    def node_gbps(self) -> float:
-        """One node's network link, shared by its GPUs."""
-        return self.nic_gbps * self.nics_per_node
 
 
 def _ring_hops(group: list[int], cluster: Cluster) -> list[tuple[int, int]]:

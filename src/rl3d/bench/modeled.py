@@ -2,8 +2,8 @@
 
 Each point is a model on a number of GPUs with a training layout (T, P, D) and a generation
 layout (T_g, P_g). Every strategy is costed as the calls it really makes
-(`rl3d.bench.mechanisms`), over the planner's exact per-rank bytes where the strategy is one of
-the planner's, on the cluster of `cost_model.Cluster` (no GPU, no tensors).
+(`rl3d.costs.mechanisms`), over the planner's exact per-rank bytes where the strategy is one of
+the planner's, on the cluster of `rl3d.costs.cluster.Cluster` (no GPU, no tensors).
 
 Two sets of points:
 - `--paper-layouts`: the Fig. 14 captions' layouts (training T,P -> generation T_g,P_g):
@@ -13,9 +13,8 @@ Two sets of points:
   2-8-2 -> 4, 34B 4-8-2 -> 4, 70B 8-8-2 -> 8; p-t-d order), kept for comparison with earlier runs.
 
 `hybridflow_overlap` is hybridflow overlapped with the optimizer step. Model of the step: a
-fused Adam over the rank's parameters (params / (T*P); no distributed optimizer), memory-bound:
-30 bytes per parameter through HBM (read fp32 grad, master, m, v; write master, m, v and the
-bf16 weight). The step walks the transition's buckets in order, and bucket k starts moving
+fused Adam over the rank's parameters (params / (T*P); no distributed optimizer), memory-bound
+(`rl3d.costs.optimizer`). The step walks the transition's buckets in order, and bucket k starts moving
 once its update is done (k+1)/K of the way through; the visible time is what is left after
 the step ends. The pipeline's drain (later stages finish their backward earlier) would open a
 longer window; it is not counted.
@@ -25,14 +24,13 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from rl3d.bench.cost_model import Cluster
-from rl3d.bench.mechanisms import MECHANISMS, Mechanism, lower_bound, mechanism_cost
+from rl3d.costs.cluster import Cluster
+from rl3d.costs.mechanisms import MECHANISMS, Mechanism, lower_bound, mechanism_cost
+from rl3d.costs.optimizer import adam_seconds
 from rl3d.hybrid_engine.params import SegmentTable
 from rl3d.hybrid_engine.plan import PlanContext, plan_transition
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
-
-ADAM_BYTES_PER_PARAM = 30
 
 
 @dataclass(frozen=True)
@@ -90,7 +88,7 @@ def paper_points(models: list[str]) -> list[Point]:
 
 def optimizer_seconds(point: Point, cluster: Cluster) -> float:
     params = get_model_spec(point.model).num_params() / (point.t * point.p)
-    return params * ADAM_BYTES_PER_PARAM / (cluster.hbm_gbps * 1e9)
+    return adam_seconds(params, cluster.hbm_gbps)
 
 
 def overlapped_seconds(transition_s: float, buckets: int, optimizer_s: float) -> float:

@@ -9,7 +9,8 @@ import json
 import os
 from pathlib import Path
 
-from rl3d.bench.cost_model import Cluster, fit_alpha_beta
+from rl3d.bench.cost_model import fit_alpha_beta
+from rl3d.costs.cluster import Cluster
 from rl3d.hybrid_engine.strategy import STRATEGIES
 
 GB = 1e9

@@ -4,8 +4,9 @@ separate rollout pool's ranks (`plan_pool_transition`, run over `rl3d.weight_syn
 
 `plan_transition` and the strategy registry are pure Python, so planning never imports torch;
 the torch-side names (`Resharder`, `GenerationWeights`, ...) load on first use for the same
-reason. Importing the package registers `hybridflow`; the benchmark's baselines register
-when `rl3d.bench` is imported.
+reason. Importing the package registers `hybridflow` only; the benchmark's baselines
+(`baselines`) and hybridflow's per-node routing (`hierarchical`) register when their modules
+are imported (`rl3d.bench` imports both).
 """
 
 from rl3d.hybrid_engine import hybridflow as _hybridflow  # noqa: F401  registers "hybridflow"

@@ -6,8 +6,9 @@ plan's collectives through the engine (`Resharder`) and assembles the generation
 Because execution walks the plan, the executor cannot move bytes the planner did not count.
 
 The registry maps names to classes. This package registers only `hybridflow`, the strategy
-training runs use; the benchmark's baselines register themselves when `rl3d.bench` is
-imported, so production code never carries them and never imports the benchmark.
+training runs use; the baselines register themselves when `rl3d.hybrid_engine.baselines` is
+imported (by `rl3d.bench`, and by the planner's models of the systems they stand for), so a
+training run never carries them and nothing below the benchmark imports it.
 """
 
 from __future__ import annotations

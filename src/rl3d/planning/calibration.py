@@ -34,7 +34,7 @@ from dataclasses import fields
 
 import torch
 
-from rl3d.bench.nccl import NcclLatency
+from rl3d.costs.nccl import NcclLatency
 from rl3d.planning.devices import DeviceClass, FixedCosts
 
 # the costs each kind of row pays; `step_overhead_s` is the device's per-decode-step cost

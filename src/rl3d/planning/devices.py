@@ -15,7 +15,7 @@ Sources:
 - H200-SXM-141GB: NVIDIA H200 datasheet (BF16 dense 989 TFLOPS, HBM3e 4.8 TB/s, 141 GB, NVLink
   900 GB/s total); DGX H200: 8 x 400 Gb/s per node.
 - PCIe: Gen4 x16 about 32 GB/s each way (A100), Gen5 x16 about 64 GB/s (H100, H200).
-- Collective latency per call: NCCL 2.18.1's own ring model (`rl3d.bench.nccl`).
+- Collective latency per call: NCCL 2.18.1's own ring model (`rl3d.costs.nccl`).
 - `train_mfu` 0.45 on A100: Megatron-LM on A100 reaches 44-52% of peak for GPT models of
   1.7B-1T parameters (Narayanan et al., SC'21, Table 1). On H100/H200 0.40 is an assumption
   (peak FLOPs grew 3.2x, memory bandwidth 1.6-2.4x, so a lower share is reached).
@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from rl3d.bench.cost_model import Cluster
-from rl3d.bench.nccl import NCCL_2_18, NcclLatency
+from rl3d.costs.cluster import Cluster
+from rl3d.costs.nccl import NCCL_2_18, NcclLatency
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class DeviceClass:
         return min(self.nvlink_gbps, self.node_net_gbps / self.gpus_per_node)
 
     def cluster(self) -> Cluster:
-        """The transition cost model's cluster (`rl3d.bench.cost_model`) for this class."""
+        """The transition cost model's cluster (`rl3d.costs.cluster`) for this class."""
         return Cluster(
             gpus_per_node=self.gpus_per_node,
             nvlink_gbps=self.nvlink_gbps,

@@ -105,7 +105,9 @@ def _train_peak(entries: dict[str, Entry]) -> int:
 
 def _resharded_bytes(cfg: RL3DConfig, spec: ModelSpec, pool: Pool) -> list[int]:
     """Per actor-pool rank: generation-weight bytes the hybrid engine adds to the training shard."""
-    import rl3d.bench  # noqa: F401  registers the baseline strategies a recipe may name
+    # the schema's `hybrid_engine.strategy` may name a baseline (only the recipe check refuses one
+    # for a run), so register them to plan whichever is named
+    from rl3d.hybrid_engine import baselines as _baselines  # noqa: F401
     from rl3d.hybrid_engine.plan import plan_transition
 
     strategy = cfg.hybrid_engine.strategy

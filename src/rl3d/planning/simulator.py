@@ -13,7 +13,7 @@ works, so the step is the longer of the two):
 - `old_logp`, `ref_logp`, `values`, `reward_model`, `cost_model`: forwards (1x FLOPs);
   `update_actor`, `update_critic`: forward + backward (3x) per PPO epoch, plus per optimizer
   step the data-parallel all-reduce of fp32 gradients and a fused Adam over the rank's
-  parameters (30 bytes per parameter through HBM; `rl3d.bench.modeled`). Megatron's two
+  parameters (30 bytes per parameter through HBM; `rl3d.costs.optimizer`). Megatron's two
   tensor-parallel all-reduces per layer and direction are charged on the TP group's link, the
   pipeline bubble as (p - 1) / m of the pipelined time (m micro-batches per rank, 1F1B). With
   sequence parallelism (`PoolPlacement.sequence_parallel`) megatron replaces each all-reduce by
@@ -23,7 +23,7 @@ works, so the step is the longer of the two):
   and its two all-reduces per layer (the fixed costs stay a training pass's: zero on the GPU
   classes, calibrated on a CPU without recompute).
 - `reshard`: the colocated transition, rl3d's hybridflow mechanism on this device's cluster
-  (`rl3d.bench.mechanisms`, the same model as `rl3d bench --modeled`); with a rollout pool the
+  (`rl3d.costs.mechanisms`, the same model as `rl3d bench --modeled`); with a rollout pool the
   weight sync: every rollout rank receives its t_g-shard of the weights, over the rollout
   nodes' links (or NVLink when the whole job shares one node).
 Every worker call, micro-batch, layer, optimizer step and decode step also pays the device's
@@ -43,8 +43,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from rl3d.bench.mechanisms import MECHANISMS, mechanism_cost
-from rl3d.bench.modeled import ADAM_BYTES_PER_PARAM
+from rl3d.costs.mechanisms import MECHANISMS, mechanism_cost
+from rl3d.costs.optimizer import adam_seconds
 from rl3d.hybrid_engine.params import SegmentTable
 from rl3d.hybrid_engine.plan import PlanContext, plan_transition
 from rl3d.models.spec import ModelSpec
@@ -163,9 +163,7 @@ def update_seconds(
     steps = w.ppo_epochs * max(1, w.samples // w.mini_batch_size)
     shard = spec.num_params() / (layout.t * layout.p)
     grads = ring_allreduce_seconds(shard * GRAD_BYTES, layout.d, layout.world_size, device)
-    adam = (
-        shard / (layout.d if w.distributed_optimizer else 1) * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
-    )
+    adam = adam_seconds(shard / (layout.d if w.distributed_optimizer else 1), device.hbm_gbps)
     fixed = device.fixed
     if critic:
         call = fixed.critic_train_call_s + spec.num_layers / layout.p * fixed.critic_train_call_layer_s

@@ -11,18 +11,18 @@ simulator and device class. Nothing is fitted to the paper's numbers.
   devices before each forward and backward of each micro-batch, gradients reduce-scattered;
   the gathers overlap compute, so a pass takes the longer of the two); generation in its hybrid
   engine at its own inference TP (the smallest that fits), after a transition that gathers every
-  parameter over all N devices (`rl3d.bench.mechanisms.ds_chat`).
+  parameter over all N devices (`rl3d.costs.mechanisms.ds_chat`).
 - OpenRLHF (v0.2.5, `openrlhf/trainer/ray/`): each model on its own devices (actor, critic,
   reference, reward model, and vLLM engines), ZeRO-3 inside each pool; the models' forwards run
   at once and the actor and critic train at once (Ray calls in parallel); weights go to vLLM by
-  a per-parameter gather and NCCL broadcast (`rl3d.bench.mechanisms.openrlhf`). The split of
+  a per-parameter gather and NCCL broadcast (`rl3d.costs.mechanisms.openrlhf`). The split of
   the devices is searched (whole nodes; the best is taken).
 - NeMo-Aligner: all models colocated, one 3D layout for training and generation (no
   resharding: generation runs at the training's t and p), the best such layout; Megatron's
   sequence parallelism at t > 1 and full recompute where a layout fits only with it, as rl3d's
   search takes them.
 The transition mechanisms' facts and sources: /work/shared/TRANSITION_FACTS.md and
-`rl3d.bench.mechanisms`.
+`rl3d.costs.mechanisms`.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from __future__ import annotations
 import functools
 import math
 
-from rl3d.bench.mechanisms import MECHANISMS, mechanism_cost
-from rl3d.bench.modeled import ADAM_BYTES_PER_PARAM
+from rl3d.costs.mechanisms import MECHANISMS, mechanism_cost
+from rl3d.costs.optimizer import adam_seconds
 from rl3d.hybrid_engine.params import SegmentTable
 from rl3d.hybrid_engine.plan import PlanContext, plan_transition
 from rl3d.models.spec import get_model_spec
@@ -78,7 +78,7 @@ def zero3_pass(w: Workload, role: str, n: int, device: DeviceClass, *, backward:
 
 def zero3_update(w: Workload, role: str, n: int, device: DeviceClass) -> float:
     steps = w.ppo_epochs * max(1, w.samples // w.mini_batch_size)
-    adam = w.spec(role).num_params() / n * ADAM_BYTES_PER_PARAM / (device.hbm_gbps * 1e9)
+    adam = adam_seconds(w.spec(role).num_params() / n, device.hbm_gbps)
     return w.ppo_epochs * zero3_pass(w, role, n, device, backward=True) + steps * adam
 
 

@@ -4,8 +4,9 @@ import json
 
 import pytest
 
-from rl3d.bench.cost_model import Cluster, concurrent_ring_seconds, fit_alpha_beta, strategy_seconds
+from rl3d.bench.cost_model import concurrent_ring_seconds, fit_alpha_beta, strategy_seconds
 from rl3d.cli import main
+from rl3d.costs.cluster import Cluster
 from rl3d.hybrid_engine.plan import plan_transition
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout

@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from rl3d.bench.modeled import ADAM_BYTES_PER_PARAM
+from rl3d.costs.optimizer import ADAM_BYTES_PER_PARAM
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.calibration import (

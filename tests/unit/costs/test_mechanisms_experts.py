@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from rl3d.bench.cost_model import Cluster
-from rl3d.bench.mechanisms import MECHANISMS, mechanism_cost
+from rl3d.costs.cluster import Cluster
+from rl3d.costs.mechanisms import MECHANISMS, mechanism_cost
 from rl3d.hybrid_engine.params import SegmentTable
 from rl3d.hybrid_engine.plan import PlanContext, plan_transition
 from rl3d.models.spec import get_model_spec

@@ -1,9 +1,10 @@
-"""The transition baselines the benchmark compares HybridFlow against (EuroSys'25, Table 2).
+"""The transition baselines HybridFlow is compared against (EuroSys'25, Table 2).
 
-They live here, not in `rl3d.hybrid_engine`, because no training run may use them; importing
-`rl3d.bench` registers them in the same strategy registry, so `rl3d plan`, `rl3d bench` and
-the `Resharder` plan and execute them like `hybridflow`, and their counted bytes equal their
-planned bytes by the same construction.
+No training run may use them (the recipe check refuses them), so the package does not import
+this module: importing it registers them in the same strategy registry, as `rl3d.bench` and the
+cost models of the 2024 systems (`rl3d.costs.mechanisms`) do, so `rl3d plan`, `rl3d bench`, the
+step simulator and the `Resharder` plan and execute them like `hybridflow`, and their counted
+bytes equal their planned bytes by the same construction.
 
 - `hybridflow_v`: all-gather of the whole replica across its t*p ranks into a separate buffer,
   then each rank slices its generation shard (vanilla grouping, no regrouping).

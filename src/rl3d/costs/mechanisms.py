@@ -5,7 +5,7 @@ them). A phase is a set of ring all-gathers or broadcast chains that run at once
 disjoint groups, issued `calls` times in a row (per parameter, per bucket or per stage), or a
 local copy (CPU -> GPU over PCIe, or a copy in HBM). Its time is
 
-    calls x NCCL's per-call latency (`rl3d.bench.nccl`)  +  the busiest link's bytes / its bandwidth
+    calls x NCCL's per-call latency (`rl3d.costs.nccl`)  +  the busiest link's bytes / its bandwidth
 
 where a link is a node's network link (in or out; `Cluster.nic_gbps x nics_per_node`, shared by
 all 8 GPUs of the node) or a GPU's NVLink (in or out). Rings and chains are ordered node by
@@ -37,7 +37,8 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from rl3d.bench.cost_model import Cluster
+from rl3d.costs.cluster import Cluster
+from rl3d.hybrid_engine import baselines as _baselines  # noqa: F401  registers the baselines read here
 from rl3d.hybrid_engine.plan import Collective, PlanContext, TransitionPlan, rank_traffic
 
 DS_CHAT_LAYER_GROUP = 8  # DeepSpeed hybrid engine `tp_gather_partition_size` default
