@@ -1,8 +1,8 @@
 """The package layering holds: every top-level package imports only from the layers below it
 (`LAYERS`, the one statement of the order), no import cycle between packages nor between modules,
-no source file over 500 lines, and the single-controller protocol stays a leaf. The graphs are
-built from the source with ast, so a lazy import inside a function, or one only for type
-checking, counts as much as one at the top."""
+no source file over 500 lines, the single-controller protocol stays a leaf and the planner never
+imports the benchmark. The graphs are built from the source with ast, so a lazy import inside a
+function, or one only for type checking, counts as much as one at the top."""
 
 import ast
 import functools
@@ -221,6 +221,12 @@ def test_the_module_check_sees_a_circle():
 def test_single_controller_is_a_leaf_below_workers_and_controller():
     deps = package_graph().get("single_controller", set())
     assert not deps & {"workers", "controller", "config", "launch", "algos"}, deps
+
+
+def test_the_planner_does_not_import_the_benchmark():
+    # the layers would allow it (planning sits above bench); what both need lives in rl3d.costs
+    deps = package_graph().get("planning", set())
+    assert "bench" not in deps, "rl3d.planning imports rl3d.bench: move what it needs into rl3d.costs"
 
 
 def test_no_source_file_over_the_line_limit():
