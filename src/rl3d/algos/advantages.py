@@ -204,30 +204,29 @@ def compute_advantages(
     group: dist.ProcessGroup | None = None,
     **hparams: object,
 ) -> Advantages:
-    """Run the named estimator, passing the inputs its `AlgorithmFamily` declares it needs.
+    """Run the named estimator, passing the inputs its `AlgorithmFamily` requires (`inputs`) and
+    those it takes when they are given (`optional_inputs`).
 
     `hparams` are the estimator's keyword hyper-parameters (e.g. `gamma`, `lam`, `norm_by_std`).
     `group` reaches only estimators that whiten (`AlgorithmFamily.supports_process_group`); the
     others work per prompt group, which lives on one rank.
     """
     family = ADVANTAGE_ESTIMATORS.get(name)
-    inputs: dict[str, object] = {"rewards_BT": rewards_BT, "mask_BT": mask_BT}
-    needed = {
-        "values_BT": (family.needs_critic, values_BT),
-        "group_ids_B": (family.needs_group_samples, group_ids_B),
-        "greedy_scores_B": (family.needs_greedy_baseline, greedy_scores_B),
-        "cost_rewards_BT": (family.needs_cost_critic, cost_rewards_BT),
-        "cost_values_BT": (family.needs_cost_critic, cost_values_BT),
-        "logp_BT": (family.needs_teacher, logp_BT),
-        "teacher_logp_BT": (family.needs_teacher, teacher_logp_BT),
+    given = {
+        "values_BT": values_BT,
+        "group_ids_B": group_ids_B,
+        "greedy_scores_B": greedy_scores_B,
+        "cost_rewards_BT": cost_rewards_BT,
+        "cost_values_BT": cost_values_BT,
+        "logp_BT": logp_BT,
+        "teacher_logp_BT": teacher_logp_BT,
     }
-    for key, (is_needed, value) in needed.items():
-        if is_needed and value is None:
+    inputs: dict[str, object] = {"rewards_BT": rewards_BT, "mask_BT": mask_BT}
+    for key in family.inputs:
+        if given[key] is None:
             raise ValueError(f"advantage estimator {name!r} needs {key}")
-        if is_needed:
-            inputs[key] = value
+        inputs[key] = given[key]
+    inputs |= {key: given[key] for key in family.optional_inputs if given[key] is not None}
     if family.supports_process_group:
         inputs["group"] = group
-    if family.needs_teacher and group_ids_B is not None:  # for the task reward's group baseline
-        inputs["group_ids_B"] = group_ids_B
     return family.fn(**inputs, **hparams)

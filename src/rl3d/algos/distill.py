@@ -21,7 +21,11 @@ Tensor = torch.Tensor
 
 
 @register_advantage_estimator(
-    "on_policy_distillation", needs_critic=False, needs_teacher=True, default_kl_placement="loss"
+    "on_policy_distillation",
+    needs_critic=False,
+    needs_teacher=True,
+    default_kl_placement="loss",
+    optional_inputs=("group_ids_B",),  # the task reward's group baseline (distill.coef > 0)
 )
 def on_policy_distillation_advantages(
     *,

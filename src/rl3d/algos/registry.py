@@ -15,6 +15,18 @@ from rl3d.utils.registry import Registry
 
 T = TypeVar("T")
 
+# The inputs an estimator may take beyond `rewards_BT` and `mask_BT`: keyword -> (the batch column
+# the advantage stage makes it from, the `AlgorithmFamily` flag that requires it).
+ESTIMATOR_INPUTS: dict[str, tuple[str, str]] = {
+    "values_BT": ("values", "needs_critic"),
+    "group_ids_B": ("uid", "needs_group_samples"),
+    "greedy_scores_B": ("greedy_score", "needs_greedy_baseline"),
+    "cost_rewards_BT": ("cost", "needs_cost_critic"),
+    "cost_values_BT": ("cost_values", "needs_cost_critic"),
+    "logp_BT": ("old_logp", "needs_teacher"),
+    "teacher_logp_BT": ("teacher_logp", "needs_teacher"),
+}
+
 
 @dataclass(frozen=True)
 class AlgorithmFamily:
@@ -27,6 +39,7 @@ class AlgorithmFamily:
     `supports_process_group` means the estimator whitens and accepts a DP `group` for it;
     `needs_teacher` builds the `teacher` role and hands the estimator the policy's and the
     teacher's per-token log-probs (on-policy distillation);
+    `optional_inputs` are inputs it takes when they are given (keywords of `ESTIMATOR_INPUTS`);
     `hooks` names the algorithm hooks the step needs for it (`rl3d.algos.algorithm`);
     `default_kl_placement` is where the reference-KL penalty usually goes for this family:
     `"reward"` (token-level penalty folded into rewards, PPO) or `"loss"` (GRPO).
@@ -41,10 +54,23 @@ class AlgorithmFamily:
     supports_process_group: bool = False
     needs_teacher: bool = False
     default_kl_placement: str = "reward"
+    optional_inputs: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()  # `rl3d.algos.algorithm.HOOKS` this estimator needs
 
     def __post_init__(self) -> None:
         assert self.default_kl_placement in ("reward", "loss"), self.default_kl_placement
+        assert set(self.optional_inputs) <= set(ESTIMATOR_INPUTS), self.optional_inputs
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The inputs its flags require beyond `rewards_BT` and `mask_BT` (keywords of `ESTIMATOR_INPUTS`)."""
+        return tuple(key for key, (_, flag) in ESTIMATOR_INPUTS.items() if getattr(self, flag))
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        """The batch columns the advantage stage must find for it (`rl3d.algos.stage`, where the
+        engine's `rollout_logp` stands in for an `old_logp` skipped on policy)."""
+        return tuple(dict.fromkeys(ESTIMATOR_INPUTS[key][0] for key in self.inputs))
 
 
 ADVANTAGE_ESTIMATORS: Registry[AlgorithmFamily] = Registry("advantage estimator")

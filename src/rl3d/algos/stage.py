@@ -1,7 +1,8 @@
 """The step's pure stage between scoring and updates, over a whole batch: rewards -> advantages.
 
 Scores land on each response's last token; DAPO's overlong penalty and the reference KL
-(PPO: in the reward) shape them; the registered estimator turns them into advantages.
+(PPO: in the reward) shape them; the registered estimator turns them into advantages, given the
+batch columns its `AlgorithmFamily` names (`columns`; an error names a missing one).
 `cfg` is the recipe's `rl3d.config.AlgorithmConfig` (not imported: config validates names
 against these registries, so it imports algos and never the reverse).
 """
@@ -9,17 +10,24 @@ against these registries, so it imports algos and never the reverse).
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rl3d.algos.advantages import compute_advantages
 from rl3d.algos.core import scores_to_token_rewards
 from rl3d.algos.distill import reverse_kl_by_token
 from rl3d.algos.kl import kl_k1, kl_penalty_rewards
+from rl3d.algos.registry import ESTIMATOR_INPUTS, AlgorithmFamily
 from rl3d.algos.reward_shaping import overlong_penalty
 from rl3d.single_controller.batch import ROUTING_DECISIONS, ROUTING_DIFFER, DataBatch
 from rl3d.tools.trajectory import trajectory_metrics
 
+if TYPE_CHECKING:
+    import torch
+
 _HPARAMS = ("gamma", "lam", "whiten", "norm_by_std", "task_coef")
+# A column the trainer may leave out, and the one that stands in for it then: `old_logp` is
+# skipped on policy (actor.recompute_old_logp), where the engine's log-probs are the same policy's.
+_STAND_INS = {"old_logp": "rollout_logp"}
 
 
 def estimator_hparams(cfg: Any) -> dict:
@@ -33,6 +41,28 @@ def estimator_hparams(cfg: Any) -> dict:
     }
     accepted = inspect.signature(cfg.family.fn).parameters
     return {k: v for k, v in candidates.items() if k in accepted and v is not None}
+
+
+def estimator_inputs(batch: DataBatch, family: AlgorithmFamily, mask_BT: torch.Tensor) -> dict[str, Any]:
+    """The batch columns `family`'s estimator takes, as its keyword inputs: every one it requires
+    (a ValueError naming the column and the estimator where the batch lacks it), and each
+    optional one the batch has."""
+    inputs = {}
+    for key in (*family.inputs, *family.optional_inputs):
+        wanted = ESTIMATOR_INPUTS[key][0]
+        column = wanted if wanted in batch else _STAND_INS.get(wanted, wanted)
+        if column not in batch:
+            if key in family.optional_inputs:
+                continue
+            either = f" (or {_STAND_INS[wanted]!r})" if wanted in _STAND_INS else ""
+            raise ValueError(
+                f"advantage estimator {family.name!r} needs the batch column {wanted!r}{either} for "
+                f"its {key}; the batch has {', '.join(sorted([*batch.tensors, *batch.meta]))}"
+            )
+        value = batch[column]
+        # a response's cost lands on its last token, as its score does
+        inputs[key] = scores_to_token_rewards(value.float(), mask_BT) if key == "cost_rewards_BT" else value
+    return inputs
 
 
 def compute_advantage(
@@ -71,39 +101,25 @@ def compute_advantage(
             estimator=cfg.kl_estimator,
         )
         metrics |= {f"kl/{k}": float(v) for k, v in kl_metrics.items()}
-    cost_rewards = None
-    if "cost" in batch:
+    if "cost" in batch:  # a recipe may score a cost under any estimator: logged, used where needed
         costs = batch["cost"].float()
         metrics |= {"cost/mean": costs.mean().item(), "cost/std": costs.std().item()}
-        cost_rewards = scores_to_token_rewards(costs, mask)
     hparams = estimator_hparams(cfg)
-    teacher_logp = batch["teacher_logp"] if "teacher_logp" in batch else None
-    logp = None
-    if teacher_logp is not None:  # the policy before the update: the trainer's, else the engine's
-        logp = batch["old_logp"] if "old_logp" in batch else batch["rollout_logp"]
     if lagrange_multiplier is not None:
         hparams["lagrange_multiplier"] = lagrange_multiplier
-    adv = compute_advantages(
-        cfg.adv_estimator,
-        rewards_BT=rewards,
-        mask_BT=mask,
-        values_BT=batch["values"] if "values" in batch else None,
-        group_ids_B=batch["uid"],
-        greedy_scores_B=batch["greedy_score"] if "greedy_score" in batch else None,
-        cost_rewards_BT=cost_rewards,
-        cost_values_BT=batch["cost_values"] if "cost_values" in batch else None,
-        logp_BT=logp,
-        teacher_logp_BT=teacher_logp,
-        **hparams,
-    )
+    inputs = estimator_inputs(batch, cfg.family, mask)
+    adv = compute_advantages(cfg.adv_estimator, rewards_BT=rewards, mask_BT=mask, **inputs, **hparams)
     batch.set("advantages", adv.adv_BT.float()).set("returns", adv.returns_BT.float())
     if adv.cost_returns_BT is not None:
         batch.set("cost_returns", adv.cost_returns_BT.float())
     valid = adv.adv_BT[mask]
     metrics["adv/mean"] = valid.mean().item() if valid.numel() else 0.0
     metrics["adv/std"] = valid.std().item() if valid.numel() > 1 else 0.0
-    if teacher_logp is not None:
-        metrics["distill/reverse_kl"] = reverse_kl_by_token(logp, teacher_logp, mask).item()
+    if "teacher_logp_BT" in inputs:
+        metrics["distill/reverse_kl"] = reverse_kl_by_token(
+            inputs["logp_BT"], inputs["teacher_logp_BT"], mask
+        ).item()
+    # optional by recipe: ref_logp comes with a reference model, old_logp not on policy (_STAND_INS)
     if "ref_logp" in batch and "old_logp" in batch:
         kl = kl_k1(batch["old_logp"], batch["ref_logp"])[mask]
         metrics["kl/actor_ref_k1"] = kl.mean().item() if kl.numel() else 0.0

@@ -43,6 +43,26 @@ def test_other_estimators_only_log_the_cost():
     assert batch["advantages"][0, 0].item() == pytest.approx(1.0)  # the cost changed nothing
 
 
+def test_a_missing_column_is_named_with_the_estimator():
+    cfg = AlgorithmConfig(adv_estimator="safe_rlhf")
+    batch = _batch()
+    del batch.tensors["cost_values"]
+    with pytest.raises(ValueError, match=r"'safe_rlhf' needs the batch column 'cost_values' for its"):
+        compute_advantage(batch, cfg, kl_coef=0.0, max_response_length=4, lagrange_multiplier=1.0)
+    del batch.tensors["values"]  # the estimator's first column is named first
+    with pytest.raises(ValueError, match=r"'safe_rlhf' needs the batch column 'values' for its values_BT"):
+        compute_advantage(batch, cfg, kl_coef=0.0, max_response_length=4, lagrange_multiplier=1.0)
+
+
+def test_only_the_estimators_columns_are_read():
+    cfg = AlgorithmConfig(adv_estimator="reinforce_plus_plus", whiten_advantages=False)
+    batch = _batch()
+    for column in ("values", "cost_values", "uid"):  # none of them reinforce_plus_plus's
+        del batch.tensors[column]
+    batch, _ = compute_advantage(batch, cfg, kl_coef=0.0, max_response_length=4)
+    assert batch["advantages"].shape == (2, 4)
+
+
 def test_lagrange_multiplier_rises_above_the_threshold_and_falls_below():
     lam = algos.LagrangeMultiplier(init_value=1.0, cost_threshold=0.1, lr=0.5)
     assert lam.update(torch.tensor([0.5, 0.3])) > 1.0

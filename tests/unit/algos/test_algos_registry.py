@@ -89,6 +89,21 @@ def test_algorithm_family_flags_tell_the_controller_what_to_build():
     assert algos.get_advantage_estimator("gae").default_kl_placement == "reward"
 
 
+def test_each_estimator_names_the_batch_columns_the_stage_must_find():
+    built_in = ("gae", "grpo", "rloo", "reinforce_plus_plus", "remax", "safe_rlhf", "on_policy_distillation")
+    columns = {name: algos.get_advantage_estimator(name).columns for name in built_in}
+    assert columns == {
+        "gae": ("values",),
+        "grpo": ("uid",),
+        "rloo": ("uid",),
+        "reinforce_plus_plus": (),
+        "remax": ("greedy_score",),
+        "safe_rlhf": ("values", "cost", "cost_values"),
+        "on_policy_distillation": ("old_logp", "teacher_logp"),
+    }
+    assert algos.get_advantage_estimator("on_policy_distillation").optional_inputs == ("group_ids_B",)
+
+
 def test_policy_loss_presets_differ_only_in_defaults():
     ones = torch.ones(1, 1)
     # ratio 2 with A = -1: ppo clips to 1.2 (loss 2 from the unclipped side), dual clip caps at c.
