@@ -164,7 +164,8 @@ def main() -> int:
     parser.add_argument("lock", type=Path)
     args = parser.parse_args()
     if args.command == "write":
-        how = f"`make lock` (CPython {sys.version_info.major}.{sys.version_info.minor}, the fast tier passed)"
+        python = f"CPython {sys.version_info.major}.{sys.version_info.minor}"
+        how = f"`.ci/rl3d_lock.py write` ({python}; `make lock` runs it once the fast tier passes)"
         write(args.lock, installed(), how)
     elif args.command == "diff":
         diff(args.lock)
