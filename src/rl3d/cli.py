@@ -66,7 +66,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
             print(run_memory_plan(args, config))
         else:
-            print(run_plan(args, config))
+            shapes = None
+            if config is not None:  # the recipe path may import torch; --model plans stay pure Python
+                from rl3d.planning.recipe import recipe_shapes
+
+                shapes = recipe_shapes(config)
+            print(run_plan(args, shapes))
         return 0
     except ValueError as err:
         if isinstance(err, ConfigError):

@@ -1,8 +1,8 @@
-"""The package layering holds: every top-level package imports only from the layers below it
-(`LAYERS`, the one statement of the order), no import cycle between packages nor between modules,
-no source file over 500 lines, the single-controller protocol stays a leaf and the planner never
-imports the benchmark. The graphs are built from the source with ast, so a lazy import inside a
-function, or one only for type checking, counts as much as one at the top."""
+"""The package layering holds: every top-level package imports only from the layers below it (`LAYERS`, the
+one statement of the order), no import cycle between packages nor between modules, no source file over 500
+lines, the single-controller protocol stays a leaf, the planner never imports the benchmark and no module
+below `config` reads the whole recipe. The graphs are built from the source with ast, so a lazy import
+inside a function, or one only for type checking, counts as much as one at the top."""
 
 import ast
 import functools
@@ -227,6 +227,69 @@ def test_the_planner_does_not_import_the_benchmark():
     # the layers would allow it (planning sits above bench); what both need lives in rl3d.costs
     deps = package_graph().get("planning", set())
     assert "bench" not in deps, "rl3d.planning imports rl3d.bench: move what it needs into rl3d.costs"
+
+
+# the packages below `config`: they take a recipe's sections or plain values, never the recipe
+BELOW_CONFIG = {pkg for layer in LAYERS[: LAYERS.index(("config",))] for pkg in layer}
+
+
+def whole_recipe_reads(source: str) -> list[str]:
+    """The functions of `source` that take the whole recipe: an annotation or a docstring naming
+    `RL3DConfig`, or reads of two or more of its sections off one object (`cfg.data.x` and
+    `cfg.model.y`; the sections of `self` itself do not count)."""
+    from dataclasses import fields
+
+    from rl3d.config.schema import RL3DConfig
+
+    sections = {f.name for f in fields(RL3DConfig)}
+    found = []
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        args = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs, fn.args.vararg, fn.args.kwarg]
+        notes = [a.annotation for a in args if a is not None] + [fn.returns]
+        if any("RL3DConfig" in ast.unparse(n) for n in notes if n is not None):
+            found.append(f"{fn.name}: annotated RL3DConfig")
+        if "RL3DConfig" in (ast.get_docstring(fn) or ""):
+            found.append(f"{fn.name}: its docstring says it takes an RL3DConfig")
+        read: dict[str, set[str]] = {}
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute):
+                if node.value.attr in sections:
+                    read.setdefault(ast.unparse(node.value.value), set()).add(node.value.attr)
+        found += [
+            f"{fn.name}: reads {', '.join(sorted(s))} off {obj}"
+            for obj, s in sorted(read.items())
+            if len(s) > 1 and obj != "self"
+        ]
+    return found
+
+
+def test_no_module_below_config_reads_the_whole_recipe():
+    found = {
+        str(path.relative_to(SRC)): reads
+        for path in sorted(SRC.rglob("*.py"))
+        if _package_of(path) in BELOW_CONFIG
+        and (reads := whole_recipe_reads(path.read_text(encoding="utf-8")))
+    }
+    assert not found, f"pass these the recipe's sections or plain values, not the recipe: {found}"
+
+
+def test_the_recipe_check_sees_a_whole_recipe():
+    old_stops = (
+        "def end_token_ids(cfg: Any) -> frozenset[int]:\n"
+        "    return set(model_eos_token_ids(cfg.model.hf_path)) if cfg.data.train_files else set()\n"
+    )
+    assert whole_recipe_reads(old_stops) == ["end_token_ids: reads data, model off cfg"]
+    typed = 'def f(cfg: "RL3DConfig"):\n    """Run `cfg` (an `RL3DConfig`)."""\n    return cfg.rollout.n\n'
+    assert whole_recipe_reads(typed) == [
+        "f: annotated RL3DConfig",
+        "f: its docstring says it takes an RL3DConfig",
+    ]
+    sections = (
+        "def f(self, rollout, data):\n    return rollout.n, data.train_files.x, self.model.x, self.data.x\n"
+    )
+    assert whole_recipe_reads(sections) == []
 
 
 def test_no_source_file_over_the_line_limit():

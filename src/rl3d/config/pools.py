@@ -22,10 +22,11 @@ from rl3d.config.schema import ParallelConfig, RL3DConfig
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.single_controller.pools import Pool, hosting, pool_of
 
-__all__ = ["Pool", "hosting", "pool_of", "role_pools"]
+__all__ = ["Pool", "hosting", "layout_of", "pool_of", "role_pools"]
 
 
-def _layout(par: ParallelConfig) -> ParallelLayout:
+def layout_of(par: ParallelConfig) -> ParallelLayout:
+    """The layout a `parallel` section asks for."""
     return ParallelLayout(par.pp, par.tp, par.dp, ep=getattr(par, "ep", 1), etp=getattr(par, "etp", None))
 
 
@@ -35,10 +36,10 @@ def role_pools(cfg: RL3DConfig) -> list[Pool]:
     pool of the role they name."""
     table = role_table(cfg)
     colocated = [r.name for r in table if r.pool_with is None and r.own_layout(cfg) is None]
-    pools = [Pool(ACTOR, _layout(cfg.actor.parallel), 0, tuple(colocated))]
+    pools = [Pool(ACTOR, layout_of(cfg.actor.parallel), 0, tuple(colocated))]
     for role in table:
         if role.pool_with is None and (par := role.own_layout(cfg)) is not None:
-            pools.append(Pool(role.name, _layout(par), pools[-1].offset + pools[-1].size, (role.name,)))
+            pools.append(Pool(role.name, layout_of(par), pools[-1].offset + pools[-1].size, (role.name,)))
     for role in table:
         if role.pool_with is not None:
             pools = [

@@ -240,7 +240,11 @@ def assemble_trainer(
 
         texts = [s for s in sinks if hasattr(s, "log_text")]  # TensorBoard's Text tab
         trainer.samples = SamplesLog(
-            run_dir, data.tokenizer, num=cfg.logging.samples, end_ids=end_token_ids(cfg), text_sinks=texts
+            run_dir,
+            data.tokenizer,
+            num=cfg.logging.samples,
+            end_ids=end_token_ids(cfg.data, cfg.model.hf_path),
+            text_sinks=texts,
         )
     if cfg.trainer.validates:
         from rl3d.controller.validation import Validator

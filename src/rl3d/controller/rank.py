@@ -27,7 +27,7 @@ def run_tokenizer(cfg: RL3DConfig, spec) -> Any:
     """The run's tokenizer (`tokenizer_path`), the same in every process that needs one."""
     from rl3d.data import load_tokenizer
 
-    return load_tokenizer(tokenizer_path(cfg), vocab_size=spec.vocab_size)
+    return load_tokenizer(tokenizer_path(cfg.data, cfg.model.hf_path), vocab_size=spec.vocab_size)
 
 
 @dataclass

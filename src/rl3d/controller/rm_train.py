@@ -331,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = run_dir_of(cfg)
     rank = int(os.environ.get("RANK", "0"))
     device = resolve_device(cfg.launch.device)
-    threads = threads_per_rank(cfg) if device == "cpu" else None
-    setup_process(cfg, rank=rank, log_dir=run_dir / "logs", num_threads=threads)
+    threads = threads_per_rank(cfg.launch.nproc_per_node) if device == "cpu" else None
+    setup_process(cfg.logging, rank=rank, log_dir=run_dir / "logs", num_threads=threads)
     init_process_group(device, timeout_s=cfg.launch.timeout_s)
     try:
         if rank == 0:

@@ -69,10 +69,11 @@ class SyntheticTokenizer:
         return f"SyntheticTokenizer(vocab_size={self.vocab_size})"
 
 
-def tokenizer_path(cfg: Any) -> str | None:
-    """Run `cfg`'s tokenizer (an `RL3DConfig`): `data.tokenizer`, else the model's directory for
-    text data; None: the synthetic vocabulary (synthetic tasks speak token ids)."""
-    return cfg.data.tokenizer or (cfg.model.hf_path if cfg.data.train_files else None)
+def tokenizer_path(data: Any, model_path: str | None) -> str | None:
+    """A run's tokenizer from its `data` section (`rl3d.config.DataConfig`, not imported: the
+    config layer sits above data) and `model.hf_path`: `data.tokenizer`, else the model's
+    directory for text data; None: the synthetic vocabulary (synthetic tasks speak token ids)."""
+    return data.tokenizer or (model_path if data.train_files else None)
 
 
 def load_tokenizer(path: str | None, *, vocab_size: int) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
@@ -12,11 +13,27 @@ from rl3d.hybrid_engine.moe_plan import format_moe, plan_moe_split
 from rl3d.hybrid_engine.plan import TransitionPlan, expert_parts, plan_transition
 from rl3d.hybrid_engine.strategy import STRATEGIES
 from rl3d.models.lora_names import LORA_TARGETS
-from rl3d.models.spec import get_model_spec, spec_of
+from rl3d.models.spec import ModelSpec, get_model_spec
 from rl3d.parallel import ParallelLayout
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 GB = 1e9
+
+
+@dataclass(frozen=True)
+class RecipeShapes:
+    """What `rl3d plan RECIPE` takes from a recipe (`rl3d.planning.recipe.recipe_shapes` reads
+    it): the model, the actor's training layout, the generation layout, the training dtype, the
+    engine as (rollout.engine, rollout.dtype, model.dtype) and the actor's `lora` section (None
+    without one)."""
+
+    spec: ModelSpec
+    train: ParallelLayout
+    t_g: int
+    p_g: int
+    dtype: str
+    engine: tuple[str, str | None, str]
+    lora: Any = None
 
 
 def _ints(text: str, count: int, flag: str) -> list[int]:
@@ -50,20 +67,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lora-targets", help="q_proj,v_proj,... (default: all seven, or actor.lora's)")
 
 
-def _inputs(args: argparse.Namespace, cfg: Any):
+def _inputs(args: argparse.Namespace, recipe: RecipeShapes | None):
     """(spec, training layout, t_g, p_g, dtype, engine): `engine` is a recipe's
     (rollout.engine, rollout.dtype, model.dtype), None without one."""
-    if cfg is not None:
-        par = cfg.actor.parallel
-        dtype = args.dtype or cfg.model.dtype
-        return (
-            spec_of(cfg.model),
-            ParallelLayout(par.pp, par.tp, par.dp, ep=par.ep, etp=par.etp),
-            cfg.rollout.t_g,
-            cfg.rollout.p_g,
-            dtype,
-            (cfg.rollout.engine, cfg.rollout.dtype, cfg.model.dtype),
-        )
+    if recipe is not None:
+        dtype = args.dtype or recipe.dtype
+        return recipe.spec, recipe.train, recipe.t_g, recipe.p_g, dtype, recipe.engine
     if not (args.model and args.train and (args.gen or args.auto)):
         raise ValueError("give a RECIPE, or --model NAME --train P,T,D --gen TG,PG")
     p, t, d, *expert = _ints(args.train, min(max(args.train.count(",") + 1, 3), 5), "--train")
@@ -204,11 +213,10 @@ def _check_bounds(args: argparse.Namespace, train: ParallelLayout) -> None:
             raise ValueError(f"{flag} must be >= 1, got {value}")
 
 
-def run_plan(args: argparse.Namespace, config: Any = None) -> str:
-    """Entry point of `rl3d plan`; `config` is the loaded recipe's `rl3d.config.RL3DConfig` when
-    one is given (model and layouts from it). ValueError (bad layout, model, flag) is reported
-    by the CLI."""
-    spec, train, t_g, p_g, dtype, engine = _inputs(args, config)
+def run_plan(args: argparse.Namespace, recipe: RecipeShapes | None = None) -> str:
+    """Entry point of `rl3d plan`; `recipe` holds the model and layouts of the recipe when one is
+    given. ValueError (bad layout, model, flag) is reported by the CLI."""
+    spec, train, t_g, p_g, dtype, engine = _inputs(args, recipe)
     _check_bounds(args, train)
     if args.auto:
         hw = HardwareModel(gpu_mem_gb=args.gpu_mem_gb)
@@ -228,7 +236,7 @@ def run_plan(args: argparse.Namespace, config: Any = None) -> str:
         return format_auto(rows, best, hw)
     strategies = tuple(args.strategy) if args.strategy else None
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
-    lora = _lora_transition(args, config, spec, train, t_g, p_g, dtype)
+    lora = _lora_transition(args, recipe, spec, train, t_g, p_g, dtype)
     moe = plan_moe_split(spec, train, t_g, p_g, dtype=dtype) if spec.is_moe else None
     if args.json:
         extra = ({"lora": lora.summary()} if lora else {}) | ({"moe": moe} if moe else {})
@@ -239,9 +247,9 @@ def run_plan(args: argparse.Namespace, config: Any = None) -> str:
     return "\n\n".join(sections)
 
 
-def _lora_transition(args, config, spec, train, t_g, p_g, dtype) -> LoraTransition | None:
+def _lora_transition(args, recipe, spec, train, t_g, p_g, dtype) -> LoraTransition | None:
     """The adapter-only transition when --lora-rank is given or the recipe sets actor.lora."""
-    lora_cfg = getattr(config.actor, "lora", None) if config is not None else None
+    lora_cfg = recipe.lora if recipe is not None else None
     rank = args.lora_rank if args.lora_rank is not None else getattr(lora_cfg, "rank", None)
     if rank is None:
         return None

@@ -208,7 +208,7 @@ def _tokenizer_dir(check: _Check) -> str | None:
     from rl3d.data.tokenizer import tokenizer_path
     from rl3d.utils.imports import is_import_path
 
-    path = tokenizer_path(check.cfg)
+    path = tokenizer_path(check.cfg.data, check.cfg.model.hf_path)
     return None if path is None or is_import_path(path) else path
 
 

@@ -53,7 +53,7 @@ def setup_rank_process(cfg: RL3DConfig, run_dir: str, num_threads: int, pool: st
 
     offset = hosting(role_pools(cfg), pool).offset
     rank = offset + int(os.environ["RANK"])  # the world rank the spmd backend would give it
-    setup_process(cfg, rank=rank, log_dir=Path(run_dir) / "logs", num_threads=num_threads)
+    setup_process(cfg.logging, rank=rank, log_dir=Path(run_dir) / "logs", num_threads=num_threads)
     return build_rank(cfg, run_dir, pool)
 
 
@@ -96,7 +96,7 @@ class RayRun:
         from rl3d.single_controller.ray import RankActors, ResourcePool
 
         device = _device_kind(cfg)
-        threads = threads_per_rank(cfg)
+        threads = threads_per_rank(cfg.launch.nproc_per_node)
         bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
         strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
         pools = role_pools(cfg)
@@ -179,7 +179,7 @@ def run_driver(loaded: LoadedConfig) -> int:
 
     cfg = loaded.config
     run_dir = Path(run_dir_of(cfg))
-    setup_process(cfg, rank=0, log_dir=None, num_threads=threads_per_rank(cfg))
+    setup_process(cfg.logging, rank=0, log_dir=None, num_threads=threads_per_rank(cfg.launch.nproc_per_node))
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     driver_log = logging.FileHandler(run_dir / "logs" / "driver.log")
     driver_log.setFormatter(logging.getLogger("rl3d").handlers[0].formatter)
@@ -196,7 +196,7 @@ def run_driver(loaded: LoadedConfig) -> int:
     if address:
         context = ray.init(address=address, **common)
     else:
-        world = cfg.launch.world_size * threads_per_rank(cfg) + cfg.reward.num_workers
+        world = cfg.launch.world_size * threads_per_rank(cfg.launch.nproc_per_node) + cfg.reward.num_workers
         # "local": always a new instance of our own, never some other job's cluster on this machine
         context = ray.init(
             address="local", num_cpus=max(os.cpu_count() or 1, world), include_dashboard=False, **common

@@ -90,7 +90,9 @@ def run_rollout_rank(
     pools = role_pools(cfg)
     pool, actor = hosting(pools, ROLLOUT_POOL), hosting(pools, ACTOR)
     local = dist.get_rank()
-    setup_process(cfg, rank=pool.offset + local, log_dir=Path(run_dir) / "logs", num_threads=num_threads)
+    setup_process(
+        cfg.logging, rank=pool.offset + local, log_dir=Path(run_dir) / "logs", num_threads=num_threads
+    )
     store = _client_store(host, port, cfg.rollout.async_.timeout_s)
     runner = rollout_runner(
         cfg, build_data(cfg), plan, store, pool=pool, local=local, num_train=actor.size, device=device

@@ -40,13 +40,14 @@ def _stops(cfg) -> str:
     """Where generation stops (`rl3d.rollout.stops`), said once before the run starts."""
     from rl3d.rollout.stops import end_token_ids, stop_token_ids
 
-    ids = list(stop_token_ids(cfg))
+    ids = list(stop_token_ids(cfg.rollout, cfg.data, cfg.model.hf_path))
     if not cfg.data.train_files:
         why = "rollout.stop_token_ids; a synthetic task has no end id"
     elif cfg.rollout.ignore_eos:
         why = "rollout.stop_token_ids; rollout.ignore_eos: true"
     else:
-        why = f"the model's end ids {sorted(end_token_ids(cfg))} and rollout.stop_token_ids"
+        ends = sorted(end_token_ids(cfg.data, cfg.model.hf_path))
+        why = f"the model's end ids {ends} and rollout.stop_token_ids"
     return f"at token ids {ids or 'none'} ({why}), else after {cfg.rollout.max_new_tokens} tokens"
 
 

@@ -1,4 +1,4 @@
-"""A recipe as the step simulator's workload and placement.
+"""A recipe as the step simulator's workload and placement, and as `rl3d plan`'s shapes.
 
 The critic, the reference and learned reward or cost models take the actor's shape (rl3d's
 critic is built from `model`; a learned scorer's own shape is read from its run only when it
@@ -8,8 +8,9 @@ loads). A recipe's own roles (`roles:`) are not simulated.
 from __future__ import annotations
 
 from rl3d.config import RL3DConfig
-from rl3d.config.pools import role_pools
+from rl3d.config.pools import layout_of, role_pools
 from rl3d.config.roles import old_logp_source, role_table
+from rl3d.hybrid_engine.report import RecipeShapes
 from rl3d.models.spec import spec_of
 from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
 from rl3d.utils.dtypes import DTYPE_BYTES
@@ -66,4 +67,18 @@ def placement_of(cfg: RL3DConfig) -> Placement:
         t_g=cfg.rollout.t_g,
         p_g=cfg.rollout.p_g,
         max_staleness=cfg.rollout.async_.max_staleness,
+    )
+
+
+def recipe_shapes(cfg: RL3DConfig) -> RecipeShapes:
+    """The model, the actor's layout, the generation layout, the dtypes and the actor's LoRA that
+    `rl3d plan RECIPE` plans."""
+    return RecipeShapes(
+        spec=spec_of(cfg.model),
+        train=layout_of(cfg.actor.parallel),
+        t_g=cfg.rollout.t_g,
+        p_g=cfg.rollout.p_g,
+        dtype=cfg.model.dtype,
+        engine=(cfg.rollout.engine, cfg.rollout.dtype, cfg.model.dtype),
+        lora=getattr(cfg.actor, "lora", None),
     )

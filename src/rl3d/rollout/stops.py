@@ -51,20 +51,22 @@ def _tokenizer_eos_id(path: str) -> int | None:
     return tokenizer.eos_token_id
 
 
-def end_token_ids(cfg: Any) -> frozenset[int]:
-    """The model's end ids for run `cfg` (an `RL3DConfig`): none for synthetic tasks."""
-    path = tokenizer_path(cfg)
-    if not cfg.data.train_files or path is None or is_import_path(path):
+def end_token_ids(data: Any, model_path: str | None) -> frozenset[int]:
+    """The model's end ids for a run's `data` section and `model.hf_path`: none for synthetic
+    tasks."""
+    path = tokenizer_path(data, model_path)
+    if not data.train_files or path is None or is_import_path(path):
         return frozenset()
-    ids = set(model_eos_token_ids(cfg.model.hf_path))
+    ids = set(model_eos_token_ids(model_path))
     eos = _tokenizer_eos_id(str(path))
     if eos is not None:
         ids.add(int(eos))
     return frozenset(ids)
 
 
-def stop_token_ids(cfg: Any) -> tuple[int, ...]:
-    """What run `cfg` stops at: `rollout.stop_token_ids`, then (unless `rollout.ignore_eos`)
-    the model's end ids, in ascending order."""
-    ends = () if cfg.rollout.ignore_eos else sorted(end_token_ids(cfg))
-    return tuple(dict.fromkeys([*cfg.rollout.stop_token_ids, *ends]))
+def stop_token_ids(rollout: Any, data: Any, model_path: str | None) -> tuple[int, ...]:
+    """What a run stops at: its `rollout` section's `stop_token_ids`, then (unless
+    `rollout.ignore_eos`) the model's end ids (`end_token_ids(data, model_path)`), in ascending
+    order."""
+    ends = () if rollout.ignore_eos else sorted(end_token_ids(data, model_path))
+    return tuple(dict.fromkeys([*rollout.stop_token_ids, *ends]))

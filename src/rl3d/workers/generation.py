@@ -39,7 +39,7 @@ def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bo
         top_p=ro.top_p,
         top_k=ro.top_k,
         max_new_tokens=ro.max_new_tokens,
-        stop_token_ids=stop_token_ids(cfg),
+        stop_token_ids=stop_token_ids(ro, cfg.data, cfg.model.hf_path),
         n=ro.n,
         seed=cfg.trainer.seed * 100003 + step * 1009 + gen_dp_rank,
     )

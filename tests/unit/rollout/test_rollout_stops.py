@@ -44,16 +44,20 @@ def _cfg(recipe, *overrides):
     return load_config(recipe, list(overrides)).config
 
 
+def _stops(cfg):
+    return stop_token_ids(cfg.rollout, cfg.data, cfg.model.hf_path)
+
+
 def test_text_data_stops_at_the_model_and_tokenizer_end_ids(inputs):
     text = [f"data.train_files=[{inputs['data']}]", f"data.tokenizer={inputs['tok']}"]
     # model.hf_path is not loaded here: only its two JSON files are read
     cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}")
-    assert stop_token_ids(cfg) == (2, CHAT_EOS_ID, 5)
-    assert stop_token_ids(_cfg(GRPO, *text)) == (CHAT_EOS_ID,)  # no model directory: the tokenizer's
+    assert _stops(cfg) == (2, CHAT_EOS_ID, 5)
+    assert _stops(_cfg(GRPO, *text)) == (CHAT_EOS_ID,)  # no model directory: the tokenizer's
     cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}", "rollout.stop_token_ids=[9,5]")
-    assert stop_token_ids(cfg) == (9, 5, 2, CHAT_EOS_ID)  # the recipe's first, then the end ids
+    assert _stops(cfg) == (9, 5, 2, CHAT_EOS_ID)  # the recipe's first, then the end ids
     cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}", "rollout.ignore_eos=true")
-    assert stop_token_ids(cfg) == () and end_token_ids(cfg) == {2, 3, 5}
+    assert _stops(cfg) == () and end_token_ids(cfg.data, cfg.model.hf_path) == {2, 3, 5}
 
 
 # the synthetic-task quickstarts (the SmolLM2 one is text data: it stops at the model's EOS)
@@ -69,7 +73,7 @@ def test_cpu_quickstarts_stop_where_they_always_did(recipe):
     cfg = loaded.config
     if not hasattr(cfg, "rollout"):  # the reward-model jobs generate nothing
         return
-    assert not cfg.data.train_files and stop_token_ids(cfg) == tuple(cfg.rollout.stop_token_ids)
+    assert not cfg.data.train_files and _stops(cfg) == tuple(cfg.rollout.stop_token_ids)
 
 
 @pytest.mark.parametrize("recipe", sorted((ROOT / "recipes").glob("gpu_*.yaml")), ids=lambda p: p.stem)
@@ -92,7 +96,7 @@ def test_gpu_recipes_stop_at_the_model_eos(recipe, tmp_path):
     ).save_pretrained(str(model))
     cfg = _cfg(recipe, f"model.hf_path={model}")  # its own data.train_files: text data
     assert cfg.data.train_files and not cfg.rollout.ignore_eos and not cfg.rollout.stop_token_ids
-    assert stop_token_ids(cfg) == (2,)
+    assert _stops(cfg) == (2,)
 
 
 def test_sglang_gets_the_same_stops_with_eos_on(inputs):
@@ -107,10 +111,10 @@ def test_sglang_gets_the_same_stops_with_eos_on(inputs):
     eos = model_eos_token_ids(str(inputs["model"]))
     assert eos == {2, 5}
     cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}")
-    sampling = to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
+    sampling = to_sglang_sampling(SamplingParams(stop_token_ids=_stops(cfg)), 0, eos)
     assert sampling["ignore_eos"] is False and sampling["stop_token_ids"] == [2, CHAT_EOS_ID, 5]
     cfg = _cfg(GRPO, *text, f"model.hf_path={inputs['model']}", "rollout.ignore_eos=true")
-    sampling = to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
+    sampling = to_sglang_sampling(SamplingParams(stop_token_ids=_stops(cfg)), 0, eos)
     assert sampling["ignore_eos"] is True and sampling["stop_token_ids"] is None
     cfg = _cfg(
         GRPO,
@@ -122,7 +126,7 @@ def test_sglang_gets_the_same_stops_with_eos_on(inputs):
     with pytest.raises(
         ValueError, match=r"SGLang also stops at the model's EOS ids \[2, 5\].*drop ignore_eos"
     ):
-        to_sglang_sampling(SamplingParams(stop_token_ids=stop_token_ids(cfg)), 0, eos)
+        to_sglang_sampling(SamplingParams(stop_token_ids=_stops(cfg)), 0, eos)
 
 
 def test_the_real_smollm2_stops_at_im_end(smollm2_dir, inputs):
@@ -138,7 +142,7 @@ def test_the_real_smollm2_stops_at_im_end(smollm2_dir, inputs):
         "launch.nproc_per_node=1",
         f"data.train_files=[{inputs['data']}]",
     )
-    assert stop_token_ids(cfg) == (2,)
+    assert _stops(cfg) == (2,)
     assert AutoTokenizer.from_pretrained(str(smollm2_dir)).convert_ids_to_tokens([2]) == ["<|im_end|>"]
 
 
