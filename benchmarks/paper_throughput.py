@@ -1,5 +1,5 @@
 """The HybridFlow paper's end-to-end comparison, simulated: PPO, ReMax and Safe-RLHF at 7B, 13B,
-34B and 70B on 16-128 A100s, rl3d's chosen placement against DeepSpeed-Chat, OpenRLHF and
+34B and 70B on 16-128 A100s, rl3d's chosen layout against DeepSpeed-Chat, OpenRLHF and
 NeMo-Aligner as modelled in `rl3d.planning.systems`.
 
 Writes into `--out`: `paper_throughput.csv` (one row per point and system: step seconds,

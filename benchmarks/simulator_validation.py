@@ -38,7 +38,7 @@ from pathlib import Path
 
 from rl3d.config import load_config
 from rl3d.planning.calibration import cpu_device, low_percentile
-from rl3d.planning.recipe import placement_of, workload_of
+from rl3d.planning.recipe import run_layout_of, workload_of
 from rl3d.planning.simulator import simulate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,7 +139,7 @@ def measure(recipe: Path, overrides: list[str], tmp: Path, warmup: int) -> tuple
 def predicted_stages(device, cfg) -> tuple[dict[str, float], float]:
     """The simulator's stages under rl3d's timers' names (`generate`: the rollout, the reward,
     the controller's part and a separate pool's hand-over), and its step."""
-    est = simulate(workload_of(cfg), placement_of(cfg), device)
+    est = simulate(workload_of(cfg), run_layout_of(cfg), device)
     stages = dict(est.stages)
     rollout = ("prefill", "decode", "score", "control", "handover")
     return {"generate": sum(stages.pop(k, 0.0) for k in rollout), **stages}, est.step_seconds

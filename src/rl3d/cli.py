@@ -56,11 +56,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         # the recipe is read here: the planner below the config layer takes shapes and layouts
         config = load_config(args.recipe, args.overrides).config if args.recipe else None
         if args.auto_place:
-            from rl3d.planning.auto_place import run_auto_place
+            print("rl3d plan: --auto-place is deprecated, use --auto-layout", file=sys.stderr)
+        if args.auto_layout or args.auto_place:
+            from rl3d.planning.auto_layout import run_auto_layout
 
             if config is None:
-                raise ValueError("--auto-place needs a RECIPE")
-            print(run_auto_place(args, args.recipe, args.overrides, config))
+                raise ValueError("--auto-layout needs a RECIPE")
+            print(run_auto_layout(args, args.recipe, args.overrides, config))
         elif args.memory:
             from rl3d.planning.memory_report import run_memory_plan
 
@@ -143,11 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="print the 3D-HybridEngine resharding plan and its costs")
     import rl3d.bench  # noqa: F401  registers the baseline strategies the plan table compares against
     from rl3d.hybrid_engine.report import add_plan_arguments
-    from rl3d.planning.plan_args import add_auto_place_arguments, add_memory_arguments
+    from rl3d.planning.plan_args import add_auto_layout_arguments, add_memory_arguments
 
     add_plan_arguments(plan)
     add_memory_arguments(plan)
-    add_auto_place_arguments(plan)
+    add_auto_layout_arguments(plan)
     plan.set_defaults(func=_cmd_plan)
     bench = sub.add_parser("bench", help="benchmarks: `rl3d bench transition ...`, `rl3d bench rollout ...`")
     from rl3d.bench.report import add_bench_arguments

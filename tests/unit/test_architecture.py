@@ -24,7 +24,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("workers",),  # one class per role
     ("checkpoint", "testing"),  # run checkpoints; kits for tests and benchmarks (tiny models, spawn)
     ("controller", "bench"),  # the RL loop and its assembly; benchmarks
-    ("planning",),  # plans made from a recipe before a run: memory per rank, the step simulator, placement
+    (
+        "planning",
+    ),  # plans made from a recipe before a run: memory per rank, the step simulator, the layout search
     ("launch",),  # torchrun, Ray, SLURM
     ("train", "cli"),  # entry points
 )

@@ -41,3 +41,13 @@ def test_validate_prints_the_resource_pools(capsys):
     out = capsys.readouterr().out
     assert "# pool actor: world ranks 0-1, p-t-d 1-2-1, hosts actor, reference\n" in out
     assert "# pool critic: world ranks 2-3, p-t-d 1-1-2, hosts critic\n" in out
+
+
+def test_plan_auto_place_is_the_deprecated_name_of_auto_layout(capsys):
+    args = ["plan", GRPO, "--gpus", "2", "--top", "2", "--json"]
+    assert main([*args, "--auto-layout"]) == 0
+    new = capsys.readouterr()
+    assert main([*args, "--auto-place"]) == 0
+    old = capsys.readouterr()
+    assert old.out == new.out and "candidates" in new.out and new.err == ""
+    assert "--auto-place is deprecated, use --auto-layout" in old.err

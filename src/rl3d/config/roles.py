@@ -57,7 +57,7 @@ def _own(section: str) -> Callable[[RL3DConfig], ParallelConfig | None]:
     return layout
 
 
-def _critic(name: str, kind: str, **placement: Any) -> RoleSpec:
+def _critic(name: str, kind: str, **spec: Any) -> RoleSpec:
     """A value model (`kind`: of the reward or of the cost), computed and updated every step."""
     return RoleSpec(
         name,
@@ -68,7 +68,7 @@ def _critic(name: str, kind: str, **placement: Any) -> RoleSpec:
         update="update_critic",
         update_stage="update_critic",
         options=MappingProxyType({"kind": kind}),
-        **placement,
+        **spec,
     )
 
 

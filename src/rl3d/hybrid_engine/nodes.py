@@ -3,7 +3,7 @@
 A `NodeMap` is the caller's grouping of ranks into nodes: any disjoint sets, not only runs
 of consecutive ranks (a launcher may place ranks round-robin, and a network-namespace
 fixture may put any ranks behind one shaped link). `NodeMap.contiguous(world, k)` is the
-usual placement: ranks 0..k-1 on node 0, k..2k-1 on node 1, and so on.
+usual assignment: ranks 0..k-1 on node 0, k..2k-1 on node 1, and so on.
 
 `link_bytes` splits logical point-to-point traffic (bytes from a sender to a receiver,
 whatever algorithm a backend runs underneath) over the links it crosses: the intra-node

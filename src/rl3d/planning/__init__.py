@@ -1,6 +1,6 @@
 """Plans made from a recipe before anything runs: per-rank GPU memory (`plan_memory`), the
-step simulator (each stage's time on a device class) and the automatic placement search over
-resource pools (`rl3d plan --auto-place`).
+step simulator (each stage's time on a device class) and the layout search over
+resource pools (`rl3d plan --auto-layout`).
 
 The names below load on first use: `rl3d plan`'s parser imports this package and must not pull
 in torch (the memory plan reads a recipe's pools, whose module imports it).

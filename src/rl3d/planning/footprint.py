@@ -1,4 +1,4 @@
-"""Per-device memory of a placement, as the step simulator needs it: does each pool's peak
+"""Per-device memory of a run layout, as the step simulator needs it: does each pool's peak
 fit, and how much KV cache is left for generation (decode runs in waves when a step's
 sequences do not fit at once).
 
@@ -10,7 +10,7 @@ Per rank of a pool (the worst pipeline stage), for each role it hosts:
 - a forward-only role (reference, reward and cost models): its parameters;
 - activations of the largest trained role while it trains, counted as the memory plan counts
   them (`rl3d.planning.memory_activations`: with the pool's sequence parallelism and full
-  recompute per role, `PoolPlacement.sequence_parallel` and `.recompute`; flash attention or
+  recompute per role, `PoolLayout.sequence_parallel` and `.recompute`; flash attention or
   megatron's local attention as `Workload.flash_attention` says), and with p > 1 the pipeline's
   send and receive buffers;
 - generation on the actor's pool: the generation shard beyond the actor's training shard (all
@@ -30,7 +30,7 @@ from rl3d.planning.devices import DeviceClass
 from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, pipeline_buffer_bytes
 from rl3d.planning.memory_generate import GenShape, gen_weight_numel
 from rl3d.planning.memory_train import layout_static_bytes, stage_numels
-from rl3d.planning.workload import ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
+from rl3d.planning.workload import ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
 
 USABLE = 0.9
 # the megatron model each role builds: a language-model head, or a value / score head
@@ -85,7 +85,7 @@ def role_static_bytes(
     ).static
 
 
-def _static_bytes(pool: PoolPlacement, w: Workload, pp_rank: int) -> int:
+def _static_bytes(pool: PoolLayout, w: Workload, pp_rank: int) -> int:
     return sum(
         role_static_bytes(w.spec(role), role, pool.layout, pp_rank, w.dtype_bytes, w.distributed_optimizer)
         for role in pool.roles
@@ -103,22 +103,22 @@ def _train_numel(spec: ModelSpec, layout: ParallelLayout, pp_rank: int) -> int:
     return sum(stage_numels(spec, "actor", tp=layout.t, pp=layout.p, pp_rank=pp_rank, ep=layout.ep))
 
 
-def generation_extra_bytes(w: Workload, placement: Placement, pool: PoolPlacement, pp_rank: int) -> int:
+def generation_extra_bytes(w: Workload, run_layout: RunLayout, pool: PoolLayout, pp_rank: int) -> int:
     """The generation weights a rank of `pool` holds beyond the actor's training shard: on the
     actor's pool, its generation shard (stage pp_rank // (p / p_g), at t_g) less the training
     shard it reads in place (HybridFlow: no redundant copy); on a separate rollout pool, all of
     its generation shard."""
-    actor = placement.pool_of("actor").layout
+    actor = run_layout.pool_of("actor").layout
     if pool.name == ROLLOUT:
         gen = GenShape(tp=pool.layout.t, pp=1, pp_rank=0, dp_size=pool.layout.d, train_tp=actor.t)
         return _gen_numel(w.actor, gen) * w.dtype_bytes
     lay = pool.layout
-    stage = pp_rank // (lay.p // placement.p_g)
-    gen = GenShape(tp=placement.t_g, pp=placement.p_g, pp_rank=stage, dp_size=lay.d, train_tp=lay.t)
+    stage = pp_rank // (lay.p // run_layout.p_g)
+    gen = GenShape(tp=run_layout.t_g, pp=run_layout.p_g, pp_rank=stage, dp_size=lay.d, train_tp=lay.t)
     return (_gen_numel(w.actor, gen) - _train_numel(w.actor, lay, pp_rank)) * w.dtype_bytes
 
 
-def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
+def _activation_bytes(pool: PoolLayout, w: Workload) -> float:
     """The largest trained role's activations and pipeline buffers on its worst stage (the
     memory plan's count: `rl3d.planning.memory_activations`): the first holds min(p, m)
     micro-batches, the last the output layer. A role in the pool's `sequence_parallel` keeps
@@ -153,7 +153,7 @@ def _activation_bytes(pool: PoolPlacement, w: Workload) -> float:
 
 
 def pool_footprint(
-    w: Workload, placement: Placement, device: DeviceClass, pool: PoolPlacement
+    w: Workload, run_layout: RunLayout, device: DeviceClass, pool: PoolLayout
 ) -> tuple[int, float | None]:
     """(peak bytes per rank, KV bytes left per device for generation: None where the pool does
     not generate, < 0 where not one sequence fits); the worst pipeline stage of each."""
@@ -162,11 +162,11 @@ def pool_footprint(
     train_peak = max(statics) + _activation_bytes(pool, w)
     if pool.name == ROLLOUT:
         t_g, p_g = pool.layout.t, 1
-    elif "actor" in pool.roles and placement.separate is None:
-        t_g, p_g = placement.t_g, placement.p_g
+    elif "actor" in pool.roles and run_layout.separate is None:
+        t_g, p_g = run_layout.t_g, run_layout.p_g
     else:
         return int(train_peak), None
-    held = [st + generation_extra_bytes(w, placement, pool, j) for j, st in enumerate(statics)]
+    held = [st + generation_extra_bytes(w, run_layout, pool, j) for j, st in enumerate(statics)]
     budget = usable - max(held)
     one_seq = kv_bytes_per_seq(w.actor, t_g, p_g, w)
     replicas = pool.size // (t_g * p_g)
@@ -176,13 +176,13 @@ def pool_footprint(
 
 
 def pool_footprints(
-    w: Workload, placement: Placement, device: DeviceClass
+    w: Workload, run_layout: RunLayout, device: DeviceClass
 ) -> tuple[dict[str, int], dict[str, float]]:
     """({pool: peak bytes per rank}, {generating pool: KV bytes left per device, < 0: none})."""
     memory: dict[str, int] = {}
     kv_budget: dict[str, float] = {}
-    for pool in placement.pools:
-        memory[pool.name], budget = pool_footprint(w, placement, device, pool)
+    for pool in run_layout.pools:
+        memory[pool.name], budget = pool_footprint(w, run_layout, device, pool)
         if budget is not None:
             kv_budget[pool.name] = budget
     return memory, kv_budget

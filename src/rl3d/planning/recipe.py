@@ -1,4 +1,4 @@
-"""A recipe as the step simulator's workload and placement, and as `rl3d plan`'s shapes.
+"""A recipe as the step simulator's workload and run layout (`RunLayout`), and as `rl3d plan`'s shapes.
 
 The critic, the reference and learned reward or cost models take the actor's shape (rl3d's
 critic is built from `model`; a learned scorer's own shape is read from its run only when it
@@ -12,7 +12,7 @@ from rl3d.config.pools import layout_of, role_pools
 from rl3d.config.roles import old_logp_source, role_table
 from rl3d.hybrid_engine.report import RecipeShapes
 from rl3d.models.spec import spec_of
-from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
+from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 
@@ -43,7 +43,7 @@ def _section(cfg: RL3DConfig, role: str):
     return cfg.actor if role == "actor" else cfg.critic
 
 
-def _pool(cfg: RL3DConfig, pool) -> PoolPlacement:
+def _pool(cfg: RL3DConfig, pool) -> PoolLayout:
     from rl3d.models.sequence_parallel import resolve_sequence_parallel
 
     is_moe = spec_of(cfg.model).is_moe
@@ -57,12 +57,12 @@ def _pool(cfg: RL3DConfig, pool) -> PoolPlacement:
     )
     recompute = tuple(r for r in trained if _section(cfg, r).recompute == "full")
     name = pool.name if pool.name == ROLLOUT else pool.roles[0]
-    return PoolPlacement(name, pool.layout, pool.roles, split, recompute)
+    return PoolLayout(name, pool.layout, pool.roles, split, recompute)
 
 
-def placement_of(cfg: RL3DConfig) -> Placement:
+def run_layout_of(cfg: RL3DConfig) -> RunLayout:
     pools = tuple(_pool(cfg, p) for p in role_pools(cfg))
-    return Placement(
+    return RunLayout(
         pools=pools,
         t_g=cfg.rollout.t_g,
         p_g=cfg.rollout.p_g,

@@ -16,10 +16,10 @@ works, so the step is the longer of the two):
   parameters (30 bytes per parameter through HBM; `rl3d.costs.optimizer`). Megatron's two
   tensor-parallel all-reduces per layer and direction are charged on the TP group's link, the
   pipeline bubble as (p - 1) / m of the pipelined time (m micro-batches per rank, 1F1B). With
-  sequence parallelism (`PoolPlacement.sequence_parallel`) megatron replaces each all-reduce by
+  sequence parallelism (`PoolLayout.sequence_parallel`) megatron replaces each all-reduce by
   a reduce-scatter and an all-gather of the same bytes: a ring all-reduce is exactly those two,
   so the time is the same (the norms' work split over t is not counted). With full recompute
-  (`PoolPlacement.recompute`) the backward reruns each layer's forward: 4x a forward's FLOPs
+  (`PoolLayout.recompute`) the backward reruns each layer's forward: 4x a forward's FLOPs
   and its two all-reduces per layer (the fixed costs stay a training pass's: zero on the GPU
   classes, calibrated on a CPU without recompute).
 - `reshard`: the colocated transition, rl3d's hybridflow mechanism on this device's cluster
@@ -51,7 +51,7 @@ from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
 from rl3d.planning.footprint import decode_waves, pool_footprints
-from rl3d.planning.workload import Placement, PoolPlacement, Workload
+from rl3d.planning.workload import PoolLayout, RunLayout, Workload
 
 GRAD_BYTES = 4  # fp32 gradients (the paper's setup: BF16 parameters, FP32 gradients and optimizer)
 SYNC_BUCKET_BYTES = 64 * 2**20  # rollout.async.bucket_mb's default: one call per bucket
@@ -223,7 +223,7 @@ def transition_seconds(
 
 
 def weight_sync_seconds(
-    spec: ModelSpec, actor: PoolPlacement, rollout: PoolPlacement, device: DeviceClass, w: Workload
+    spec: ModelSpec, actor: PoolLayout, rollout: PoolLayout, device: DeviceClass, w: Workload
 ) -> float:
     """Every rollout rank receives its t_g-shard; a rollout node's link carries its ranks'."""
     model = spec.num_params() * w.dtype_bytes
@@ -243,9 +243,9 @@ DTYPE_NAMES = {2: "bfloat16", 4: "float32"}
 
 def pool_stages(
     w: Workload,
-    placement: Placement,
+    run_layout: RunLayout,
     device: DeviceClass,
-    pool: PoolPlacement,
+    pool: PoolLayout,
     kv_budget: float,
     *,
     transition: bool = True,
@@ -254,17 +254,17 @@ def pool_stages(
     weight sync charged to the rollout pool); `transition=False` leaves the colocated reshard
     out (a search's cheap bound: planning a transition is the costly part)."""
     stages: dict[str, float] = {}
-    rollout = placement.separate
+    rollout = run_layout.separate
     if pool is rollout:
         stages["prefill"], stages["decode"] = generate_seconds(
             w.actor, pool.size, pool.layout.t, 1, device, w, kv_budget, gathered=False
         )
-        stages["reshard"] = weight_sync_seconds(w.actor, placement.pool_of("actor"), pool, device, w)
+        stages["reshard"] = weight_sync_seconds(w.actor, run_layout.pool_of("actor"), pool, device, w)
         return stages
     lay, hosted = pool.layout, [r for r in pool.roles if r in w.roles]
     if "actor" in hosted and rollout is None:
         stages["prefill"], stages["decode"] = generate_seconds(
-            w.actor, pool.size, placement.t_g, placement.p_g, device, w, kv_budget
+            w.actor, pool.size, run_layout.t_g, run_layout.p_g, device, w, kv_budget
         )
 
     fixed = device.fixed
@@ -302,7 +302,9 @@ def pool_stages(
         stages["update_actor"] = update_seconds("actor", lay, device, w, recompute="actor" in pool.recompute)
         if rollout is None and transition:
             dtype = DTYPE_NAMES.get(w.dtype_bytes, "bfloat16")
-            stages["reshard"] = transition_seconds(w.actor, lay, placement.t_g, placement.p_g, device, dtype)
+            stages["reshard"] = transition_seconds(
+                w.actor, lay, run_layout.t_g, run_layout.p_g, device, dtype
+            )
     return stages
 
 
@@ -312,12 +314,12 @@ STAGE_ORDER = (
 )  # fmt: skip
 
 
-def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEstimate:
+def simulate(w: Workload, run_layout: RunLayout, device: DeviceClass) -> StepEstimate:
     """Every stage's seconds, the step's, and whether each pool's peak fits the device."""
-    memory, kv_budget = pool_footprints(w, placement, device)
+    memory, kv_budget = pool_footprints(w, run_layout, device)
     stages: dict[str, float] = dict.fromkeys(STAGE_ORDER, 0.0)
-    for pool in placement.pools:
-        for stage, seconds in pool_stages(w, placement, device, pool, kv_budget.get(pool.name, 0.0)).items():
+    for pool in run_layout.pools:
+        for stage, seconds in pool_stages(w, run_layout, device, pool, kv_budget.get(pool.name, 0.0)).items():
             stages[stage] += seconds
     # the rule reward: every controller scores every rollout (rl3d times it inside `generate`),
     # and the controller's own work around the rollout (also inside `generate`)
@@ -325,17 +327,17 @@ def simulate(w: Workload, placement: Placement, device: DeviceClass) -> StepEsti
     stages["score"] = rollouts * fixed.score_sample_s
     stages["control"] = fixed.control_step_s + rollouts * fixed.control_sample_s
     generation = stages["prefill"] + stages["decode"]
-    if placement.separate is not None:  # the trainer polls for the pool's rows while it waits
+    if run_layout.separate is not None:  # the trainer polls for the pool's rows while it waits
         waited = generation
-        if placement.max_staleness > 0:  # the pool generated while the trainer worked
+        if run_layout.max_staleness > 0:  # the pool generated while the trainer worked
             waited = max(0.0, 2 * generation - sum(stages.values()))
         stages["handover"] = fixed.handover_s + waited * fixed.handover_wait_share
     if fixed.wake_share:
-        for stage in woken_stages(w, placement, stages):
+        for stage in woken_stages(w, run_layout, stages):
             stages[stage] *= 1 + fixed.wake_share
     stages = {k: v for k, v in stages.items() if v > 0 or k in ("prefill", "decode", "update_actor")}
     total = sum(stages.values())
-    if placement.separate is not None and placement.max_staleness > 0:
+    if run_layout.separate is not None and run_layout.max_staleness > 0:
         total = max(generation, total - generation)
     return StepEstimate(stages, total, fits_device(memory, kv_budget, device), memory, w.tokens)
 
@@ -347,18 +349,18 @@ POOL_ORDER = (
 )  # fmt: skip
 
 
-def woken_stages(w: Workload, placement: Placement, stages: dict[str, float]) -> list[str]:
+def woken_stages(w: Workload, run_layout: RunLayout, stages: dict[str, float]) -> list[str]:
     """The stages whose pool did not run the stage before: its ranks waited for another pool
     (a separate pool's generation, when the trainer waits for it, counts as another pool's)."""
-    previous = placement.pools[0].name  # the step before ended with the actor's reshard
-    if placement.separate is not None and placement.max_staleness == 0:
-        previous = placement.separate.name
+    previous = run_layout.pools[0].name  # the step before ended with the actor's reshard
+    if run_layout.separate is not None and run_layout.max_staleness == 0:
+        previous = run_layout.separate.name
     woken = []
     for stage, roles in POOL_ORDER:
         role = next((r for r in roles if r in w.roles), None)
         if role is None or stages.get(stage, 0.0) <= 0:
             continue
-        pool = placement.pool_of(role).name
+        pool = run_layout.pool_of(role).name
         if pool != previous:
             woken.append(stage)
         previous = pool

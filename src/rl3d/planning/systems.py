@@ -1,8 +1,8 @@
 """The HybridFlow paper's end-to-end comparison (EuroSys'25, section 8.2), simulated: rl3d's
-chosen placement against three 2024 systems, each as the mechanisms it runs, on the same step
+chosen run layout against three 2024 systems, each as the mechanisms it runs, on the same step
 simulator and device class. Nothing is fitted to the paper's numbers.
 
-- rl3d: the best fitting placement of `rl3d.planning.placement_search` (rl3d's loop runs the
+- rl3d: the best fitting run layout of `rl3d.planning.layout_search` (rl3d's loop runs the
   stages one after another).
 - DeepSpeed-Chat (v0.14, `deepspeed/runtime/hybrid_engine.py`; `applications/DeepSpeed-Chat`):
   every model on all N devices, trained and run with ZeRO-3 and gradient checkpointing (the
@@ -38,17 +38,17 @@ from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
 from rl3d.planning.footprint import USABLE, kv_bytes_per_seq
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
-from rl3d.planning.placement_search import (
+from rl3d.planning.layout_search import (
     compositions,
     divisors,
     layouts,
     pool_sizes,
-    search_placements,
+    search_run_layouts,
     tp_fits,
 )
+from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
 from rl3d.planning.simulator import generate_seconds, pass_seconds, simulate
-from rl3d.planning.workload import TRAINED, Placement, PoolPlacement, Workload
+from rl3d.planning.workload import TRAINED, PoolLayout, RunLayout, Workload
 
 ZERO3_PASS_GATHERS = {False: 1, True: 3}  # forward: one gather; training: gather, gather, reduce-scatter
 RECOMPUTE = 4 / 3  # gradient checkpointing: a training pass runs the forward twice
@@ -194,25 +194,25 @@ def nemo_aligner(w: Workload, n: int, device: DeviceClass) -> dict | None:
     for lay in layouts(w.actor, n, device):
         split = trained if lay.t > 1 else ()
         for recompute in ((), trained):  # recompute only where the layout needs it to fit
-            pool = PoolPlacement("actor", lay, w.roles, split, recompute)
-            placement = Placement(pools=(pool,), t_g=lay.t, p_g=lay.p)
-            est = simulate(w, placement, device)
+            pool = PoolLayout("actor", lay, w.roles, split, recompute)
+            run_layout = RunLayout(pools=(pool,), t_g=lay.t, p_g=lay.p)
+            est = simulate(w, run_layout, device)
             if est.fits:
                 break
         if est.fits and (best is None or est.step_seconds < best["step_seconds"]):
-            best = {"stages": est.stages, "step_seconds": est.step_seconds, "layout": placement.describe()}
+            best = {"stages": est.stages, "step_seconds": est.step_seconds, "layout": run_layout.describe()}
     return best
 
 
 def rl3d(w: Workload, n: int, device: DeviceClass) -> dict | None:
-    fitting = [c for c in search_placements(w, device, n, rollout_pool=True) if c.estimate.fits]
+    fitting = [c for c in search_run_layouts(w, device, n, rollout_pool=True) if c.estimate.fits]
     if not fitting:
         return None
     c = fitting[0]
     return {
         "stages": c.estimate.stages,
         "step_seconds": c.estimate.step_seconds,
-        "layout": c.placement.describe(),
+        "layout": c.run_layout.describe(),
     }
 
 

@@ -1,4 +1,4 @@
-"""What one RL step does (the workload) and where each role runs (the placement): the step
+"""What one RL step does (the workload) and where each role runs (the run layout): the step
 simulator's two inputs, independent of any recipe (`rl3d.planning.from_config` builds both
 from one).
 
@@ -69,7 +69,7 @@ class Workload:
 
 
 @dataclass(frozen=True)
-class PoolPlacement:
+class PoolLayout:
     name: str
     layout: ParallelLayout
     roles: tuple[str, ...]
@@ -84,25 +84,29 @@ class PoolPlacement:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Placement:
-    pools: tuple[PoolPlacement, ...]  # the first hosts the actor
+class RunLayout:
+    """Where each role of a run sits: the resource pools, each with its parallel layout, and the
+    generation layout on the actor's pool. (Whether generation is colocated is the recipe's
+    `rollout.placement`; here a pool named `rollout` is a separate one.)"""
+
+    pools: tuple[PoolLayout, ...]  # the first hosts the actor
     t_g: int = 1  # generation layout on the actor's pool (colocated generation)
     p_g: int = 1
     max_staleness: int = 0  # > 0: a separate rollout pool generates while the trainer updates
 
     def __post_init__(self) -> None:
         if not self.pools or "actor" not in self.pools[0].roles:
-            raise ValueError("a placement's first pool hosts the actor")
+            raise ValueError("a run layout's first pool hosts the actor")
 
     @property
     def world(self) -> int:
         return sum(p.size for p in self.pools)
 
     @property
-    def separate(self) -> PoolPlacement | None:
+    def separate(self) -> PoolLayout | None:
         return next((p for p in self.pools if p.name == ROLLOUT), None)
 
-    def pool_of(self, role: str) -> PoolPlacement:
+    def pool_of(self, role: str) -> PoolLayout:
         for pool in self.pools:
             if role in pool.roles:
                 return pool
@@ -120,7 +124,7 @@ class Placement:
         return " ".join(parts) + gen
 
 
-def _flag(name: str, pool: PoolPlacement, roles: tuple[str, ...]) -> str:
+def _flag(name: str, pool: PoolLayout, roles: tuple[str, ...]) -> str:
     """ " sp" when every trained role of the pool has it, " sp(critic)" when some do."""
     if not roles:
         return ""

@@ -20,7 +20,7 @@ from rl3d.planning.calibration import (
 )
 from rl3d.planning.devices import A100, FixedCosts
 from rl3d.planning.simulator import pass_seconds, ring_allreduce_seconds, simulate, woken_stages
-from rl3d.planning.workload import Placement, PoolPlacement, Workload
+from rl3d.planning.workload import PoolLayout, RunLayout, Workload
 
 TINY = get_model_spec("tiny-llama")
 TRUE = {
@@ -183,7 +183,7 @@ def test_the_simulator_charges_each_fixed_cost_per_its_unit():
         bwd = pass_seconds(TINY, layout, device, w, samples=32, backward=True)
         own = fixed.train_micro_s + L * fixed.train_layer_s + t * fixed.train_tp_micro_s
         assert bwd == pytest.approx(3 * compute + micro * (own + 4 * L * layer_ar), rel=1e-9)
-        est = simulate(w, Placement(pools=(PoolPlacement("actor", layout, w.roles),)), device)
+        est = simulate(w, RunLayout(pools=(PoolLayout("actor", layout, w.roles),)), device)
         call = fixed.call_s + L * fixed.call_layer_s
         assert est.stages["ref_logp"] == pytest.approx(call + fwd, rel=1e-9)
         steps, shard = 32 // 16, TINY.num_params() / layout.t  # optimizer steps; the rank's parameters
@@ -201,11 +201,11 @@ def test_the_gpu_classes_pay_no_fixed_costs():
 
 def test_the_controller_s_rollout_work_is_charged_per_step_and_sample_inside_generate():
     w = Workload(actor=TINY, prompts=8, samples_per_prompt=4, prompt_len=16, response_len=8)
-    placement = Placement(pools=(PoolPlacement("actor", ParallelLayout(1, 1, 2), w.roles),))
-    est = simulate(w, placement, cpu_device(calibration()))
+    run_layout = RunLayout(pools=(PoolLayout("actor", ParallelLayout(1, 1, 2), w.roles),))
+    est = simulate(w, run_layout, cpu_device(calibration()))
     assert est.stages["control"] == pytest.approx(TRUE["control_step_s"] + 32 * TRUE["control_sample_s"])
     assert est.stages["score"] == pytest.approx(32 * TRUE["score_sample_s"])
-    assert "control" not in simulate(w, placement, A100).stages  # zero on a GPU class: not listed
+    assert "control" not in simulate(w, run_layout, A100).stages  # zero on a GPU class: not listed
 
 
 def test_a_timing_is_the_low_percentile_of_its_repeats():
@@ -220,15 +220,15 @@ def _ppo(layout: ParallelLayout):
     w = Workload(actor=TINY, roles=("actor", "critic", "cost_critic"), prompts=16, samples_per_prompt=2,
                  prompt_len=16, response_len=8, micro_batch_size=8, mini_batch_size=16,
                  dtype_bytes=4)  # fmt: skip
-    return w, Placement(pools=(PoolPlacement("actor", layout, w.roles),))
+    return w, RunLayout(pools=(PoolLayout("actor", layout, w.roles),))
 
 
 @pytest.mark.parametrize("layout", [ParallelLayout(1, 1, 2), ParallelLayout(1, 2, 1)])
 def test_the_value_models_passes_pay_the_critic_s_costs_and_the_rest_the_actor_s(layout):
     device = cpu_device(calibration())
     fixed, L = device.fixed, TINY.num_layers
-    w, placement = _ppo(layout)
-    est = simulate(w, placement, device)
+    w, run_layout = _ppo(layout)
+    est = simulate(w, run_layout, device)
     actor_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False)
     critic_fwd = pass_seconds(TINY, layout, device, w, samples=32, backward=False, critic=True)
     micro, t = 32 // layout.d // 8, layout.t > 1  # at t > 1 the critic's tensor-parallel costs too
@@ -272,8 +272,8 @@ def test_a_calibration_without_the_critic_s_rows_charges_the_value_models_the_ac
         fixed.train_micro_s,
         fixed.train_layer_s,
     )
-    w, placement = _ppo(ParallelLayout(1, 1, 2))
-    est = simulate(w, placement, cpu_device(c))
+    w, run_layout = _ppo(ParallelLayout(1, 1, 2))
+    est = simulate(w, run_layout, cpu_device(c))
     assert est.stages["values"] == pytest.approx(2 * est.stages["old_logp"], rel=1e-12)
     assert est.stages["update_critic"] == pytest.approx(2 * est.stages["update_actor"], rel=1e-12)
 
@@ -282,16 +282,16 @@ def test_a_separate_pool_s_rows_are_handed_over_and_a_colocated_replica_s_gather
     device = cpu_device(calibration())
     fixed = device.fixed
     w = Workload(actor=TINY, prompts=8, samples_per_prompt=4, prompt_len=16, response_len=8)
-    actor = PoolPlacement("actor", ParallelLayout(1, 1, 2), w.roles)
-    colocated = simulate(w, Placement(pools=(actor,)), device).stages
-    rollout = PoolPlacement("rollout", ParallelLayout(1, 1, 2), ("rollout",))
-    separate = simulate(w, Placement(pools=(actor, rollout)), device).stages
+    actor = PoolLayout("actor", ParallelLayout(1, 1, 2), w.roles)
+    colocated = simulate(w, RunLayout(pools=(actor,)), device).stages
+    rollout = PoolLayout("rollout", ParallelLayout(1, 1, 2), ("rollout",))
+    separate = simulate(w, RunLayout(pools=(actor, rollout)), device).stages
     assert "handover" not in colocated
     # the same replicas generate; only the colocated ones' rows are gathered
     assert colocated["prefill"] - separate["prefill"] == pytest.approx(fixed.gen_gather_s, rel=1e-9)
     waited = separate["prefill"] + separate["decode"]  # the trainer polls while the pool generates
     assert separate["handover"] == pytest.approx(TRUE["handover_s"] + waited * TRUE["handover_wait_share"])
-    assert "handover" not in simulate(w, Placement(pools=(actor, rollout)), A100).stages  # zero on a GPU
+    assert "handover" not in simulate(w, RunLayout(pools=(actor, rollout)), A100).stages  # zero on a GPU
 
 
 def test_a_calibration_without_a_separate_pool_s_rows_charges_no_hand_over():
@@ -301,12 +301,12 @@ def test_a_calibration_without_a_separate_pool_s_rows_charges_no_hand_over():
     assert (fixed.handover_s, fixed.handover_wait_share, fixed.wake_share) == (0.0, 0.0, 0.0)
 
 
-def _pools(w: Workload, *own: str, separate: bool = False) -> tuple[PoolPlacement, ...]:
+def _pools(w: Workload, *own: str, separate: bool = False) -> tuple[PoolLayout, ...]:
     """The actor's pool with every role not in `own`, a pool per role in `own`, a rollout pool."""
     lay = ParallelLayout(1, 1, 2)
-    pools = [PoolPlacement("actor", lay, tuple(r for r in w.roles if r not in own))]
-    pools += [PoolPlacement(r, lay, (r,)) for r in own]
-    return (*pools, *([PoolPlacement("rollout", lay, ("rollout",))] if separate else []))
+    pools = [PoolLayout("actor", lay, tuple(r for r in w.roles if r not in own))]
+    pools += [PoolLayout(r, lay, (r,)) for r in own]
+    return (*pools, *([PoolLayout("rollout", lay, ("rollout",))] if separate else []))
 
 
 @pytest.mark.parametrize(
@@ -323,10 +323,10 @@ def test_a_stage_whose_ranks_waited_for_another_pool_pays_the_wake_up(own, separ
     device = cpu_device(calibration())
     w = Workload(actor=TINY, roles=("actor", "critic", "reference"), prompts=8, samples_per_prompt=4,
                  prompt_len=16, response_len=8, micro_batch_size=8, mini_batch_size=16)  # fmt: skip
-    placement = Placement(pools=_pools(w, *own, separate=separate), max_staleness=staleness)
-    est = simulate(w, placement, device)
-    assert woken_stages(w, placement, est.stages) == woken
-    cold = simulate(w, placement, replace(device, fixed=replace(device.fixed, wake_share=0.0)))
+    run_layout = RunLayout(pools=_pools(w, *own, separate=separate), max_staleness=staleness)
+    est = simulate(w, run_layout, device)
+    assert woken_stages(w, run_layout, est.stages) == woken
+    cold = simulate(w, run_layout, replace(device, fixed=replace(device.fixed, wake_share=0.0)))
     for stage, seconds in est.stages.items():
         assert seconds == pytest.approx(cold.stages[stage] * (1 + WAKE_SHARE if stage in woken else 1))
 

@@ -7,14 +7,14 @@ from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import A100, H200, get_device
 from rl3d.planning.simulator import generate_seconds, pass_seconds, simulate, transition_seconds
-from rl3d.planning.workload import Placement, PoolPlacement, Workload
+from rl3d.planning.workload import PoolLayout, RunLayout, Workload
 
 LLAMA7 = get_model_spec("llama2-7b")
 PPO = ("actor", "critic", "reference")
 
 
 def colocated(layout, t_g=1, roles=PPO, p_g=1):
-    return Placement(pools=(PoolPlacement("actor", layout, roles),), t_g=t_g, p_g=p_g)
+    return RunLayout(pools=(PoolLayout("actor", layout, roles),), t_g=t_g, p_g=p_g)
 
 
 def test_decode_of_one_sequence_is_its_weights_and_kv_read_once_per_token():
@@ -79,11 +79,11 @@ def test_memory_refuses_70b_ppo_on_one_node_and_admits_it_on_eight():
 def test_a_separate_pool_overlaps_generation_only_when_staleness_allows():
     w = Workload(actor=LLAMA7, prompts=256)
     pools = (
-        PoolPlacement("actor", ParallelLayout(1, 8, 1), ("actor",)),
-        PoolPlacement("rollout", ParallelLayout(1, 2, 4), ("rollout",)),
+        PoolLayout("actor", ParallelLayout(1, 8, 1), ("actor",)),
+        PoolLayout("rollout", ParallelLayout(1, 2, 4), ("rollout",)),
     )
-    sync = simulate(w, Placement(pools=pools), A100)
-    ahead = simulate(w, Placement(pools=pools, max_staleness=1), A100)
+    sync = simulate(w, RunLayout(pools=pools), A100)
+    ahead = simulate(w, RunLayout(pools=pools, max_staleness=1), A100)
     gen = sync.stages["prefill"] + sync.stages["decode"]
     assert sync.step_seconds == pytest.approx(sum(sync.stages.values()), rel=1e-12)
     assert ahead.step_seconds == pytest.approx(max(gen, sync.step_seconds - gen), rel=1e-12)

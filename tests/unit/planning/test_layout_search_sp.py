@@ -1,4 +1,4 @@
-"""Automatic placement with sequence parallelism and activation recompute: the footprint counts
+"""Layout search with sequence parallelism and activation recompute: the footprint counts
 a pool's activations as the memory plan does, the search tries both where they apply, and the
 candidates it lists are recipes that run them."""
 
@@ -10,13 +10,13 @@ from rl3d.config import load_config
 from rl3d.models.spec import get_model_spec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning import plan_memory
-from rl3d.planning.auto_place import actor_layout_check, auto_place
+from rl3d.planning.auto_layout import actor_layout_check, auto_layout
 from rl3d.planning.devices import A100
 from rl3d.planning.footprint import _activation_bytes, _static_bytes
-from rl3d.planning.placement_search import PoolChoice, Search, search_placements
-from rl3d.planning.recipe import placement_of, workload_of
+from rl3d.planning.layout_search import PoolChoice, Search, search_run_layouts
+from rl3d.planning.recipe import run_layout_of, workload_of
 from rl3d.planning.simulator import pass_seconds, simulate
-from rl3d.planning.workload import Placement, PoolPlacement, Workload
+from rl3d.planning.workload import PoolLayout, RunLayout, Workload
 
 MOE = "recipes/quickstart_cpu_moe_grpo.yaml"
 PPO = "recipes/quickstart_cpu_ppo.yaml"
@@ -38,7 +38,7 @@ def test_footprint_counts_a_moe_at_tp2_as_the_memory_plan_does():
         "data.max_prompt_length=15",
     ]
     cfg = load_config(MOE, over).config
-    w, pool = workload_of(cfg), placement_of(cfg).pool_of("actor")
+    w, pool = workload_of(cfg), run_layout_of(cfg).pool_of("actor")
     assert pool.sequence_parallel == ("actor",)
     rank = plan_memory(cfg).ranks[0]
     assert _activation_bytes(pool, w) == rank.phases["train"]["actor"].activations  # byte for byte
@@ -66,9 +66,9 @@ def test_footprint_counts_a_moe_at_tp2_as_the_memory_plan_does():
 )
 def test_a_recipe_placement_runs_each_role_as_its_section_says(overrides, split, recompute, described):
     cfg = load_config(PPO, overrides).config  # actor, critic and reference at p1 t2 d1
-    w, pool = workload_of(cfg), placement_of(cfg).pools[0]
+    w, pool = workload_of(cfg), run_layout_of(cfg).pools[0]
     assert (pool.sequence_parallel, pool.recompute) == (split, recompute)
-    assert described in placement_of(cfg).describe()
+    assert described in run_layout_of(cfg).describe()
     rank = plan_memory(cfg).ranks[0]
     planned = max(e.activations for e in rank.phases["train"].values() if hasattr(e, "activations"))
     assert _activation_bytes(pool, w) == planned  # the larger role's, byte for byte
@@ -77,9 +77,9 @@ def test_a_recipe_placement_runs_each_role_as_its_section_says(overrides, split,
 def test_sequence_parallelism_costs_no_time_and_recompute_one_forward():
     w = Workload(actor=LLAMA7, roles=("actor", "critic"), prompts=64, micro_batch_size=2)
     lay = ParallelLayout(1, 4, 2)
-    plain = PoolPlacement("actor", lay, w.roles)
+    plain = PoolLayout("actor", lay, w.roles)
     split = replace(plain, sequence_parallel=w.roles)
-    a, b = (simulate(w, Placement(pools=(p,), t_g=4), A100) for p in (plain, split))
+    a, b = (simulate(w, RunLayout(pools=(p,), t_g=4), A100) for p in (plain, split))
     assert a.stages == b.stages  # a reduce-scatter and an all-gather: the all-reduce's bytes
     assert b.memory_bytes["actor"] <= a.memory_bytes["actor"]
     # recompute: one more forward's FLOPs (no TP traffic at t 1, no fixed costs on an A100)
@@ -108,13 +108,13 @@ def test_recompute_is_taken_only_where_an_option_does_not_fit_without_it():
 
 def test_every_listed_candidate_loads_with_its_sequence_parallelism_and_recompute():
     load = _loader(GPU_7B)
-    out = auto_place(load([]), load, gpus=8, device=A100, top=8)
+    out = auto_layout(load([]), load, gpus=8, device=A100, top=8)
     flags = set()
     for entry in out["candidates"]:
         loaded = load(entry["overrides"])  # raises if the recipe refuses it
-        placement = placement_of(loaded)  # the loaded recipe's own sequence parallelism, recompute
-        assert placement.describe() == entry["placement"]
-        for pool in placement.pools:
+        run_layout = run_layout_of(loaded)  # the loaded recipe's own sequence parallelism, recompute
+        assert run_layout.describe() == entry["layout"]
+        for pool in run_layout.pools:
             flags |= {("sp", pool.layout.t > 1)} if pool.sequence_parallel else set()
             flags |= {("rc", True)} if pool.recompute else set()
         assert any(o.startswith("actor.parallel.sequence_parallel=") for o in entry["overrides"])
@@ -125,13 +125,13 @@ def test_every_listed_candidate_loads_with_its_sequence_parallelism_and_recomput
 
 def test_the_70b_recipes_choice_fits_per_the_memory_plan():
     load = _loader(GPU_70B)
-    out = auto_place(load([]), load, gpus=64, device=A100, top=2)
+    out = auto_layout(load([]), load, gpus=64, device=A100, top=2)
     best = out["best"]
     assert best is not None and best["fits"]
     cfg = load(best["overrides"])
     plan = plan_memory(cfg, device_bytes=A100.memory_bytes)
     assert plan.fits and plan.worst().peak_bytes == pytest.approx(best["memory_plan_peak_gb"] * 1e9)
-    actor = placement_of(cfg).pool_of("actor")
+    actor = run_layout_of(cfg).pool_of("actor")
     assert actor.layout.t > 1 and "actor" in actor.sequence_parallel
     assert best["gain_over_recipe"] > 1
     assert best["step_seconds"] == min(e["step_seconds"] for e in out["candidates"] if e["fits"])
@@ -150,5 +150,5 @@ def test_lora_is_not_searched_under_sequence_parallelism():
     ok = actor_layout_check(load, w.roles, 8, ep=False)
     tp2 = ParallelLayout(1, 2, 1)
     assert ok(PoolChoice(tp2)) and not ok(PoolChoice(tp2, sequence_parallel=True))
-    kept = search_placements(w, A100, 4, actor_ok=ok)
-    assert kept and not any(c.placement.pool_of("actor").sequence_parallel for c in kept)
+    kept = search_run_layouts(w, A100, 4, actor_ok=ok)
+    assert kept and not any(c.run_layout.pool_of("actor").sequence_parallel for c in kept)

@@ -1,4 +1,4 @@
-"""Automatic placement of a mixture of experts: the step simulator's footprint counts a rank's
+"""Layout search for a mixture of experts: the step simulator's footprint counts a rank's
 experts as the memory plan does (E/ep of them, their optimizer state over d/ep), the search
 tries expert parallelism for the actor, and it lists only candidates the recipe accepts."""
 
@@ -8,12 +8,12 @@ from rl3d.config import load_config
 from rl3d.config.errors import ConfigError
 from rl3d.parallel import ParallelLayout
 from rl3d.planning import plan_memory
-from rl3d.planning.auto_place import actor_layout_check, auto_place, overrides_of
+from rl3d.planning.auto_layout import actor_layout_check, auto_layout, overrides_of
 from rl3d.planning.devices import A100, H100, H200
 from rl3d.planning.footprint import _static_bytes, generation_extra_bytes
-from rl3d.planning.placement_search import PoolChoice, search_placements
-from rl3d.planning.recipe import placement_of, workload_of
-from rl3d.planning.workload import Placement, PoolPlacement
+from rl3d.planning.layout_search import PoolChoice, search_run_layouts
+from rl3d.planning.recipe import run_layout_of, workload_of
+from rl3d.planning.workload import PoolLayout, RunLayout
 
 MOE = "recipes/quickstart_cpu_moe_grpo.yaml"
 # a published shape on the 7B GRPO recipe's workload (bf16, packing, the distributed optimizer)
@@ -27,13 +27,13 @@ def _loader(recipe, base=()):
 
 def _footprint_against_plan(cfg):
     """(footprint, plan) per rank of the actor's pool: static bytes, generation weights added."""
-    w, placement = workload_of(cfg), placement_of(cfg)
-    pool = placement.pool_of("actor")
+    w, run_layout = workload_of(cfg), run_layout_of(cfg)
+    pool = run_layout.pool_of("actor")
     plan = plan_memory(cfg)
     got, want = [], []
     for rank in plan.ranks:
         stage = pool.layout.coords(rank.rank).pp
-        got.append((_static_bytes(pool, w, stage), generation_extra_bytes(w, placement, pool, stage)))
+        got.append((_static_bytes(pool, w, stage), generation_extra_bytes(w, run_layout, pool, stage)))
         train = rank.phases["train"]
         statics = sum(e.static for name, e in train.items() if name != "engine")
         want.append((statics, rank.phases["reshard"]["engine"].resharded))
@@ -65,7 +65,7 @@ def test_footprint_divides_the_experts_by_ep():
     ep1 = load_config(GPU, [*base, "actor.parallel.ep=1"]).config
     ep8 = load_config(GPU, [*base, "actor.parallel.ep=8"]).config
     w, spec = workload_of(ep1), workload_of(ep1).actor
-    one, eight = (_static_bytes(placement_of(c).pools[0], w, 0) for c in (ep1, ep8))
+    one, eight = (_static_bytes(run_layout_of(c).pools[0], w, 0) for c in (ep1, ep8))
     experts = spec.num_layers * spec.num_experts * 3 * spec.hidden_size * spec.moe_ffn_hidden_size
     # the actor, distributed optimizer, d 8. ep 1: every expert, bf16 params + fp32 grads (6 bytes)
     # and fp32 master + Adam (12) over 8 ranks. ep 8: 1/8 of the experts, their master + Adam
@@ -79,30 +79,30 @@ def test_footprint_divides_the_experts_by_ep():
 def test_every_candidate_states_its_ep_and_loads():
     cfg = load_config(MOE).config
     load = _loader(MOE)
-    out = auto_place(cfg, load, gpus=4, device=A100, top=20)
+    out = auto_layout(cfg, load, gpus=4, device=A100, top=20)
     assert out["best"] is not None and len(out["candidates"]) >= 5
     for entry in out["candidates"]:
         loaded = load(entry["overrides"])  # raises if the recipe refuses it
-        assert placement_of(loaded).describe() == entry["placement"]
+        assert run_layout_of(loaded).describe() == entry["layout"]
         assert any(o.startswith("actor.parallel.ep=") for o in entry["overrides"])
 
 
 def test_30b_a3b_is_placed_with_expert_parallelism_the_recipe_accepts():
     base = [*Q30, "actor.parallel.dp=8", "actor.parallel.ep=8"]
     load = _loader(GPU, base)
-    out = auto_place(load([]), load, gpus=16, device=H200, top=8)
+    out = auto_layout(load([]), load, gpus=16, device=H200, top=8)
     assert out["best"] is not None and out["best"]["fits"]
     for entry in out["candidates"]:
         loaded = load(entry["overrides"])
-        assert placement_of(loaded).describe() == entry["placement"]
+        assert run_layout_of(loaded).describe() == entry["layout"]
     # the trainer's refusals (an actor layout) were asked during the search, not listed
     assert not [r for r in out["rejected"] if "actor.parallel" in r["error"]]
     # the chosen actor splits the experts' state (over TP, PP or EP), at tp > 1 under sequence
     # parallelism (megatron's MoE layer needs it there); expert parallelism is listed too
-    chosen = placement_of(load(out["best"]["overrides"])).pool_of("actor")
+    chosen = run_layout_of(load(out["best"]["overrides"])).pool_of("actor")
     assert chosen.layout.t * chosen.layout.p * chosen.layout.ep > 1
     assert chosen.layout.t == 1 or chosen.sequence_parallel == ("actor",)
-    assert any(" ep" in e["placement"] for e in out["candidates"])
+    assert any(" ep" in e["layout"] for e in out["candidates"])
 
 
 def test_an_actor_layout_the_recipe_refuses_is_not_searched():
@@ -112,7 +112,7 @@ def test_an_actor_layout_the_recipe_refuses_is_not_searched():
     ok = actor_layout_check(load, w.roles, 8, ep=True)
 
     def accepted(layout):  # the recipe itself, every role on the actor's ranks, the actor under SP
-        alone = Placement(pools=(PoolPlacement("actor", layout, w.roles, sequence_parallel=("actor",)),))
+        alone = RunLayout(pools=(PoolLayout("actor", layout, w.roles, sequence_parallel=("actor",)),))
         try:
             load(overrides_of(alone, 8, ep=True))
         except ConfigError as err:
@@ -130,10 +130,10 @@ def test_an_actor_layout_the_recipe_refuses_is_not_searched():
         asked.append(choice)
         return ok(choice)
 
-    kept = search_placements(w, H100, 8, actor_ok=recorded)
+    kept = search_run_layouts(w, H100, 8, actor_ok=recorded)
     assert any(c.layout.t > 1 for c in asked) and any(c.layout.ep > 1 for c in asked)
     assert all(c.sequence_parallel for c in asked if c.layout.t > 1)
-    assert kept and all(ok(_choice(c.placement.pool_of("actor"))) for c in kept)
+    assert kept and all(ok(_choice(c.run_layout.pool_of("actor"))) for c in kept)
 
 
 def _choice(pool):

@@ -1,4 +1,4 @@
-"""Automatic placement: which roles share which resource pools, in which parallel sizes.
+"""Layout search: which roles share which resource pools, in which parallel sizes.
 
 The search (after HybridFlow's mapping algorithm, EuroSys'25 section 6) runs over
 - structures: every subset of the movable role groups (critic with its cost critic, the
@@ -11,7 +11,7 @@ The search (after HybridFlow's mapping algorithm, EuroSys'25 section 6) runs ove
 - per pool that trains (actor, critic) at t > 1, megatron's sequence parallelism on and off
   (a mixture of experts trains at t > 1 only with it), and full activation recompute for an
   option that does not fit without it. An actor layout the recipe refuses (`actor_ok`, from
-  `rl3d.planning.auto_place`) is not taken.
+  `rl3d.planning.auto_layout`) is not taken.
 The stages of one pool do not depend on the other pools' layouts (the weight sync aside, which
 takes the rest of the devices as the actor's), so each pool's best layout per size is found
 once, splits are ranked by the sum, and the best few per structure are simulated whole. A
@@ -35,7 +35,7 @@ from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
 from rl3d.planning.footprint import pool_footprint
 from rl3d.planning.simulator import StepEstimate, pool_stages, simulate
-from rl3d.planning.workload import ROLLOUT, TRAINED, Placement, PoolPlacement, Workload
+from rl3d.planning.workload import ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
 
 MOVABLE = (("critic", "cost_critic"), ("reference",), ("reward_model",), ("cost_model",))
 SPLITS_PER_STRUCTURE = 6
@@ -49,10 +49,10 @@ class PoolChoice:
     sequence_parallel: bool = False
     recompute: bool = False
 
-    def pool(self, name: str, roles: tuple[str, ...]) -> PoolPlacement:
+    def pool(self, name: str, roles: tuple[str, ...]) -> PoolLayout:
         trained = tuple(r for r in roles if r in TRAINED)
         split = trained if self.sequence_parallel else ()
-        return PoolPlacement(name, self.layout, roles, split, trained if self.recompute else ())
+        return PoolLayout(name, self.layout, roles, split, trained if self.recompute else ())
 
 
 ActorCheck = Callable[[PoolChoice], bool]
@@ -60,7 +60,7 @@ ActorCheck = Callable[[PoolChoice], bool]
 
 @dataclass(frozen=True)
 class Candidate:
-    placement: Placement
+    run_layout: RunLayout
     estimate: StepEstimate
 
 
@@ -130,7 +130,7 @@ def structures(roles: tuple[str, ...], rollout_pool: bool) -> list[tuple[tuple[s
     return out
 
 
-def _pools(structure, choices: list[PoolChoice]) -> tuple[PoolPlacement, ...]:
+def _pools(structure, choices: list[PoolChoice]) -> tuple[PoolLayout, ...]:
     return tuple(
         c.pool(ROLLOUT if roles == (ROLLOUT,) else roles[0], roles) for roles, c in zip(structure, choices)
     )
@@ -195,25 +195,25 @@ class Search:
         again with recompute."""
         best = None
         for choice, t_g, p_g in self._options(structure, index, size):
-            placement, peak, budget, fits = self._footprint(structure, index, choice, t_g, p_g)
+            run_layout, peak, budget, fits = self._footprint(structure, index, choice, t_g, p_g)
             again = replace(choice, recompute=True)
             if not fits and self._may_recompute(structure[index], again):
                 trial = self._footprint(structure, index, again, t_g, p_g)
                 if trial[3]:
-                    choice, (placement, peak, budget, fits) = again, trial
-            pool = placement.pools[index]
+                    choice, (run_layout, peak, budget, fits) = again, trial
+            pool = run_layout.pools[index]
             bound = sum(
-                pool_stages(self.w, placement, self.device, pool, budget or 0.0, transition=False).values()
+                pool_stages(self.w, run_layout, self.device, pool, budget or 0.0, transition=False).values()
             )
             if best is not None and (not fits, bound) > (not best[1], best[0]):
                 continue
-            seconds = sum(pool_stages(self.w, placement, self.device, pool, budget or 0.0).values())
+            seconds = sum(pool_stages(self.w, run_layout, self.device, pool, budget or 0.0).values())
             if best is None or (not fits, seconds, peak) < (not best[1], best[0], best[5]):
                 best = (seconds, fits, choice, t_g, p_g, peak)
         return best
 
     def _footprint(self, structure, index: int, choice: PoolChoice, t_g: int, p_g: int):
-        """(placement, peak bytes, KV budget, fits) of the pool `index` in `choice`, the other
+        """(run layout, peak bytes, KV budget, fits) of the pool `index` in `choice`, the other
         pools filling the rest of the devices."""
         others = self.gpus - choice.layout.world_size
         filler = [
@@ -221,10 +221,10 @@ class Search:
             for i in range(len(structure))
         ]
         filler[index] = choice
-        placement = Placement(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
-        peak, budget = pool_footprint(self.w, placement, self.device, placement.pools[index])
+        run_layout = RunLayout(pools=_pools(structure, filler), t_g=t_g, p_g=p_g)
+        peak, budget = pool_footprint(self.w, run_layout, self.device, run_layout.pools[index])
         fits = peak <= self.device.memory_gb * 1e9 and (budget is None or budget >= 0)
-        return placement, peak, budget, fits
+        return run_layout, peak, budget, fits
 
     def _may_recompute(self, roles: tuple[str, ...], choice: PoolChoice) -> bool:
         if not any(r in TRAINED for r in roles):
@@ -249,15 +249,15 @@ class Search:
                 continue
             for parts in self.splits(structure):
                 actor = parts[0]
-                placement = Placement(
+                run_layout = RunLayout(
                     pools=_pools(structure, [p[2] for p in parts]), t_g=actor[3], p_g=actor[4]
                 )
-                out.append(Candidate(placement, simulate(self.w, placement, self.device)))
+                out.append(Candidate(run_layout, simulate(self.w, run_layout, self.device)))
         out.sort(key=lambda c: (not c.estimate.fits, c.estimate.step_seconds))
         return out
 
 
-def search_placements(
+def search_run_layouts(
     w: Workload,
     device: DeviceClass,
     gpus: int,
@@ -265,7 +265,7 @@ def search_placements(
     rollout_pool: bool = True,
     actor_ok: ActorCheck | None = None,
 ) -> list[Candidate]:
-    """Every structure's best few placements on `gpus` devices, fastest fitting first;
+    """Every structure's best few run layouts on `gpus` devices, fastest fitting first;
     `actor_ok(choice)` False: the actor may not train in that layout (with that sequence
     parallelism and recompute)."""
     if gpus < 1:
