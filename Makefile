@@ -36,12 +36,13 @@ $(STAMP): setup.py pyproject.toml $(LOCK)
 	$(BIN)/pip install -q $(PINNED) -e ".[dev]"
 	@touch $(STAMP)
 
-# A scratch virtualenv $(1) with the newest versions setup.py allows (the lock left out).
+# A scratch virtualenv $(1) with the newest versions setup.py allows (the lock left out), torch
+# still pinned: named again in the second install, so nothing may resolve another (CUDA) build.
 define fresh_venv
 	rm -rf $(1) && $(PY) -m venv $(1)
 	$(1)/bin/pip install -q --upgrade pip setuptools wheel
 	$(1)/bin/pip install -q $(TORCH_SPEC)
-	$(1)/bin/pip install -q --upgrade --upgrade-strategy eager -e ".[dev]"
+	$(1)/bin/pip install -q -e ".[dev]" $(TORCH_SPEC)
 endef
 
 lock:
