@@ -35,6 +35,7 @@ GPU_PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(34, 4, -1)] + 
 # (`make install-gpu`); the resolver, which sees wheels only for another platform, takes its
 # requirements from the archive's own metadata instead and pins it at Transformer Engine's version.
 SOURCE_ONLY = {"transformer-engine-torch": "transformer-engine"}
+SOURCE_ONLY_EXTRA = "pytorch"  # the extra of transformer-engine that asks for transformer-engine-torch
 
 
 def canonical(name: str) -> str:
@@ -140,18 +141,18 @@ def resolve(requirements: list[str], scratch: Path) -> dict[str, str]:
 
 def gpu_lock(lock: Path) -> None:
     """The GPU install ([gpu,dev]) resolved from the pinned packages' own requirements."""
-    wanted = setup_requirements(["gpu", "dev"])
+    from packaging.requirements import Requirement
+
+    wanted = [Requirement(r) for r in setup_requirements(["gpu", "dev"])]
+    te = next(r for r in wanted if r.name == "transformer-engine")
+    rest = [str(r) for r in wanted if r is not te]
+    wheels = f"{te.name}[{','.join(sorted(te.extras - {SOURCE_ONLY_EXTRA}))}]"  # without the source part
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        binary = [r for r in wanted if not r.startswith("transformer-engine[")]
-        te = next(r for r in wanted if r.startswith("transformer-engine["))
-        base = te.split("[")[0] + te.split("]")[1]  # the same range without the torch extra
-        pins = resolve(
-            [*binary, base.replace("transformer-engine", "transformer-engine[core_cu13]")], scratch
-        )
-        for source, sibling in SOURCE_ONLY.items():
+        pins = resolve([*rest, f"{wheels}{te.specifier}"], scratch)
+        for source, sibling in SOURCE_ONLY.items():  # again, with the source part's own requirements
             extra = source_requirements(source, pins[sibling])
-            pins = resolve([*binary, f"transformer-engine[core_cu13]=={pins[sibling]}", *extra], scratch)
+            pins = resolve([*rest, f"{wheels}=={pins[sibling]}", *extra], scratch)
             pins[source] = pins[sibling]
     write(lock, pins, f"`make lock-gpu` (resolved for CPython {GPU_PYTHON}, glibc 2.34, x86_64)")
 
