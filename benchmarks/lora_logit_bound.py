@@ -54,11 +54,11 @@ def row(name: str, gain: torch.Tensor, weight: torch.Tensor) -> str:
 def random_bases(seeds: list[int]) -> list[str]:
     """The demo's LoRA actor as a run builds it (one rank here), one per seed."""
     from rl3d.config import load_config
+    from rl3d.engine import MegatronEngine
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.spec import spec_of
     from rl3d.parallel.layout import ParallelLayout
     from rl3d.utils.net import free_port
-    from rl3d.workers.megatron_role import MegatronRole
 
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
@@ -68,7 +68,7 @@ def random_bases(seeds: list[int]) -> list[str]:
     cfg = load_config(RECIPE, ["actor.parallel.tp=1", "launch.nproc_per_node=1"]).config
     spec, out = spec_of(cfg.model), []
     for seed in seeds:
-        role = MegatronRole.from_config(
+        role = MegatronEngine.from_config(
             spec, groups, role="actor", model=cfg.model, seed=seed, batching=cfg.actor,
             optim=cfg.actor.optim, lora=cfg.actor.lora,
         )  # fmt: skip

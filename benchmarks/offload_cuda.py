@@ -25,6 +25,8 @@ import torch
 import torch.distributed as dist
 
 from rl3d.config import OptimConfig
+from rl3d.engine import Features, InitialWeights, MegatronEngine, Training
+from rl3d.engine.techniques import Offload
 from rl3d.models.bootstrap import init_megatron
 from rl3d.models.hf_mapping import hf_config_from_spec
 from rl3d.models.offload import OFFLOAD_KINDS, kind_tensors
@@ -33,7 +35,6 @@ from rl3d.models.weights import save_weights
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.device import init_process_group, synchronize
-from rl3d.workers.megatron_role import MegatronRole
 
 B, P, R = 4, 64, 64
 
@@ -42,7 +43,7 @@ def allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
 
 
-def train(role: MegatronRole, step: int) -> None:
+def train(role: MegatronEngine, step: int) -> None:
     ids = torch.randint(3, role.spec.vocab_size, (B, P + R), generator=torch.Generator().manual_seed(step))
     batch = DataBatch(
         {"input_ids": ids, "attention_mask": torch.ones_like(ids), "responses": ids[:, P:],
@@ -57,7 +58,7 @@ def train(role: MegatronRole, step: int) -> None:
                            count_unit=lambda m: float(m["response_mask"].sum()))  # fmt: skip
 
 
-def snapshot(role: MegatronRole) -> list[torch.Tensor]:
+def snapshot(role: MegatronEngine) -> list[torch.Tensor]:
     return [
         t.detach().cpu().clone() for k in OFFLOAD_KINDS for t in kind_tensors(role.ddp, role.optimizer, k)
     ]
@@ -77,9 +78,16 @@ def main() -> int:
     spec = get_model_spec(args.model)
 
     def role(offload=(), hf_path=None):
-        optim = OptimConfig(lr=1e-4)
-        return MegatronRole(spec, groups, role="actor", params_dtype=torch.bfloat16, optim=optim,
-                            total_steps=10, seed=1, offload=offload, hf_path=hf_path)  # fmt: skip
+        return MegatronEngine(
+            spec,
+            groups,
+            role="actor",
+            params_dtype=torch.bfloat16,
+            seed=1,
+            training=Training(OptimConfig(lr=1e-4), total_steps=10),
+            weights=InitialWeights(hf_path=hf_path),
+            features=Features([Offload(offload)] if offload else []),
+        )
 
     with tempfile.TemporaryDirectory() as start:  # one starting point for both (master copies too)
         save_weights(role().model, spec, groups, start, hf_config=hf_config_from_spec(spec).to_dict())

@@ -43,6 +43,18 @@ RUNS: dict[str, tuple[str, list[str]]] = {
     "tool": ("quickstart_cpu_tool_grpo.yaml", ["actor.warm_start.steps=20"]),
     "grpo_ray": ("quickstart_cpu_grpo.yaml", ["launch.backend=ray"]),
     "grpo_async_ray": ("quickstart_cpu_grpo_async.yaml", ["launch.backend=ray"]),
+    # the model techniques: experts over ep 2 (router losses, expert loads), adapters at tp 2
+    "moe": ("quickstart_cpu_moe_grpo.yaml", []),
+    "lora": ("quickstart_cpu_lora_grpo.yaml", []),
+    # the real model (`make real-model` fetches it); two steps keep it to about a minute
+    "smollm2": ("quickstart_cpu_smollm2_gsm8k.yaml", ["trainer.total_steps=2"]),
+}
+# what a run needs on disk first: the command that makes it, unless the path exists
+PREPARE: dict[str, tuple[str, list[str]]] = {
+    "smollm2": (
+        "data/gsm8k_synth/train.parquet",
+        ["-m", "rl3d.data.gsm8k_synth", "--out", "data/gsm8k_synth"],
+    ),
 }
 # max_staleness 1: only step 1 is deterministic (see the module docstring)
 TIMING_DEPENDENT = {"grpo_async", "grpo_async_ray"}
@@ -54,10 +66,11 @@ IDENTITY = {"step", "worker", "rank"}
 def train(config: Path, run_dir: Path, overrides: list[str]) -> float:
     """`rl3d train config` into `run_dir`; the wall seconds. A failed run ends the script with
     its command and the end of its stderr."""
+    config, run_dir = config.resolve(), run_dir.resolve()  # the run starts in the checkout
     cmd = [sys.executable, "-m", "rl3d.cli", "train", str(config), f"trainer.run_dir={run_dir}"]
     cmd += [*overrides, "--overwrite"]
     start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)  # recipes name data from the root
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return time.monotonic() - start
@@ -99,10 +112,20 @@ def differences(before: Path, after: Path, *, exact_until: int | None = None, li
     return out[:limit] + ([f"... {len(out) - limit} more"] if len(out) > limit else [])
 
 
+def prepare(name: str) -> None:
+    """What run `name` reads, made in the checkout when it is missing (`PREPARE`)."""
+    if name not in PREPARE:
+        return
+    path, args = PREPARE[name]
+    if not (ROOT / path).exists():
+        subprocess.run([sys.executable, *args], cwd=ROOT, check=True)
+
+
 def run_all(out: Path, names: list[str]) -> None:
     for name in names:
         recipe, overrides = RUNS[name]
-        overrides = [f"trainer.total_steps={STEPS}", "checkpoint.save_every=0", *overrides]
+        overrides = [f"trainer.total_steps={STEPS}", "checkpoint.save_every=0", *overrides]  # later wins
+        prepare(name)
         wall = train(ROOT / "recipes" / recipe, out / name, overrides)
         print(f"{name:16s} {wall:6.1f} s  {recipe} {' '.join(overrides)}", flush=True)
 
@@ -113,6 +136,7 @@ def compare_all(baseline: Path, out: Path, names: list[str], rerun: bool) -> int
         if not (baseline / name / "resolved_config.yaml").exists():
             raise SystemExit(f"{baseline / name} has no resolved_config.yaml (run `run` first)")
         if rerun:
+            prepare(name)
             train(baseline / name / "resolved_config.yaml", out / name, [])
         exact_until = 1 if name in TIMING_DEPENDENT else None
         diff = differences(baseline / name, out / name, exact_until=exact_until)

@@ -77,11 +77,11 @@ def _worker(rank: int, port: int, args) -> None:
     from simulator_microbench import batch_of
 
     from rl3d.config import load_config
+    from rl3d.engine import MegatronEngine, Training
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.models.spec import spec_of
     from rl3d.parallel.layout import ParallelLayout
-    from rl3d.workers.megatron_role import MegatronRole
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -91,8 +91,8 @@ def _worker(rank: int, port: int, args) -> None:
     torch.manual_seed(0)
     spec = spec_of(cfg.model)
     batch = batch_of(spec, 32, cfg.data.max_prompt_length, cfg.rollout.max_new_tokens)
-    role = MegatronRole(spec, groups, role="actor", params_dtype=torch.float32, optim=cfg.actor.optim,
-                        total_steps=1000, seed=1)  # fmt: skip
+    training = Training(cfg.actor.optim, total_steps=1000)
+    role = MegatronEngine(spec, groups, role="actor", params_dtype=torch.float32, seed=1, training=training)
 
     def extract(output, micro):
         logits = role.response_slice(output, micro)

@@ -141,18 +141,19 @@ def _role_rows(cfg, groups, batch: DataBatch, layers: int, repeats: int, name: s
     t > 1 each row also counts the layer all-reduces the simulator charges (2 per layer forward,
     4 forward + backward)."""
     from rl3d.algos import policy_loss_of
+    from rl3d.engine import Features, MegatronEngine, Training
+    from rl3d.engine.techniques import MoE
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
-    from rl3d.workers.megatron_role import MegatronRole
 
     spec = replace(spec_of(cfg.model), num_layers=layers)
-    role = MegatronRole(
+    role = MegatronEngine(
         spec,
         groups,
         role=name,
         params_dtype=torch.float32,
-        optim=getattr(cfg, name).optim,
-        total_steps=1000,
         seed=1,
+        training=Training(getattr(cfg, name).optim, total_steps=1000),
+        features=Features([MoE()] if spec.is_moe else []),  # a trained MoE counts its expert loads
     )
 
     def logp(output, micro):

@@ -40,10 +40,10 @@ NAPS_MS = (20, 100)
 def _worker(rank: int, port: int, repeats: int, out) -> None:
     from rl3d.controller.build import build_run
     from rl3d.controller.rows import fit_rows
+    from rl3d.engine import MegatronEngine, Training
     from rl3d.launch.spmd_backend import SPMDRun
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.single_controller.dispatch import MODES, dispatch_mode
-    from rl3d.workers.megatron_role import MegatronRole
 
     _join(rank, 2, port)
     run_dir = tempfile.mkdtemp()
@@ -56,9 +56,9 @@ def _worker(rank: int, port: int, repeats: int, out) -> None:
     worker, role, micro = group.worker, group.worker.role, cfg.actor.micro_batch_size
     mode = MODES[dispatch_mode(worker.compute_log_prob)]
     share = mode.split(batch, mode.slot(worker.dispatch_info()))
-    spec, tp_group = role.spec, role.groups.tp_group
-    fresh = MegatronRole(spec, role.groups, role="actor", params_dtype=torch.float32, optim=cfg.actor.optim,
-                         total_steps=1000, seed=1)  # fmt: skip
+    spec, groups, tp_group = role.spec, role.groups, role.groups.tp_group
+    training = Training(cfg.actor.optim, total_steps=1000)
+    fresh = MegatronEngine(spec, groups, role="actor", params_dtype=torch.float32, seed=1, training=training)
     torch.manual_seed(0)
     synthetic = batch_of(spec, len(batch), cfg.data.max_prompt_length, cfg.rollout.max_new_tokens)
 

@@ -5,7 +5,7 @@ benchmarks/real_model_step.py (4 prompts x 8 samples x 12 tokens, one optimizer 
 
 prints the torch profiler's op table (or cProfile's) of one `update_actor` after a warm-up one;
 `ab` times `update_actor` alternately without and with the output layer cut to the response
-positions (`MegatronRole.response_outputs`), two pairs.
+positions (`MegatronEngine.batches.response_outputs`), two pairs.
 Reads the prompts that benchmarks/real_model_step.py writes (`--prompts` to change).
 """
 
@@ -66,7 +66,7 @@ def main() -> None:
     if args.mode == "ab":
         for pair in range(2):
             for flag in (False, True):
-                actor.role.response_outputs = flag
+                actor.role.batches.response_outputs = flag
                 start = time.perf_counter()
                 actor.update_actor(batch)
                 took = time.perf_counter() - start

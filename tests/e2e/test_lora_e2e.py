@@ -31,17 +31,18 @@ def lora_logits(rank, world_size, hf_dir, checkpoint, ids, targets):
     from types import SimpleNamespace
 
     from rl3d.config.lora import LoraConfig
+    from rl3d.engine import Features, MegatronEngine
+    from rl3d.engine.techniques import Lora
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.dist_checkpoint import load_checkpoint
     from rl3d.models.spec import spec_of
     from rl3d.parallel.layout import ParallelLayout
-    from rl3d.workers.megatron_role import MegatronRole
 
     spec = spec_of(SimpleNamespace(name=None, hf_path=hf_dir))
     groups = init_megatron(ParallelLayout(1, 1, 1), seed=1)
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=targets)
-    role = MegatronRole(spec, groups, role="actor", params_dtype=torch.float32, optim=None, total_steps=1,
-                        seed=1, lora=lora)  # fmt: skip
+    features = Features([Lora(lora)])
+    role = MegatronEngine(spec, groups, role="actor", params_dtype=torch.float32, seed=1, features=features)
     load_checkpoint(checkpoint, ddp=role.model, optimizer=None, scheduler=None, groups=groups)
     moved = max(t.abs().max() for k, t in role.lora_state_dict().items() if "lora_B" in k)
     with torch.no_grad():

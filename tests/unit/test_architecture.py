@@ -1,11 +1,13 @@
 """The package layering holds: every top-level package imports only from the layers below it (`LAYERS`, the
 one statement of the order), no import cycle between packages nor between modules, no source file over 500
-lines, the single-controller protocol stays a leaf, the planner never imports the benchmark and no module
-below `config` reads the whole recipe. The graphs are built from the source with ast, so a lazy import
+lines, the single-controller protocol stays a leaf, the planner never imports the benchmark, no module
+below `config` reads the whole recipe and no worker imports a model technique's module (the engine applies
+them as features). The graphs are built from the source with ast, so a lazy import
 inside a function, or one only for type checking, counts as much as one at the top."""
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "rl3d"
@@ -21,7 +23,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("weight_sync", "costs"),  # a transition's transport to another pool; cluster and transition costs
     ("agents",),  # an OpenAI-compatible endpoint over a rollout engine; users' agents drive the rollout
     ("config",),  # typed recipe sections: every layer below works without reading a recipe
-    ("workers",),  # one class per role
+    ("engine",),  # a megatron model of a role on its grid, its techniques as features
+    ("workers",),  # one class per role: which columns it computes, which loss it trains
     ("checkpoint", "testing"),  # run checkpoints; kits for tests and benchmarks (tiny models, spawn)
     ("controller", "bench"),  # the RL loop and its assembly; benchmarks
     (
@@ -301,3 +304,86 @@ def test_no_source_file_over_the_line_limit():
         if (n := p.read_text(encoding="utf-8").count("\n")) > MAX_LINES
     }
     assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+# A model technique's modules: the engine applies them as features (`rl3d.engine.techniques`); a worker
+# that imports one is asking "is it on?" again.
+TECHNIQUE_MODULES = (
+    "rl3d.engine.techniques",
+    "rl3d.engine.micro_batches",
+    "rl3d.models.lora",
+    "rl3d.models.lora_peft",
+    "rl3d.models.moe_metrics",
+    "rl3d.models.offload",
+    "rl3d.models.packing",
+    "rl3d.models.routing_replay",
+    "rl3d.models.sequence_parallel",
+)
+
+
+def technique_imports(edges: dict[str, set[str]], package: str = "rl3d.workers") -> list[str]:
+    return sorted(
+        f"{module} imports {dep}"
+        for module, deps in edges.items()
+        if module == package or module.startswith(package + ".")
+        for dep in deps
+        if dep in TECHNIQUE_MODULES
+    )
+
+
+def test_no_worker_imports_a_model_technique():
+    found = technique_imports(module_graph())
+    assert not found, f"workers reach techniques through rl3d.engine's features only: {found}"
+
+
+def test_the_technique_check_sees_one():
+    edges = {
+        "rl3d.workers.roles": {"rl3d.models.lora", "rl3d.engine"},
+        "rl3d.engine.megatron": {"rl3d.models.lora"},
+    }
+    assert technique_imports(edges) == ["rl3d.workers.roles imports rl3d.models.lora"]
+
+
+# How a feature branch is counted: a condition (`if`, `while`, a conditional expression or a
+# comprehension's `if`) whose source names a model technique.
+TECHNIQUE_WORDS = re.compile(
+    r"pack|lora|adapter|moe|expert|replay|routing|recompute|sequence_parallel|offload|\bte\b|fp16|float16",
+    re.IGNORECASE,
+)
+MAX_WORKER_FEATURE_BRANCHES = 9
+
+
+def feature_branches(source: str) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        tests = []
+        if isinstance(node, ast.If | ast.IfExp | ast.While):
+            tests = [node.test]
+        elif isinstance(node, ast.comprehension):
+            tests = node.ifs
+        found += [f"line {t.lineno}: {text}" for t in tests if TECHNIQUE_WORDS.search(text := ast.unparse(t))]
+    return found
+
+
+def test_workers_hardly_branch_on_model_techniques():
+    found = {
+        str(p.relative_to(SRC)): branches
+        for p in sorted((SRC / "workers").glob("*.py"))
+        if (branches := feature_branches(p.read_text(encoding="utf-8")))
+    }
+    total = sum(len(b) for b in found.values())
+    assert total <= MAX_WORKER_FEATURE_BRANCHES, f"{total} feature branches in workers/: {found}"
+
+
+def test_the_branch_count_sees_a_feature_branch():
+    source = "if self.lora is not None:\n    x = 1\ny = [m for m in micro if m.packed]\nz = a if b else c\n"
+    assert feature_branches(source) == ["line 1: self.lora is not None", "line 3: m.packed"]
+
+
+def test_the_engine_takes_at_most_eight_parameters():
+    import inspect
+
+    from rl3d.engine import MegatronEngine
+
+    params = [p for p in inspect.signature(MegatronEngine.__init__).parameters if p != "self"]
+    assert len(params) <= 8, params

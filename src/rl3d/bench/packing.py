@@ -74,6 +74,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch.distributed as dist
 
     from rl3d.config import ActorConfig, ModelConfig, OptimConfig
+    from rl3d.engine import MegatronEngine
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.models.spec import get_model_spec
@@ -81,7 +82,6 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from rl3d.single_controller.batch import DataBatch
     from rl3d.testing.spawn import free_port
     from rl3d.utils.device import init_process_group
-    from rl3d.workers.megatron_role import MegatronRole
 
     spec = get_model_spec(args.model)
     data = skewed_batch(
@@ -116,10 +116,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         # the same network twice, padded and packed (a token budget per micro-batch)
         model = ModelConfig(name=args.model, dtype="float32")
         common = dict(role="actor", model=model, seed=args.seed, optim=OptimConfig())
-        padded = MegatronRole.from_config(spec, groups, **common)
+        padded = MegatronEngine.from_config(spec, groups, **common)
         budget = args.max_tokens or T
         batching = ActorConfig(packing=True, max_tokens_per_micro_batch=budget)
-        packed = MegatronRole.from_config(spec, groups, batching=batching, init_from=padded, **common)
+        packed = MegatronEngine.from_config(spec, groups, batching=batching, init_from=padded, **common)
 
         def logp_of(role, output, micro):
             logits = role.response_slice(output, micro)

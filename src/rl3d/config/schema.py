@@ -14,7 +14,7 @@ Batch-size semantics (all counts are global, over all data-parallel ranks):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rl3d.config.agent import AgentHookConfig, MultiTurnConfig
@@ -176,6 +176,15 @@ class ReferenceConfig:
         _unique(self, "offload")
         if extra := [k for k in self.offload if k != "params"]:
             raise FieldError("offload", f"{extra}: the reference is frozen and holds params only")
+
+    def batching_of(self, actor: ActorConfig) -> ReferenceConfig:
+        """This section with the reference's micro-batching resolved: it runs the actor's
+        micro-batches, so the actor's packing (and token budget) unless it sets its own."""
+        packing = actor.packing if self.packing is None else self.packing
+        budget = self.max_tokens_per_micro_batch
+        if budget is None and packing:
+            budget = actor.max_tokens_per_micro_batch
+        return replace(self, packing=packing, max_tokens_per_micro_batch=budget)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,7 @@
 """The reward-model job: `rl3d train RECIPE` on a recipe with `job: reward_model`.
 
 It trains a megatron-core GPTModel with a scalar head (`rl3d.workers.reward_model`) on preference
-pairs with the Bradley-Terry loss, on the recipe's TP/PP/DP layout (through `MegatronRole`, as
+pairs with the Bradley-Terry loss, on the recipe's TP/PP/DP layout (through `MegatronEngine`, as
 the critic), under torchrun like an RL run:
 
     rl3d train recipes/quickstart_cpu_rm.yaml     # = torchrun ... -m rl3d.controller.rm_train RECIPE
@@ -198,11 +198,11 @@ def run(cfg: RMJobConfig, run_dir: Path) -> dict[str, float]:
     """One rank's part of the job (torch.distributed initialised); the last held-out metrics."""
     from rl3d.checkpoint import CheckpointManager
     from rl3d.data import load_tokenizer
+    from rl3d.engine import MegatronEngine
     from rl3d.logging import JsonlMetricsWriter, Progress
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.spec import spec_of
     from rl3d.parallel import ParallelLayout
-    from rl3d.workers.megatron_role import MegatronRole
 
     par, rank = cfg.parallel, dist.get_rank()
     spec = spec_of(cfg.model)
@@ -219,7 +219,7 @@ def run(cfg: RMJobConfig, run_dir: Path) -> dict[str, float]:
     )
     groups = init_megatron(ParallelLayout(par.pp, par.tp, par.dp), seed=cfg.trainer.seed)
     steps = cfg.trainer.total_steps
-    role = MegatronRole.from_config(
+    role = MegatronEngine.from_config(
         spec,
         groups,
         role="critic",

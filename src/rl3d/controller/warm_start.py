@@ -165,7 +165,7 @@ def step_rows(num_rows: int, *, steps: int, batch_size: int, seed: int) -> list[
 
 
 def sft_loss(role: Any):
-    """Token-mean NLL over the trained response tokens (`loss_of` for the `MegatronRole` `role`;
+    """Token-mean NLL over the trained response tokens (`loss_of` for the `MegatronEngine` `role`;
     log-probs over the TP-sharded vocabulary, as the policy loss reads them)."""
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 

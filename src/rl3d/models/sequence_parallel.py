@@ -13,7 +13,7 @@ What rl3d does around it:
 - `resolve_sequence_parallel`: `auto` (the default) turns it on for a mixture of experts at
   TP > 1 and leaves dense models as they were; `true` for any model at TP > 1; `false` never.
 - `padded_length`: a forward's sequence length is padded to a multiple of t (the micro-batching
-  pads padded micro-batches on the left and packed rows at the end; `rl3d.workers.micro_batches`).
+  pads padded micro-batches on the left and packed rows at the end; `rl3d.engine.micro_batches`).
 - `RMSNorm`: the local layer spec (no Transformer Engine)'s norm, whose torch module megatron refuses under
   sequence parallelism; its weight is marked `sequence_parallel`, so megatron's
   `finalize_model_grads` sums its gradient over TP (each rank saw only its positions).

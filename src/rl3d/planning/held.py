@@ -23,7 +23,7 @@ def _inner_optimizers(optimizer: Any) -> list[Any]:
 
 
 def role_held_bytes(role: Any) -> dict[str, int]:
-    """{params, grads, master, optimizer} bytes one `rl3d.workers.megatron_role.MegatronRole`
+    """{params, grads, master, optimizer} bytes one `rl3d.engine.MegatronEngine`
     holds (a frozen role: params only)."""
     params = _storages(role.model.parameters())
     out = {"params": sum(params.values()), "grads": 0, "master": 0, "optimizer": 0}
@@ -45,9 +45,9 @@ def engine_held_bytes(actor: Any) -> dict[str, int]:
     """{resharded, kv_cache} of an `ActorRolloutWorker` between `reshard` and
     `release_generation`: generation-weight storages the training parameters do not own, and
     the torch engine's KV cache."""
-    weights = actor.weights
+    weights = actor.rollout.weights
     resharded = 0 if weights is None else weights.storage_bytes(exclude=list(actor.role.model.parameters()))
-    cache = getattr(actor.engine, "cache", None)
+    cache = getattr(actor.rollout.engine, "cache", None)
     return {"resharded": resharded, "kv_cache": cache.nbytes() if cache is not None else 0}
 
 

@@ -51,12 +51,10 @@ def role_model(cfg: RL3DConfig, name: str) -> RoleModel | None:
             c.max_tokens_per_micro_batch, c.optim.distributed_optimizer, _offload(c), "critic",
         )  # fmt: skip
     if name == "reference":
-        ref = cfg.reference
-        packing = actor.packing if ref.packing is None else ref.packing
-        budget = ref.max_tokens_per_micro_batch or (actor.max_tokens_per_micro_batch if packing else None)
+        ref = cfg.reference.batching_of(actor)  # the actor's micro-batches
         return RoleModel(
-            name, "actor", False, actor.micro_batch_size, actor.mini_batch_size, packing, budget,
-            False, _offload(ref), "reference",
+            name, "actor", False, actor.micro_batch_size, actor.mini_batch_size, ref.packing,
+            ref.max_tokens_per_micro_batch, False, _offload(ref), "reference",
         )  # fmt: skip
     if name in ("reward_model", "cost_model"):
         key = "model" if name == "reward_model" else "cost_model"

@@ -69,16 +69,16 @@ def sequence_batch(prompts: list[list[int]], responses: list[list[int]], pad_id:
 def actor_logprobs(
     groups: Any, hf_dir: str | Path, batch: Any, *, micro_batch_size: int | None = None
 ) -> Any:
-    """Log-probs [B, R] of the batch's responses by rl3d's actor (a MegatronRole built from
+    """Log-probs [B, R] of the batch's responses by rl3d's actor (a MegatronEngine built from
     `hf_dir` in fp32, the actor's forward and vocab-parallel log-probs); None off the last stage."""
     from rl3d.config import ModelConfig
+    from rl3d.engine import MegatronEngine
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.models.spec import spec_of
-    from rl3d.workers.megatron_role import MegatronRole
 
     model = ModelConfig(hf_path=str(hf_dir), dtype="float32")
     spec = spec_of(model)
-    role = MegatronRole.from_config(spec, groups, role="actor", model=model, seed=1, hf_path=model.hf_path)
+    role = MegatronEngine.from_config(spec, groups, role="actor", model=model, seed=1, hf_path=model.hf_path)
 
     def extract(output: torch.Tensor, micro: Any):
         logits = role.response_slice(output, micro)

@@ -21,7 +21,7 @@ class RoleContext:
     spec: ModelSpec
     groups: MegatronGroups  # this rank's megatron grid (its pool's world)
     tokenizer: Any
-    # where a role's network starts: the colocated actor's (a MegatronRole, copied in memory),
+    # where a role's network starts: the colocated actor's (a MegatronEngine, copied in memory),
     # else the weight directory at `init_path` (a role in its own pool)
     init_from: Any = None
     init_path: str | None = None

@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from rl3d.config import ModelConfig
+from rl3d.engine import last_token_outputs
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import PAD_VALUES, DataBatch
@@ -55,15 +56,9 @@ def safety_sign_loss(cost_B: torch.Tensor, unsafe_sign_B: torch.Tensor) -> torch
 
 
 def last_token_scores(output_BT1: torch.Tensor, micro: DataBatch) -> torch.Tensor:
-    """[B]: the head's output at each sequence's last real token (a packed micro-batch's
-    output is one row [1, N, 1]: sequence s ends at column cu_seqlens[s + 1] - 1)."""
-    from rl3d.models.packing import PACKED
-
-    row = micro.info.get(PACKED)
-    if row is not None:
-        return output_BT1[0, row.cu_seqlens[1:].long().to(output_BT1.device) - 1, 0].float()
-    rows = torch.arange(output_BT1.shape[0], device=output_BT1.device)
-    return output_BT1[rows, micro[LAST].to(output_BT1.device), 0].float()
+    """[B]: the head's output at each sequence's last real token (`micro[LAST]` in the padded
+    layout; packed or not)."""
+    return last_token_outputs(output_BT1, micro, micro[LAST])[:, 0].float()
 
 
 def sequence_batch(
@@ -94,7 +89,7 @@ def sequence_batch(
 
 
 def save_reward_model(role, dst: Path, *, meta: dict) -> None:
-    """The model of `role` (a MegatronRole of role "critic") as a Megatron weight directory
+    """The model of `role` (a MegatronEngine of role "critic") as a Megatron weight directory
     without an LM head, plus its value head and `meta` (collective over the role's world)."""
     from safetensors.torch import save_file
 
@@ -142,13 +137,13 @@ def load_reward_model(
     seed: int,
     batching=None,
 ):
-    """A forward-only MegatronRole holding the reward model of `weights_dir`, in this layout
+    """A forward-only MegatronEngine holding the reward model of `weights_dir`, in this layout
     (`model.dtype`; `batching`: the reward-model section's packing, None: padded)."""
     from safetensors.torch import load_file
 
-    from rl3d.workers.megatron_role import MegatronRole
+    from rl3d.engine import MegatronEngine
 
-    role = MegatronRole.from_config(
+    role = MegatronEngine.from_config(
         spec, groups, role="critic", model=model, seed=seed, batching=batching, hf_path=str(weights_dir)
     )
     if groups.is_last_stage:

@@ -11,17 +11,14 @@ import logging
 import torch
 
 from rl3d import algos
-from rl3d.config import ReferenceConfig, RL3DConfig
-from rl3d.config.lora import adapter_transition
+from rl3d.config import RL3DConfig
+from rl3d.engine import METRIC_WEIGHT, MegatronEngine
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import ROUTING, DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
-from rl3d.utils.dtypes import torch_dtype
 from rl3d.workers.context import RoleContext
-from rl3d.workers.generation import Generation
-from rl3d.workers.megatron_role import METRIC_WEIGHT, MegatronRole
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +52,6 @@ def _count_unit(mode: str):
     return lambda m: float((m["response_mask"].sum(-1) > 0).sum())
 
 
-def _reference_batching(cfg: RL3DConfig) -> ReferenceConfig:
-    """The reference runs the actor's micro-batches: the actor's packing unless it sets its own."""
-    ref, actor = cfg.reference, cfg.actor
-    packing = actor.packing if ref.packing is None else ref.packing
-    budget = ref.max_tokens_per_micro_batch
-    if budget is None and packing:
-        budget = actor.max_tokens_per_micro_batch
-    return dataclasses.replace(ref, packing=packing, max_tokens_per_micro_batch=budget)
-
-
 def _mean_metrics(rows: list[dict]) -> dict[str, float]:
     """Each key's mean over the rows that have it, weighted by a row's METRIC_WEIGHT (else 1)."""
     out = {}
@@ -75,7 +62,7 @@ def _mean_metrics(rows: list[dict]) -> dict[str, float]:
     return out
 
 
-def _train(role: MegatronRole, section, batch: DataBatch, loss_of, loss_agg_mode: str, prefix: str):
+def _train(role: MegatronEngine, section, batch: DataBatch, loss_of, loss_agg_mode: str, prefix: str):
     """PPO epochs over mini/micro-batches of one role; its metrics (last PP stage), else None."""
     rows = role.train_minibatches(
         batch,
@@ -99,14 +86,20 @@ class _LogProbMixin:
     spec: ModelSpec
     groups: MegatronGroups
 
-    def _logp_entropy(self, output: torch.Tensor, micro: DataBatch, role: MegatronRole):
+    def _logp_entropy(self, output: torch.Tensor, micro: DataBatch, role: MegatronEngine):
         logits = role.response_slice(output, micro)
         return vocab_parallel_logprobs_entropy(
             logits, micro["responses"], self.groups.tp_group, vocab_size=self.spec.vocab_size
         )
 
     def _forward_logprobs(
-        self, role: MegatronRole, batch: DataBatch, micro_batch_size: int, key: str, *, routing: bool = False
+        self,
+        role: MegatronEngine,
+        batch: DataBatch,
+        micro_batch_size: int,
+        key: str,
+        *,
+        routing: bool = False,
     ):
         """`key`'s log-probs and entropies; with `routing` (the actor's old log-probs under
         `algorithm.routing_replay`) also the forward's routing record or replay counts."""
@@ -129,18 +122,16 @@ class _LogProbMixin:
 
 
 class ActorRolloutWorker(_LogProbMixin):
-    """The megatron actor colocated with the rollout engine; the 3D-HybridEngine moves its
-    weights from the training layout to the generation layout (`reshard`) before rollout."""
+    """The megatron actor colocated with the rollout engine: it trains; its generation side
+    (`rollout`, a `ColocatedRollout`) loads its weights into the engine through the
+    3D-HybridEngine (`reshard`) and generates."""
 
     def __init__(self, ctx: RoleContext):
-        from rl3d.hybrid_engine.executor import Resharder
-        from rl3d.parallel import GenerationLayout
-        from rl3d.parallel.groups import build_hybrid_groups
+        from rl3d.workers.colocated_rollout import ColocatedRollout
 
-        cfg, spec, groups, pad_token_id = ctx.cfg, ctx.spec, ctx.groups, ctx.pad_token_id
+        cfg, spec, groups = ctx.cfg, ctx.spec, ctx.groups
         self.cfg, self.spec, self.groups = cfg, spec, groups
-        self.dtype = torch_dtype(cfg.model.dtype)
-        self.role = MegatronRole.from_config(
+        self.role = MegatronEngine.from_config(
             spec,
             groups,
             role="actor",
@@ -153,117 +144,20 @@ class ActorRolloutWorker(_LogProbMixin):
             lora=cfg.actor.lora,
             routing_replay=cfg.algorithm.routing_replay != "none",
         )
-        self.gen = GenerationLayout.from_training(groups.layout, cfg.rollout.t_g, cfg.rollout.p_g)
-        he = cfg.hybrid_engine
-        # SGLang's control messages wait through its launch and each generate: a gloo twin of
-        # the generation-TP group with the world's timeout
-        control = cfg.launch.timeout_s if cfg.rollout.engine == "sglang" and self.gen.t_g > 1 else None
-        self.hybrid_groups = build_hybrid_groups(self.gen, timeout_s=he.timeout_s, control_timeout_s=control)
-        self.resharder = Resharder(
-            spec,
-            self.hybrid_groups,
-            strategy=he.strategy,
-            bucket_mb=he.bucket_mb,
-            verify=he.verify,
-            dtype=self.dtype,
-            device=groups.device,
-            kernel_backend=he.kernel_backend,
-        )
-        # LoRA whose engine keeps the base: the base moves once, the adapters every step
-        self.adapter_resharder = None
-        if adapter_transition(cfg):
-            from rl3d.hybrid_engine.lora_plan import lora_params
-
-            lora = cfg.actor.lora
-            self.adapter_resharder = Resharder(
-                spec,
-                self.hybrid_groups,
-                params=lora_params(spec, lora.rank, lora.targets),
-                dtype=torch.float32,  # the adapters train in fp32 whatever the model's dtype
-                device=groups.device,
-                verify=he.verify,
-            )
-        self.pad_token_id, self.tokenizer = pad_token_id, ctx.tokenizer
-        self.engine, self.generation = None, None  # launched by start_engine
-        self.offloading: list[MegatronRole] = [self.role]
-        self.generating = False  # the engine's KV cache is resumed and the roles are offloaded
-        self.weights = None
+        self.rollout = ColocatedRollout(ctx, self.role)
         self.policy_loss = algos.policy_loss_of(cfg.algorithm)
 
-    def start_engine(self, colocated: list[MegatronRole]) -> None:
-        """Launch the rollout engine once every role on this rank exists (`colocated`: the other
-        roles' models), so that SGLang sizes its memory against what training really holds; those
-        roles' `offload` kinds leave the device while it generates."""
-        from rl3d.rollout import build_rollout_engine
-
-        cfg = self.cfg
-        self.offloading = [self.role, *(r for r in colocated if r is not self.role)]  # LoRA's reference
-        self.engine = build_rollout_engine(
-            cfg.rollout,
-            spec=self.spec,
-            group=self.hybrid_groups.gen_tp if self.gen.t_g > 1 else None,
-            control_group=self.hybrid_groups.gen_tp_control,
-            pad_token_id=self.pad_token_id,
-            model_path=cfg.model.hf_path,
-            device=self.groups.device,
-            dtype=cfg.model.dtype,
-            seed=cfg.trainer.seed,
-            lora_mode=cfg.actor.lora.engine_mode if self.adapter_resharder is not None else None,
-            record_routing=cfg.algorithm.routing_replay == "rollout",
-        )
-        # single- or multi-turn (rollout.multi_turn), as a separate rollout pool generates
-        self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)
+    def start_engine(self, colocated: list[MegatronEngine]) -> None:
+        """Launch the rollout engine once every role on this rank exists (`ColocatedRollout.start`)."""
+        self.rollout.start(colocated)
 
     def dispatch_info(self) -> DispatchInfo:
-        return _megatron_info(self.groups, self.gen, mini_batch_size=self.cfg.actor.mini_batch_size)
+        return _megatron_info(self.groups, self.rollout.gen, mini_batch_size=self.cfg.actor.mini_batch_size)
 
     @register(Dispatch.ONE_TO_ALL)
     def reshard(self) -> dict[str, float]:
-        """Training layout -> generation layout, loaded into the engine. An engine that holds its
-        own copy of the weights (SGLang) gets it now, and the resharded buffer is freed at once."""
-        if self.engine is None:
-            self.start_engine([])
-        if self.adapter_resharder is not None:
-            return self._reshard_adapters()
-        self.release_generation()  # the previous policy's KV cache and buffer, if still held
-        self.weights = self.resharder.to_generation(self.role.transition_shards())
-        self.engine.load_weights(self.weights)
-        metrics = self.resharder.last_stats.metrics()
-        # an engine in another dtype than training (`rollout.dtype`) holds a cast copy
-        metrics["reshard/peak_bytes"] += getattr(self.engine, "weight_copy_bytes", 0)
-        if getattr(self.engine, "holds_weights", False):
-            self.weights.release()
-            self.weights = None
-        return metrics
-
-    def _reshard_adapters(self) -> dict[str, float]:
-        """LoRA, the engine keeping the base: the frozen base is resharded once, at the first
-        publish, and kept (the generation buffer is not released between steps); every publish
-        moves only the adapters, and `reshard/*` count them."""
-        self.release_generation()  # the engine's KV cache (the base buffer stays)
-        if self.weights is None:
-            self.weights = self.resharder.to_generation(self.role.transition_shards(merged=False))
-            base = self.resharder.last_stats
-            logger.info("LoRA: the base moved once to the engine: %d bytes received", base.recv_bytes)
-        self.engine.load_weights(self.weights)  # in place: no copy unless rollout.dtype differs
-        adapters = self.adapter_resharder.to_generation(self.role.adapter_shards())
-        self.engine.load_lora(adapters, self.cfg.actor.lora)  # apply mode may read them in place
-        metrics = self.adapter_resharder.last_stats.metrics()
-        # the engine's own copies: a cast base (rollout.dtype), the merged weights (merge mode)
-        metrics["reshard/peak_bytes"] += self.engine.weight_copy_bytes + self.engine.lora.copy_bytes
-        return metrics
-
-    def _enter_generation(self) -> None:
-        """Before the first generation on these weights: the roles' `offload` kinds go to host
-        memory, then the engine resumes its KV cache (after every rank of its group has emptied
-        its allocator cache)."""
-        if self.generating:
-            return
-        freed = sum(role.to_host() for role in self.offloading)
-        if freed:
-            logger.info("offloaded %.1f MiB of training state for generation", freed / 2**20)
-        self.engine.resume_memory()
-        self.generating = True
+        """Training layout -> generation layout, loaded into the engine; `reshard/*` metrics."""
+        return self.rollout.publish()
 
     @register(Dispatch.GENERATION_COMPUTE)
     def generate_sequences(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch | None:
@@ -271,28 +165,16 @@ class ActorRolloutWorker(_LogProbMixin):
         collects the rows from generation-TP rank 0).
 
         `greedy`: one temperature-0 response per prompt (ReMax's baseline)."""
-        self._enter_generation()
-        dp_g = self.gen.coords(self.groups.rank).dp_g
-        out = self.generation.generate(prompts, step=step, gen_dp_rank=dp_g, greedy=greedy)
-        return None if out is None else out.batch
+        return self.rollout.generate(prompts, step=step, greedy=greedy)
 
     @register(Dispatch.ONE_TO_ALL)
     def release_generation(self) -> None:
-        """After rollout: drop the generation buffer and the engine's memory. Nothing is copied
-        back: the training weights are the source of truth; offloaded tensors come back when a
-        role next uses them."""
-        if self.weights is not None and self.adapter_resharder is None:  # LoRA keeps its base
-            self.weights.release()
-        if self.engine is not None:
-            self.engine.release_memory()
-        self.generating = False
+        """After rollout: drop the generation buffer and the engine's memory."""
+        self.rollout.release()
 
     def pause_generation(self) -> None:
-        """Free the KV cache but keep the engine's weights (a checkpoint needs the roles'
-        tensors back on the device); the next generation offloads them and resumes the cache."""
-        if self.generating:
-            self.engine.pause()
-            self.generating = False
+        """Free the KV cache but keep the engine's weights (before a checkpoint)."""
+        self.rollout.pause()
 
     def _check_record(self, batch: DataBatch) -> None:
         """`routing_replay: rollout` without the engine's record in the rows would route by the
@@ -355,7 +237,7 @@ class CriticWorker:
             f"{prefix}returns",
             f"{prefix}critic",
         )
-        self.role = MegatronRole.from_config(
+        self.role = MegatronEngine.from_config(
             spec,
             groups,
             role="critic",
@@ -416,13 +298,13 @@ class ReferenceWorker(_LogProbMixin):
             return
         warmed = cfg.actor.warm_start is not None  # then the actor's SFT'd weights, never hf_path's
         path = ctx.init_path if warmed else cfg.model.hf_path or ctx.init_path
-        self.role = MegatronRole.from_config(
+        self.role = MegatronEngine.from_config(
             spec,
             groups,
             role="reference",
             model=cfg.model,
             seed=cfg.trainer.seed,
-            batching=_reference_batching(cfg),
+            batching=cfg.reference.batching_of(cfg.actor),
             total_steps=cfg.trainer.total_steps,
             hf_path=path,
             init_from=None if path else ctx.init_from,

@@ -18,14 +18,14 @@ import dataclasses
 import torch
 
 from rl3d.config.run_dir import teacher_weights
+from rl3d.engine import MegatronEngine
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import Dispatch, DispatchInfo, register
 from rl3d.workers.context import RoleContext
-from rl3d.workers.megatron_role import MegatronRole
-from rl3d.workers.roles import _megatron_info, _reference_batching
+from rl3d.workers.roles import _megatron_info
 
 
 class TeacherWorker:
@@ -33,7 +33,7 @@ class TeacherWorker:
         cfg, groups = ctx.cfg, ctx.groups
         self.cfg, self.groups = cfg, groups
         self.distill = distill = cfg.algorithm.distill
-        self.teachers: dict[str, tuple[ModelSpec, MegatronRole]] = {}
+        self.teachers: dict[str, tuple[ModelSpec, MegatronEngine]] = {}
         layout, key = groups.layout, "actor.parallel" if distill.colocate else "algorithm.distill.parallel"
         for path in distill.paths():
             spec, weights = teacher_weights(path)
@@ -47,14 +47,14 @@ class TeacherWorker:
                     f"{key}: tp={layout.t} must divide teacher {path}'s {spec.num_query_groups} KV heads "
                     f"and pp={layout.p} its {spec.num_layers} layers"
                 )
-            role = MegatronRole.from_config(
+            role = MegatronEngine.from_config(
                 spec,
                 groups,
                 role="reference",  # frozen, forward only
                 model=cfg.model,
                 seed=cfg.trainer.seed,
                 # the reference's micro-batching; offload around generation is the reference's own
-                batching=dataclasses.replace(_reference_batching(cfg), offload=[]),
+                batching=dataclasses.replace(cfg.reference.batching_of(cfg.actor), offload=[]),
                 total_steps=cfg.trainer.total_steps,
                 hf_path=weights,
             )
@@ -66,7 +66,7 @@ class TeacherWorker:
         mini = self.cfg.actor.mini_batch_size if first.packing else 0
         return _megatron_info(self.groups, mini_batch_size=mini)
 
-    def _logprobs(self, spec: ModelSpec, role: MegatronRole, batch: DataBatch) -> torch.Tensor | None:
+    def _logprobs(self, spec: ModelSpec, role: MegatronEngine, batch: DataBatch) -> torch.Tensor | None:
         groups: MegatronGroups = self.groups
 
         def extract(output, micro):

@@ -49,10 +49,10 @@ def worker(rank, world, hf_dir, p, t, d, ep, t_g, etp=None):
     actor = ActorRolloutWorker(RoleContext(cfg, spec, groups, tokenizer=None))
     held = {n for n in actor.role.global_shards() if ".local_experts." in n}
     metrics = actor.reshard()
-    weights = actor.weights  # the generation weights the engine was loaded with
+    weights = actor.rollout.weights  # the generation weights the engine was loaded with
     original = load_file(f"{hf_dir}/model.safetensors")
-    padded = actor.resharder.by_name["embedding.word_embeddings.weight"].shape[0]
-    tp_g = actor.gen.coords(rank).tp_g
+    padded = actor.rollout.resharder.by_name["embedding.word_embeddings.weight"].shape[0]
+    tp_g = actor.rollout.gen.coords(rank).tp_g
     mismatched, checked = [], 0
     for m in tensor_maps(spec, padded):
         if m.mcore not in weights.names():
@@ -62,8 +62,8 @@ def worker(rank, world, hf_dir, p, t, d, ep, t_g, etp=None):
         checked += 1
         if not torch.equal(weights.reference_materialize(m.mcore), expected):
             mismatched.append(m.mcore)
-    stats = actor.resharder.last_stats
-    planned = actor.resharder.plan.ranks[rank]
+    stats = actor.rollout.resharder.last_stats
+    planned = actor.rollout.resharder.plan.ranks[rank]
     experts = {n.split(".local_experts.")[1].split(".")[0] for n in weights.names() if ".local_experts." in n}
     destroy_megatron()
     return {

@@ -29,13 +29,14 @@ def make_batch(vocab):
 
 def worker(rank, world, hf_dir, packing):
     from rl3d.config import OptimConfig
+    from rl3d.engine import Features, InitialWeights, MegatronEngine, Training
+    from rl3d.engine.techniques import Packing
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.hf_mapping import spec_from_hf_config
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.parallel.layout import ParallelLayout
     from rl3d.single_controller.batch import DataBatch
     from rl3d.single_controller.dispatch import MODES, Dispatch, DispatchInfo
-    from rl3d.workers.megatron_role import MegatronRole
 
     groups = init_megatron(ParallelLayout(1, 1, world))
     spec = spec_from_hf_config(json.loads(open(f"{hf_dir}/config.json").read()))
@@ -51,16 +52,15 @@ def worker(rank, world, hf_dir, packing):
     slot = slots[MINI]
     batch = mode.split(full, slot)
     optim = OptimConfig(lr=1e-3, adam_eps=1e-5, clip_grad=1.0, weight_decay=0.01)
-    actor = MegatronRole(
+    actor = MegatronEngine(
         spec,
         groups,
         role="actor",
-        optim=optim,
         params_dtype=torch.float32,
-        total_steps=10,
         seed=5,
-        hf_path=hf_dir,
-        packing=packing,
+        training=Training(optim, total_steps=10),
+        weights=InitialWeights(hf_path=hf_dir),
+        features=Features([Packing()] if packing else []),
     )
 
     def logp_of(output, micro):

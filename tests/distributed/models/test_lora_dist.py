@@ -23,20 +23,29 @@ SEQ, NUM_SEQ, STEPS = 8, 2, 2
 def worker(rank, world, layout_pdt, hf_dir, adapters, dist_opt, targets=("all-linear",)):
     from rl3d.config import OptimConfig
     from rl3d.config.lora import LoraConfig
+    from rl3d.engine import Features, InitialWeights, MegatronEngine, Training
+    from rl3d.engine.techniques import Lora
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.hf_mapping import spec_from_hf_config
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.models.training import forward_backward
     from rl3d.parallel.layout import ParallelLayout
-    from rl3d.workers.megatron_role import MegatronRole
 
     layout = ParallelLayout(*layout_pdt)
     groups = init_megatron(layout)
     spec = spec_from_hf_config(json.loads(open(f"{hf_dir}/config.json").read()))
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=list(targets))
     optim = OptimConfig(lr=1e-2, clip_grad=1.0, weight_decay=0.01, distributed_optimizer=dist_opt)
-    role = MegatronRole(spec, groups, role="actor", params_dtype=torch.float32, optim=optim,
-                        total_steps=100, seed=3, hf_path=hf_dir, lora=lora)  # fmt: skip
+    role = MegatronEngine(
+        spec,
+        groups,
+        role="actor",
+        params_dtype=torch.float32,
+        seed=3,
+        training=Training(optim, total_steps=100),
+        weights=InitialWeights(hf_path=hf_dir),
+        features=Features([Lora(lora)]),
+    )
     role.lora.load_state_dict(adapters)
     model = role.unwrapped()
     base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}

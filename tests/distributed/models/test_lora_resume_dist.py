@@ -28,17 +28,26 @@ TARGETS = ["all-linear", "lm_head"]
 def _role(layout_pdt, hf_dir, seed):
     from rl3d.config import OptimConfig
     from rl3d.config.lora import LoraConfig
+    from rl3d.engine import Features, InitialWeights, MegatronEngine, Training
+    from rl3d.engine.techniques import Lora
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.hf_mapping import spec_from_hf_config
     from rl3d.parallel.layout import ParallelLayout
-    from rl3d.workers.megatron_role import MegatronRole
 
     groups = init_megatron(ParallelLayout(*layout_pdt))
     spec = spec_from_hf_config(json.loads(open(f"{hf_dir}/config.json").read()))
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=TARGETS)
     optim = OptimConfig(lr=1e-2, clip_grad=1.0, weight_decay=0.01, lr_warmup_steps=2, lr_schedule="cosine")
-    role = MegatronRole(spec, groups, role="actor", params_dtype=torch.float32, optim=optim,
-                        total_steps=10, seed=seed, hf_path=hf_dir, lora=lora)  # fmt: skip
+    role = MegatronEngine(
+        spec,
+        groups,
+        role="actor",
+        params_dtype=torch.float32,
+        seed=seed,
+        training=Training(optim, total_steps=10),
+        weights=InitialWeights(hf_path=hf_dir),
+        features=Features([Lora(lora)]),
+    )
     return spec, groups, role
 
 

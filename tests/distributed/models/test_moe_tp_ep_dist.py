@@ -118,9 +118,9 @@ def worker(rank, world, hf_dir, tp, ep, packing, fed, out_dir, pp=1):
     old = actor.compute_log_prob(shares[0])
     cut = None
     if not packing:  # the output layer on the response positions only: the same log-probs
-        actor.role.response_outputs = True
+        actor.role.batches.response_outputs = True
         cut = actor.compute_log_prob(shares[0])
-        actor.role.response_outputs = False
+        actor.role.batches.response_outputs = False
     metrics = [actor.update_actor(mine) for mine in shares]
     hf_config = {**hf_config_from_spec(spec).to_dict(), "model_type": "qwen3_moe"}
     save_weights(actor.role.model, spec, groups, out_dir, hf_config=hf_config)

@@ -44,12 +44,13 @@ def make_batch(vocab, *, resp_len=(10, 1, 2, 7, 1, 3, 9, 2), seed=21):
 
 def worker(rank, world, layout_pdt, hf_dir):
     from rl3d.config import OptimConfig
+    from rl3d.engine import Features, InitialWeights, MegatronEngine, Training
+    from rl3d.engine.techniques import Packing
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.hf_mapping import spec_from_hf_config
     from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
     from rl3d.parallel.layout import ParallelLayout
     from rl3d.single_controller.batch import DataBatch
-    from rl3d.workers.megatron_role import MegatronRole
 
     groups = init_megatron(ParallelLayout(*layout_pdt))
     spec = spec_from_hf_config(json.loads(open(f"{hf_dir}/config.json").read()))
@@ -58,8 +59,11 @@ def worker(rank, world, layout_pdt, hf_dir):
     share = B // d
     batch = full.slice(groups.dp_rank * share, (groups.dp_rank + 1) * share)  # MEGATRON_COMPUTE split
     optim = OptimConfig(lr=1e-3, adam_eps=1e-5, clip_grad=1.0, weight_decay=0.01)
-    modes = {"padded": {}, "packed": {"packing": True}}
-    modes["budget"] = {"packing": True, "max_tokens_per_micro_batch": BUDGET}
+    modes = {  # each role its own features
+        "padded": lambda: Features(),
+        "packed": lambda: Features([Packing()]),
+        "budget": lambda: Features([Packing(max_tokens=BUDGET)]),
+    }
 
     def logp_of(role):
         def extract(output, micro):
@@ -81,10 +85,11 @@ def worker(rank, world, layout_pdt, hf_dir):
         return loss
 
     out = {}
-    for name, kwargs in modes.items():
-        common = dict(params_dtype=torch.float32, total_steps=10, seed=5, hf_path=hf_dir, **kwargs)
-        actor = MegatronRole(spec, groups, role="actor", optim=optim, **common)
-        critic = MegatronRole(spec, groups, role="critic", optim=None, **common)
+    for name, features in modes.items():
+        common = dict(params_dtype=torch.float32, seed=5, weights=InitialWeights(hf_path=hf_dir))
+        training = Training(optim, total_steps=10)
+        actor = MegatronEngine(spec, groups, role="actor", training=training, features=features(), **common)
+        critic = MegatronEngine(spec, groups, role="critic", features=features(), **common)
         before = {k: v.detach().clone() for k, v in actor.unwrapped().named_parameters()}
         logp = actor.run_forward(batch, MICRO, logp_of(actor))
         values = critic.run_forward(

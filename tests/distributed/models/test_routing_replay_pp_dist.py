@@ -34,18 +34,18 @@ def make_batch(vocab: int) -> dict:
 def worker(rank, world, hf_dir, tensors, foreign):
     from rl3d.config import load_config
     from rl3d.config.pools import role_pools
+    from rl3d.engine import MegatronEngine
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.routing_replay import token_routing
     from rl3d.models.spec import spec_of
     from rl3d.single_controller.batch import ROUTING, DataBatch
-    from rl3d.workers.megatron_role import MegatronRole
 
     overrides = ["model.name=null", f"model.hf_path={hf_dir}", "model.dtype=float32",
                  "actor.parallel={tp: 1, pp: 2, dp: 1}", "launch.nproc_per_node=2"]  # fmt: skip
     cfg = load_config(RECIPE, overrides).config
     groups = init_megatron(role_pools(cfg)[0].layout, seed=cfg.trainer.seed)
     spec = spec_of(cfg.model)
-    role = MegatronRole.from_config(
+    role = MegatronEngine.from_config(
         spec, groups, role="actor", model=cfg.model, seed=1, hf_path=hf_dir, routing_replay=True
     )
     batch = DataBatch(dict(tensors))

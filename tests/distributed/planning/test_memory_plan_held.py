@@ -40,7 +40,7 @@ def held_worker(rank, world, overrides):
     reference = ReferenceWorker(RoleContext(cfg, spec, groups, tokenizer=None, init_from=actor.role))
     # every prompt as long as data.max_prompt_length: the KV cache the plan sizes for
     gen = torch.Generator().manual_seed(5)
-    share = cfg.data.prompts_per_step // (actor.gen.d_g * par.dp)
+    share = cfg.data.prompts_per_step // (actor.rollout.gen.d_g * par.dp)
     ids = [
         torch.randint(3, spec.vocab_size, (cfg.data.max_prompt_length,), generator=gen).tolist()
         for _ in range(share)
@@ -71,7 +71,7 @@ def held_worker(rank, world, overrides):
         par.tp,
         rows=cfg.actor.micro_batch_size,
         width=batch["input_ids"].shape[1],
-        split=actor.role.sequence_parallel,
+        split=actor.role.model.config.sequence_parallel,
     )
     return held, engine, planned, plan.phases["generate"]["engine"].items(), (max(saved.per_forward), kept)
 

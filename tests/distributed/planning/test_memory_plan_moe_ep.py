@@ -37,7 +37,7 @@ def held_worker(rank, world, overrides):
     spec = spec_of(cfg.model)
     actor = ActorRolloutWorker(RoleContext(cfg, spec, groups, tokenizer=None))
     gen = torch.Generator().manual_seed(5)
-    share = cfg.data.prompts_per_step // (actor.gen.d_g * layout.d)
+    share = cfg.data.prompts_per_step // (actor.rollout.gen.d_g * layout.d)
     ids = [
         torch.randint(3, spec.vocab_size, (cfg.data.max_prompt_length,), generator=gen).tolist()
         for _ in range(share)

@@ -43,7 +43,7 @@ def worker(rank, world, hf_dir):
     standin.launch_seconds = standin.generate_seconds = SLOW_S
     groups = init_megatron(ParallelLayout(1, 2, 1), seed=1)
     worker = ActorRolloutWorker(RoleContext(cfg, get_model_spec("tiny-llama"), groups, tokenizer=None))
-    control = worker.hybrid_groups.gen_tp_control
+    control = worker.rollout.hybrid_groups.gen_tp_control
     assert control is not None and control.ranks == (0, 1)
     worker.start_engine([])
     assert len(standin.engines) == (1 if rank == 0 else 0)  # group rank 0 launches SGLang

@@ -38,6 +38,7 @@ def _batch(vocab):
 
 def worker(rank, world, hf_dir, batch):
     from rl3d.config import load_config
+    from rl3d.engine.techniques import SequenceParallel
     from rl3d.models.bootstrap import destroy_megatron, init_megatron
     from rl3d.models.spec import spec_of
     from rl3d.parallel.layout import ParallelLayout
@@ -65,7 +66,7 @@ def worker(rank, world, hf_dir, batch):
     before = critic.compute_values(data)["values"]
     critic.update_critic(data.set("values", before))
     after = critic.compute_values(data)["values"]
-    split = critic.role.sequence_parallel
+    split = critic.role.features.get(SequenceParallel) is not None
     destroy_megatron()
     return split, before, after
 

@@ -53,7 +53,7 @@ def identity_worker(rank, world, hf_dir, dtype, distributed_optimizer):
     groups = init_megatron(ParallelLayout(1, world, 1), seed=cfg.trainer.seed)
     spec = spec_of(cfg.model)
     actor = ActorRolloutWorker(RoleContext(cfg, spec, groups, tokenizer=None))
-    tp_group = actor.hybrid_groups.gen_tp if world > 1 else None
+    tp_group = actor.rollout.hybrid_groups.gen_tp if world > 1 else None
     copy_engine = build_rollout_engine(cfg.rollout, spec=spec, group=tp_group)
     gen = torch.Generator().manual_seed(5)
     prompt_ids = [torch.randint(3, spec.vocab_size, (4 + i,), generator=gen).tolist() for i in range(PROMPTS)]
@@ -62,7 +62,7 @@ def identity_worker(rank, world, hf_dir, dtype, distributed_optimizer):
     for step in range(STEPS):
         metrics = actor.reshard()
         params = actor.role.global_shards()
-        pieces = actor.engine.weights.pieces
+        pieces = actor.rollout.engine.weights.pieces
         in_place = all(
             len(pieces[n]) == 1 and pieces[n][0].data_ptr() == t.data_ptr() and pieces[n][0].shape == t.shape
             for n, t in params.items()
@@ -73,7 +73,7 @@ def identity_worker(rank, world, hf_dir, dtype, distributed_optimizer):
         changed = step == 0 or any(not torch.equal(t, params[n]) for n, t in before.items())
         copy_engine.load_weights({n: ps[0].clone() for n, ps in pieces.items()})
         sampling = SamplingParams(n=N, max_new_tokens=NEW_TOKENS, seed=11 + step)
-        a = actor.engine.generate(prompt_ids, sampling)
+        a = actor.rollout.engine.generate(prompt_ids, sampling)
         b = copy_engine.generate(prompt_ids, sampling)
         same = torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
         batch = actor.generate_sequences(prompts, step=step)

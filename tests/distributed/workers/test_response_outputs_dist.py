@@ -1,5 +1,5 @@
 """The actor's forward runs megatron's output layer only on the positions that predict response
-tokens (`MegatronRole(response_outputs=True)`): the output layer then sees R positions, not T,
+tokens (`engine.batches.response_outputs`): the output layer then sees R positions, not T,
 and the log-probs and the gradients equal those of the whole-sequence output layer within
 fp32 rounding (1e-6), at tp 1 and (slow) tp 2."""
 
@@ -42,7 +42,7 @@ def worker(rank, world, hf_dir):
     handle = layer.register_forward_hook(lambda _m, _args, out: seen.append(out[0].shape[0]))
     out, grads = {}, {}
     for flag in (False, True):
-        actor.role.response_outputs = flag
+        actor.role.batches.response_outputs = flag
         out[flag] = actor.compute_log_prob(batch)["old_logp"]
         actor.role.forward_backward(
             batch, B, lambda o, m: (actor._logp_entropy(o, m, actor.role)[0].sum(), {})

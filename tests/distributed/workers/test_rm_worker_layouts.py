@@ -28,17 +28,15 @@ def _batch():
 
 
 def _save_random_model(rank, world_size, dst):
+    from rl3d.engine import MegatronEngine
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.spec import get_model_spec
     from rl3d.parallel import ParallelLayout
-    from rl3d.workers.megatron_role import MegatronRole
     from rl3d.workers.reward_model import save_reward_model
 
     groups = init_megatron(ParallelLayout(1, 1, 1), seed=3)
     spec = get_model_spec("tiny-llama")
-    role = MegatronRole(
-        spec, groups, role="critic", params_dtype=torch.float32, optim=None, total_steps=1, seed=11
-    )
+    role = MegatronEngine(spec, groups, role="critic", params_dtype=torch.float32, seed=11)
     with torch.no_grad():
         role.unwrapped().output_layer.weight.mul_(50.0)
     save_reward_model(role, Path(dst), meta={"objective": "reward"})

@@ -62,20 +62,18 @@ def _logp(worker, batch):
 
 def _save_run(groups, hf_dir, run_dir):
     """An rl3d run directory whose step 1 holds `hf_dir`'s weights as the actor's dist checkpoint."""
+    from rl3d.engine import InitialWeights, MegatronEngine
     from rl3d.models.dist_checkpoint import save_checkpoint
     from rl3d.models.spec import spec_in_dir
-    from rl3d.workers.megatron_role import MegatronRole
 
     spec = spec_in_dir(hf_dir)
-    role = MegatronRole(
+    role = MegatronEngine(
         spec,
         groups,
         role="actor",
         params_dtype=torch.float32,
-        optim=None,
-        total_steps=1,
         seed=1,
-        hf_path=hf_dir,
+        weights=InitialWeights(hf_path=hf_dir),
     )
     step = run_dir / "checkpoints" / "step_1"
     save_checkpoint(step / "actor", ddp=role.ddp, optimizer=None, scheduler=None, groups=groups, iteration=1)

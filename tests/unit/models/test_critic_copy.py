@@ -7,16 +7,16 @@ import pytest
 import torch
 from test_models_te_names import te_named
 
+from rl3d.engine import InitialWeights, MegatronEngine
 from rl3d.models.params import OUTPUT_LAYER
 from rl3d.models.spec import get_model_spec
-from rl3d.workers.megatron_role import MegatronRole
 
 SPEC = get_model_spec("tiny-llama")
 
 
 def role(groups, name, init_from=None):
-    return MegatronRole(SPEC, groups, role=name, params_dtype=torch.float32, optim=None, total_steps=1,
-                        seed=11, init_from=init_from)  # fmt: skip
+    weights = InitialWeights(copy_of=init_from)
+    return MegatronEngine(SPEC, groups, role=name, params_dtype=torch.float32, seed=11, weights=weights)
 
 
 def trained_actor(groups):

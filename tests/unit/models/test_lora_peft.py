@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from rl3d.config.lora import LoraConfig
+from rl3d.engine import Features, InitialWeights, MegatronEngine
+from rl3d.engine.techniques import Lora
 from rl3d.models.hf_mapping import spec_from_hf_config
 from rl3d.models.lora_peft import load_peft_adapter, merge_into_hf, save_peft_adapter
-from rl3d.workers.megatron_role import MegatronRole
 
 peft = pytest.importorskip("peft")
 TOL = 1e-5  # fp32 logits, megatron vs HF kernels
@@ -30,6 +31,19 @@ def _peft_adapter(hf_dir, out_dir, targets, *, rank=4, alpha=8.0, seed=0):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def _lora_actor(spec, groups, hf_dir, lora):
+    """A forward-only actor with `hf_dir`'s weights and `lora`'s adapters."""
+    return MegatronEngine(
+        spec,
+        groups,
+        role="actor",
+        params_dtype=torch.float32,
+        seed=3,
+        weights=InitialWeights(hf_path=str(hf_dir)),
+        features=Features([Lora(lora)]),
+    )
 
 
 def _logits(role, spec, ids):
@@ -67,8 +81,7 @@ def test_a_peft_adapter_loads_into_the_actor_with_peft_s_logits_and_exports_back
     peft_targets = list(lora.peft_targets)  # peft's own "all-linear" would also take lm_head
     made = _peft_adapter(hf_dir, tmp_path / "made", peft_targets)
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=targets, init=str(made))
-    role = MegatronRole(spec, groups_1x1, role="actor", params_dtype=torch.float32, optim=None,
-                        total_steps=1, seed=3, hf_path=str(hf_dir), lora=lora)  # fmt: skip
+    role = _lora_actor(spec, groups_1x1, hf_dir, lora)
     ids = torch.randint(0, spec.vocab_size, (2, 9), generator=torch.Generator().manual_seed(1))
     ours = _logits(role, spec, ids)
     assert (ours - _hf_logits(hf_dir, ids, made)).abs().max() < TOL
@@ -106,8 +119,7 @@ def test_lm_head_on_a_model_that_ties_it_to_the_embedding_is_refused(groups_1x1,
     spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     lora = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "lm_head"])
     with pytest.raises(ValueError, match="actor.lora.target_modules: lm_head needs an untied output layer"):
-        MegatronRole(spec, groups_1x1, role="actor", params_dtype=torch.float32, optim=None,
-                     total_steps=1, seed=3, hf_path=str(hf_dir), lora=lora)  # fmt: skip
+        _lora_actor(spec, groups_1x1, hf_dir, lora)
 
 
 def test_an_adapter_that_disagrees_with_actor_lora_is_refused_by_name(tiny_hf_dirs, tmp_path):

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from rl3d.config import load_config
+from rl3d.engine import MegatronEngine
 from rl3d.models.lora_names import peft_key
 from rl3d.models.spec import spec_of
 from rl3d.single_controller.batch import DataBatch
 from rl3d.workers.context import RoleContext
-from rl3d.workers.megatron_role import MegatronRole
 from rl3d.workers.roles import ReferenceWorker
 
 RECIPE = "recipes/quickstart_cpu_grpo.yaml"
@@ -25,7 +25,7 @@ LORA = ["actor.lora.rank=4", "actor.lora.alpha=8", "actor.lora.target_modules=[a
 def actor(groups_1x1, request):
     cfg = load_config(RECIPE, [*ONE_RANK, *LORA, f"actor.lora.target_modules=[{request.param}]"]).config
     spec = spec_of(cfg.model)
-    role = MegatronRole.from_config(
+    role = MegatronEngine.from_config(
         spec, groups_1x1, role="actor", model=cfg.model, seed=3, batching=cfg.actor, optim=cfg.actor.optim,
         lora=cfg.actor.lora,
     )  # fmt: skip
@@ -65,7 +65,7 @@ def test_the_reference_is_the_actor_s_base_with_no_second_model(groups_1x1, acto
 
 def test_the_transition_s_merged_weights_give_the_adapted_logits(groups_1x1, actor):
     cfg, spec, role = actor
-    plain = MegatronRole.from_config(spec, groups_1x1, role="actor", model=cfg.model, seed=3)
+    plain = MegatronEngine.from_config(spec, groups_1x1, role="actor", model=cfg.model, seed=3)
     moved, base = role.transition_shards(), role.global_shards()
     assert moved.keys() == base.keys()
     merged = {g for g in moved if not torch.equal(moved[g], base[g])}
@@ -108,7 +108,7 @@ def test_fp32_adapters_over_a_bf16_base_train_and_checkpoint(groups_1x1, tmp_pat
 
     cfg = load_config(RECIPE, [*ONE_RANK, *LORA, "model.dtype=bfloat16"]).config
     spec = spec_of(cfg.model)
-    role = MegatronRole.from_config(
+    role = MegatronEngine.from_config(
         spec, groups_1x1, role="actor", model=cfg.model, seed=3, batching=cfg.actor, optim=cfg.actor.optim,
         lora=cfg.actor.lora,
     )  # fmt: skip

@@ -4,13 +4,13 @@ that way goes through the resharder's `global_shards`, saving and loading like t
 
 import torch
 
+from rl3d.engine import MegatronEngine
 from rl3d.models.hf_mapping import hf_config_from_spec
 from rl3d.models.spec import get_model_spec
 from rl3d.models.weights import load_weights, save_weights
-from rl3d.workers.megatron_role import MegatronRole
 
 
-def te_named(role: MegatronRole) -> MegatronRole:
+def te_named(role: MegatronEngine) -> MegatronEngine:
     for layer in role.model.decoder.layers:
         for norm, linear in (
             ("input_layernorm", "self_attention.linear_qkv"),
@@ -24,9 +24,7 @@ def te_named(role: MegatronRole) -> MegatronRole:
 
 def make_role(groups, seed):
     spec = get_model_spec("tiny-llama")
-    return MegatronRole(
-        spec, groups, role="actor", params_dtype=torch.float32, optim=None, total_steps=1, seed=seed
-    )
+    return MegatronEngine(spec, groups, role="actor", params_dtype=torch.float32, seed=seed)
 
 
 def test_te_names_through_global_shards_save_and_load(groups_1x1, tmp_path):

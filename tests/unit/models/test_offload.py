@@ -8,19 +8,26 @@ import pytest
 import torch
 
 from rl3d.config import OptimConfig
+from rl3d.engine import Features, InitialWeights, MegatronEngine, Training
+from rl3d.engine.techniques import Offload
 from rl3d.models.offload import OFFLOAD_KINDS, kind_tensors
 from rl3d.models.spec import get_model_spec
 from rl3d.single_controller.batch import DataBatch
-from rl3d.workers.megatron_role import MegatronRole
 
 B, P, R = 4, 5, 3
 
 
 def make_role(groups, hf_dirs, dtype, offload=()):
-    return MegatronRole(
-        get_model_spec("tiny-llama"), groups, role="actor", params_dtype=dtype, hf_path=hf_dirs["tiny-llama"],
-        optim=OptimConfig(lr=1e-2, weight_decay=0.01), total_steps=10, seed=3, offload=offload,
-    )  # fmt: skip
+    return MegatronEngine(
+        get_model_spec("tiny-llama"),
+        groups,
+        role="actor",
+        params_dtype=dtype,
+        seed=3,
+        training=Training(OptimConfig(lr=1e-2, weight_decay=0.01), total_steps=10),
+        weights=InitialWeights(hf_path=hf_dirs["tiny-llama"]),
+        features=Features([Offload(offload)] if offload else []),
+    )
 
 
 def batch_of(step, vocab):
@@ -97,10 +104,15 @@ def test_only_the_named_kinds_leave(groups_1x1, tiny_hf_dirs):
 
 
 def test_a_frozen_role_offloads_its_params(groups_1x1, tiny_hf_dirs):
-    reference = MegatronRole(
-        get_model_spec("tiny-llama"), groups_1x1, role="reference", params_dtype=torch.float32,
-        hf_path=tiny_hf_dirs["tiny-llama"], optim=None, total_steps=1, seed=3, offload=("params",),
-    )  # fmt: skip
+    reference = MegatronEngine(
+        get_model_spec("tiny-llama"),
+        groups_1x1,
+        role="reference",
+        params_dtype=torch.float32,
+        seed=3,
+        weights=InitialWeights(hf_path=tiny_hf_dirs["tiny-llama"]),
+        features=Features([Offload(("params",))]),
+    )
     before = {n: t.clone() for n, t in reference.global_shards().items()}
     assert reference.to_host() == sum(t.nbytes for t in before.values())
     assert reference.offload.device_bytes() == {"params": 0}

@@ -119,7 +119,7 @@ def test_packed_metric_rows_are_weighted_by_their_tokens():
     """A packing role's micro-batches differ in size: a step's metric is the mini-batch mean
     (rows weighted by their tokens), not a mean of micro-batch means; unweighted rows (padded
     roles, grad_norm) keep the plain mean."""
-    from rl3d.workers.megatron_role import METRIC_WEIGHT
+    from rl3d.engine import METRIC_WEIGHT
     from rl3d.workers.roles import _mean_metrics
 
     rows = [{"loss": 1.0, METRIC_WEIGHT: 30.0}, {"loss": 4.0, METRIC_WEIGHT: 10.0}, {"grad_norm": 2.0}]

@@ -4,13 +4,14 @@ the bytes autograd saves."""
 
 import torch
 
+from rl3d.engine import Features, MegatronEngine
+from rl3d.engine.micro_batches import attention_mask_4d, position_ids_of
+from rl3d.engine.techniques import Recompute
 from rl3d.models.spec import get_model_spec
 from rl3d.planning.held import SavedActivations
-from rl3d.workers.megatron_role import MegatronRole
-from rl3d.workers.micro_batches import attention_mask_4d, position_ids_of
 
 
-def _run(role: MegatronRole, ids: torch.Tensor, mask: torch.Tensor):
+def _run(role: MegatronEngine, ids: torch.Tensor, mask: torch.Tensor):
     model = role.model
     model.zero_grad(set_to_none=True)
     with SavedActivations(model) as saved:
@@ -21,9 +22,9 @@ def _run(role: MegatronRole, ids: torch.Tensor, mask: torch.Tensor):
 
 def test_full_recompute_same_gradients_fewer_saved_bytes(groups_1x1):
     spec = get_model_spec("tiny-llama")
-    kw = dict(role="actor", params_dtype=torch.float32, optim=None, total_steps=1, seed=3)
-    plain = MegatronRole(spec, groups_1x1, **kw)
-    recomputed = MegatronRole(spec, groups_1x1, recompute="full", **kw)
+    kw = dict(role="actor", params_dtype=torch.float32, seed=3)
+    plain = MegatronEngine(spec, groups_1x1, **kw)
+    recomputed = MegatronEngine(spec, groups_1x1, features=Features([Recompute()]), **kw)
     assert recomputed.model.config.recompute_granularity == "full"
     recomputed.model.load_state_dict(plain.model.state_dict())
     for model in (plain.model, recomputed.model):

@@ -7,10 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rl3d.engine import Features, MegatronEngine, Training, micro_batches
+from rl3d.engine.techniques import MoE, Packing, RoutingReplay
 from rl3d.models.routing_replay import token_routing
 from rl3d.models.spec import get_model_spec
 from rl3d.single_controller.batch import ROUTING, ROUTING_DECISIONS, ROUTING_DIFFER, DataBatch
-from rl3d.workers.megatron_role import MegatronRole
 
 SPEC = get_model_spec("tiny-qwen3-moe")
 B, P, R = 6, 5, 4
@@ -34,9 +35,9 @@ def _batch() -> DataBatch:
     )
 
 
-def _role(groups, *, packing: bool) -> MegatronRole:
-    kw = dict(role="actor", params_dtype=torch.float32, optim=None, total_steps=1, seed=3)
-    return MegatronRole(SPEC, groups, packing=packing, routing_replay=True, **kw)
+def _role(groups, *, packing: bool) -> MegatronEngine:
+    features = Features([Packing(), RoutingReplay()] if packing else [RoutingReplay()])
+    return MegatronEngine(SPEC, groups, role="actor", params_dtype=torch.float32, seed=3, features=features)
 
 
 class RouterMaps:
@@ -83,7 +84,7 @@ def test_replay_routes_by_the_record(groups_1x1, packing):
     with_target = batch.union(DataBatch({ROUTING: target}))
     other = _forward(role, with_target, micro_batch_size=B)  # one micro-batch: the batch's order
     assert not torch.allclose(other, plain)
-    micro = role._packed(with_target) if packing else with_target
+    micro = micro_batches.packed(with_target) if packing else with_target
     ids_NLK, real_N = token_routing(micro[ROUTING], micro, K)
     for layer in range(L):
         (routing_map,) = maps.maps[layer]
@@ -157,8 +158,10 @@ def test_update_replays_the_old_forward_and_trains_as_without_replay(groups_1x1)
     replay bit for bit; a foreign record changes the step."""
     from rl3d.config.schema import OptimConfig
 
-    kw = dict(role="actor", params_dtype=torch.float32, total_steps=1, seed=3, optim=OptimConfig(lr=1e-2))
-    roles = [MegatronRole(SPEC, groups_1x1, routing_replay=replay, **kw) for replay in (True, False, True)]
+    kw = dict(role="actor", params_dtype=torch.float32, seed=3, training=Training(OptimConfig(lr=1e-2)))
+    # a trained MoE role counts its expert loads (`MoE`): with and without replay alike
+    features = [[RoutingReplay(), MoE()], [MoE()], [RoutingReplay(), MoE()]]
+    roles = [MegatronEngine(SPEC, groups_1x1, features=Features(f), **kw) for f in features]
     for other in roles[1:]:
         other.model.load_state_dict(roles[0].model.state_dict())
     batch = _batch()

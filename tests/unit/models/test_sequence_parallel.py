@@ -4,6 +4,7 @@ a forward's tokens, the micro-batch's left pad columns and a packed row's pad to
 import pytest
 import torch
 
+from rl3d.engine.micro_batches import left_pad
 from rl3d.models.packing import (
     block_causal_mask,
     pack_rows,
@@ -13,7 +14,6 @@ from rl3d.models.packing import (
 )
 from rl3d.models.sequence_parallel import padded_length, resolve_sequence_parallel, token_shard
 from rl3d.single_controller.batch import ROUTING, DataBatch
-from rl3d.workers.micro_batches import left_pad
 
 
 @pytest.mark.parametrize(
@@ -44,7 +44,7 @@ def test_padded_length_and_token_shards():
 
 
 def test_left_pad_keeps_the_response_columns_and_positions():
-    from rl3d.workers.micro_batches import position_ids_of
+    from rl3d.engine.micro_batches import position_ids_of
 
     ids = torch.tensor([[0, 5, 6, 7, 8], [9, 10, 11, 12, 0]])
     mask = (ids > 0).long()

@@ -6,15 +6,20 @@ over as the training tensors themselves."""
 import torch
 
 from rl3d.config import OptimConfig
+from rl3d.engine import InitialWeights, MegatronEngine, Training
 from rl3d.models.spec import get_model_spec
-from rl3d.workers.megatron_role import MegatronRole
 
 
 def make_role(groups, hf_dirs, dtype):
-    return MegatronRole(
-        get_model_spec("tiny-llama"), groups, role="actor", params_dtype=dtype, hf_path=hf_dirs["tiny-llama"],
-        optim=OptimConfig(lr=1e-2), total_steps=1, seed=3,
-    )  # fmt: skip
+    return MegatronEngine(
+        get_model_spec("tiny-llama"),
+        groups,
+        role="actor",
+        params_dtype=dtype,
+        seed=3,
+        training=Training(OptimConfig(lr=1e-2)),
+        weights=InitialWeights(hf_path=hf_dirs["tiny-llama"]),
+    )
 
 
 def test_a_bf16_model_moves_in_bf16_and_its_other_tensors_are_the_training_ones(groups_1x1, tiny_hf_dirs):

@@ -104,7 +104,7 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
     for name in {*standin.env_writes, *TORCHRUN_ENV, *SGLANG_CHILD_ENV}:  # rank 0 runs what its peers run
         assert os.environ.get(name) == parent_env.get(name), name
     assert multiprocessing.get_start_method(allow_none=True) == start_method
-    record = worker.engine.launch_env
+    record = worker.rollout.engine.launch_env
     assert set(record["set_by_sglang"]) == set(standin.env_writes)
     assert set(record["scrubbed"]) == {k for k in TORCHRUN_ENV if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
     assert engine.args["skip_tokenizer_init"] and engine.args["enable_deterministic_inference"]
@@ -128,7 +128,7 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
             expected = {k: v + 0.25 for k, v in expected.items()}
         engine.events.clear()
         worker.reshard()
-        assert worker.weights is None  # the resharded copy is freed once SGLang holds the weights
+        assert worker.rollout.weights is None  # the resharded copy is freed once SGLang holds the weights
         assert engine.offload_tags == {"kv_cache", "cuda_graph"}  # resumed by the first generation
         assert set(engine.weights) == set(expected)
         for name, value in engine.weights.items():
@@ -154,7 +154,7 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
 
     # released: generation refuses, on the adapter and on SGLang's side alike
     with pytest.raises(RuntimeError, match="released"):
-        worker.engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
+        worker.rollout.engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
     with pytest.raises(RuntimeError, match="released"):
         engine.generate(input_ids=PROMPTS, sampling_params=[{"max_new_tokens": 2}] * 3)
     with pytest.raises(KeyError):  # resuming what was not released (the wheel's offload_tags.remove)
@@ -172,8 +172,9 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
 
     # stop ids: SGLang stops at them and at the model's EOS, so EOS must be among them
     with pytest.raises(ValueError, match="EOS ids \\[2\\]"):
-        worker.engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, stop_token_ids=(7,)))
-    again = [worker.engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, stop_token_ids=(2,), seed=5))
+        worker.rollout.engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, stop_token_ids=(7,)))
+    engine = worker.rollout.engine
+    again = [engine.generate(PROMPTS, SamplingParams(max_new_tokens=4, stop_token_ids=(2,), seed=5))
              for _ in range(2)]  # fmt: skip
     assert again[0].finish_reasons[0] == "stop" and again[0].responses()[0][-1] == 2
     assert all((r == "stop") == (2 in ids) for r, ids in zip(again[0].finish_reasons, again[0].responses()))

@@ -1,7 +1,6 @@
-"""How a megatron role feeds its model: micro-batches (padded or packed) on the rank's device,
+"""How an engine feeds its model: micro-batches (padded or packed) on the rank's device,
 megatron's schedule shapes, and the forward step that runs one micro-batch (its output layer on
-the response positions alone with `response_outputs`; a mixture of experts' routers replaying a
-routing record with `routing_replay`).
+the response positions alone with `response_outputs`), inside its features' `around_forward`.
 
 Sequences in a batch are `input_ids` = [left-padded prompt | right-padded response], with
 `attention_mask` over both; `response_mask` [B, R] marks the response tokens.
@@ -19,6 +18,8 @@ from typing import Any
 
 import torch
 
+from rl3d.engine.features import Features
+from rl3d.engine.techniques import Packing, SequenceParallel
 from rl3d.models.packing import (
     PACKED,
     pack_rows,
@@ -57,61 +58,68 @@ def left_pad(micro: DataBatch, width: int) -> DataBatch:
     return DataBatch({**micro.tensors, **padded}, micro.meta, micro.info)
 
 
-class MicroBatching:
-    """The forward machinery of `rl3d.workers.megatron_role.MegatronRole` (which sets the
-    attributes read here: groups, packing, max_tokens, response_outputs, te, replay, role,
-    sequence_parallel)."""
+def packed(micro: DataBatch, multiple: int = 1) -> DataBatch:
+    """`micro` with its packed row (`rl3d.models.packing`) in its info, each sequence's length
+    padded to a multiple of `multiple`."""
+    R = micro["response_mask"].shape[1]
+    row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R, multiple=multiple)
+    return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
 
-    @property
-    def length_multiple(self) -> int:
-        """What every forward's sequence length must be a multiple of."""
-        return self.groups.layout.t if self.sequence_parallel else 1
 
-    def _microbatches(
-        self, batch: DataBatch, micro_batch_size: int
-    ) -> tuple[list[DataBatch], list[int] | None]:
+class MicroBatches:
+    """How one engine's model is fed: micro-batches, megatron's schedule shapes and the forward
+    step, for `model` (the unwrapped GPTModel) on `groups`, with the role's `features` (packing
+    and sequence parallelism shape the micro-batches; every feature's `around_forward` runs
+    around each forward). `response_outputs` (off by default) runs the output layer on the
+    response positions alone."""
+
+    def __init__(self, model: Any, groups: Any, *, role: str, features: Features):
+        self.model, self.groups, self.role, self.features = model, groups, role, features
+        self.packing = features.get(Packing)
+        self.multiple = groups.layout.t if features.get(SequenceParallel) else 1
+        self.response_outputs = False
+
+    def split(self, batch: DataBatch, micro_batch_size: int) -> tuple[list[DataBatch], list[int] | None]:
         """Micro-batches on this rank's device (the controller's batches live on the host), and
         the sample order they hold when packing regrouped the samples by tokens (else None)."""
         order = None
-        if self.packing:
+        if self.packing is not None:
             lengths = batch["attention_mask"].sum(1).tolist()
             key = f"{self.role}.max_tokens_per_micro_batch"
+            budget = self.packing.max_tokens
             groups = packed_micro_batches(
-                lengths, micro_batch_size=min(micro_batch_size, len(batch)), budget=self.max_tokens, key=key
+                lengths, micro_batch_size=min(micro_batch_size, len(batch)), budget=budget, key=key
             )
             order = [i for g in groups for i in g]
             chunks = [batch.select(g) for g in groups]
         else:
             chunks = batch.chunks_of(min(micro_batch_size, len(batch)))
         micro = [m.to(self.groups.device) for m in chunks]
-        if self.packing:
-            micro = [self._packed(m, self.length_multiple) for m in micro]
+        if self.packing is not None:
+            micro = [packed(m, self.multiple) for m in micro]
         if order is not None and order == sorted(order):
             order = None  # the batch's own order
         return micro, order
 
-    @staticmethod
-    def _packed(micro: DataBatch, multiple: int = 1) -> DataBatch:
-        R = micro["response_mask"].shape[1]
-        row = pack_rows(micro["input_ids"], micro["attention_mask"], response_width=R, multiple=multiple)
-        return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
-
-    def _schedule_shape(self, micro: list[DataBatch]) -> dict[str, int]:
+    def schedule_shape(self, micro: list[DataBatch]) -> dict[str, int]:
         """seq_length and micro_batch_size for megatron's schedule (with packing, PP stages
         exchange each micro-batch's shape: `variable_seq_lengths`)."""
         if PACKED in micro[0].info:
             return {"seq_length": max(m.info[PACKED].num_tokens for m in micro), "micro_batch_size": 1}
-        T = padded_length(micro[0]["input_ids"].shape[1], self.length_multiple)
+        T = padded_length(micro[0]["input_ids"].shape[1], self.multiple)
         return {"seq_length": T, "micro_batch_size": len(micro[0])}
 
-    def _forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
+    def forward_step(self, extract: Callable[[torch.Tensor, DataBatch], tuple[torch.Tensor, dict]]):
+        """megatron's forward step over one micro-batch; `extract(output, micro)` is its loss
+        function (on the last stage)."""
+
         def step(micro: DataBatch, chunk: Any):
             row = micro.info.get(PACKED)
             strip = 0  # leading pad columns of the output, not the micro-batch's
             if row is None:
                 T = micro["attention_mask"].shape[1]
                 R = micro["response_mask"].shape[1] if "response_mask" in micro else 0
-                pad = padded_length(T, self.length_multiple) - T
+                pad = padded_length(T, self.multiple) - T
                 seq = left_pad(micro, pad) if pad else micro
                 mask = seq["attention_mask"]
                 cut = None
@@ -119,13 +127,15 @@ class MicroBatching:
                     cut = self._output_positions(pad + T - R - 1, pad + T - 1)
                 else:
                     strip = pad
-                uncounted = self._uncounted(pad * len(micro), 0)  # the first pad columns' tokens
-                with cut or contextlib.nullcontext(), self._replayed(seq), uncounted:
+                # the first pad columns' tokens are not the batch's
+                around = self.features.around_forward(seq, lead=pad * len(micro), trail=0)
+                with cut or contextlib.nullcontext(), around:
                     out = chunk(seq["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
             else:
-                args, kwargs = packed_model_inputs(row, te=self.te)
-                rope = contextlib.nullcontext() if self.te else per_sequence_rope(self.unwrapped(), row)
-                with rope, self._replayed(micro), self._uncounted(0, row.num_pad):
+                te = self.packing.te
+                args, kwargs = packed_model_inputs(row, te=te)
+                rope = contextlib.nullcontext() if te else per_sequence_rope(self.model, row)
+                with rope, self.features.around_forward(micro, lead=0, trail=row.num_pad):
                     out = chunk(*args, **kwargs)
 
             def loss_func(output: torch.Tensor):
@@ -135,21 +145,6 @@ class MicroBatching:
 
         return step
 
-    def _uncounted(self, lead: int, trail: int) -> contextlib.AbstractContextManager:
-        """Sequence parallelism's pad tokens (first `lead`, last `trail` of the forward) kept out
-        of the expert-load metrics."""
-        load = getattr(self, "expert_load", None)
-        return contextlib.nullcontext() if load is None else load.excluding(lead, trail)
-
-    def _replayed(self, micro: DataBatch) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext() if self.replay is None else self.replay.forward(micro)
-
-    def _session(self, batch: DataBatch, *, record: bool = False) -> contextlib.AbstractContextManager:
-        """Around forwards over `batch`: replay its routing record, or record (`record`)."""
-        if self.replay is None:
-            return contextlib.nullcontext(batch)
-        return self.replay.session(batch, record=record)
-
     @contextlib.contextmanager
     def _output_positions(self, start: int, stop: int):
         """While open, the output layer sees only sequence positions [start, stop) of its input
@@ -157,7 +152,7 @@ class MicroBatching:
         Under sequence parallelism, whose hidden states reach the layer split along S, the
         hook gathers them first and the layer runs on the slice as without it (its input
         gradient then all-reduced over TP, of which the gather's backward keeps this rank's part)."""
-        layer = getattr(self.unwrapped(), "output_layer", None)
+        layer = getattr(self.model, "output_layer", None)
         if layer is None:
             yield
             return
@@ -195,3 +190,14 @@ class MicroBatching:
         if output.shape[1] == R:  # the output layer ran on those positions only
             return output
         return output[:, T - R - 1 : T - 1]
+
+
+def last_token_outputs(output_BT: torch.Tensor, micro: DataBatch, last_B: torch.Tensor) -> torch.Tensor:
+    """[B, ...]: the output at each sequence's last real token, `last_B` its column in the padded
+    layout (a packed micro-batch's output is one row [1, N, ...]: sequence s ends at column
+    cu_seqlens[s + 1] - 1)."""
+    row = micro.info.get(PACKED)
+    if row is not None:
+        return output_BT[0, row.cu_seqlens[1:].long().to(output_BT.device) - 1]
+    rows = torch.arange(output_BT.shape[0], device=output_BT.device)
+    return output_BT[rows, last_B.to(output_BT.device)]

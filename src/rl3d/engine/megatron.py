@@ -1,17 +1,22 @@
-"""One megatron-core model of a role (actor, critic, reference) on this rank, with what the
-workers need from it: batched forward over micro-batches, PPO-style training over
-mini/micro-batches and epochs, and the training shards under their global names.
+"""The engine: one megatron-core model of a role (actor, critic, reference, reward model) on this
+rank, with what the workers need from it: batched forward over micro-batches (`run_forward`),
+PPO-style training over mini/micro-batches and epochs (`train_minibatches`), the training shards
+under their global names (what a transition moves), host/device residency (`to_host`,
+`resident`). Its model techniques are features (`rl3d.engine.features`), built from the role's
+recipe section and applied in one table's order: the engine never branches on one.
+
+    engine = MegatronEngine.from_config(spec, groups, role="actor", model=cfg.model, seed=1,
+                                        batching=cfg.actor, optim=cfg.actor.optim)
 
 Sequences in a batch are `input_ids` = [left-padded prompt | right-padded response], with
 `attention_mask` over both; `response_mask` [B, R] marks the response tokens. Token t's
 log-prob comes from the logits at position t-1, so a response of R tokens reads positions
 P-1 .. T-2 (P prompt columns, T = P + R).
 
-With `packing`, each micro-batch's sequences run as one row without pads (`rl3d.models.packing`)
-and outputs come back in the same per-sample `[B, R]` layout; `max_tokens_per_micro_batch` then
-forms micro-batches by a token budget instead of `micro_batch_size` sequences.
+With packing (`rl3d.engine.techniques.Packing`), each micro-batch's sequences run as one row
+without pads and outputs come back in the same per-sample `[B, R]` layout.
 
-With `response_outputs` (for roles that read log-probs of response tokens only) the output
+With `batches.response_outputs` (for roles that read log-probs of response tokens only) the output
 layer runs on positions P-1 .. T-2 alone: the vocabulary projection, the log-softmax over it and
 their backward then cost R/T of the whole sequence's. Training runs leave it off: it rounds
 differently from the whole-sequence forward (within 1e-6, not bit for bit) and showed no
@@ -23,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,15 +37,17 @@ import torch.distributed as dist
 from rl3d.config import ModelConfig
 from rl3d.config import OptimConfig as OptimSection
 from rl3d.config.lora import LoraConfig
+from rl3d.engine.features import Features, FeatureSource
+from rl3d.engine.micro_batches import MicroBatches
+from rl3d.engine.techniques import Lora, Offload, RoutingReplay, features_from
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
 from rl3d.models.packing import PACKED
 from rl3d.models.params import OUTPUT_LAYER, local_param
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
-from rl3d.single_controller.batch import ROUTING, DataBatch, mini_batch_rows
+from rl3d.single_controller.batch import DataBatch, mini_batch_rows
 from rl3d.utils.dtypes import torch_dtype
-from rl3d.workers.micro_batches import MicroBatching
 
 logger = logging.getLogger(__name__)
 # A metric row's weight in the step's mean (packed micro-batches differ in size, so their rows
@@ -48,7 +56,28 @@ METRIC_WEIGHT = "_weight"
 MAX_FP16_SKIPS = 40  # from 2^32, halving per overflow reaches a usable loss scale well within this
 
 
-class MegatronRole(MicroBatching):
+@dataclass(frozen=True)
+class Training:
+    """What makes an engine trainable: its optimizer section, and the run's steps (the schedule)."""
+
+    optim: OptimSection
+    total_steps: int = 1
+
+
+@dataclass(frozen=True)
+class InitialWeights:
+    """Where an engine's weights start: an HF directory (`hf_path`), else a copy of another
+    engine's network (`copy_of`: the critic takes the actor's, all but the head), else the
+    seeded initialization."""
+
+    hf_path: str | None = None
+    copy_of: MegatronEngine | None = None
+
+
+class MegatronEngine:
+    """One megatron-core model of a role on this rank (see the module docstring); its model
+    techniques are `features`, applied from `rl3d.engine.techniques.TECHNIQUES`."""
+
     def __init__(
         self,
         spec: ModelSpec,
@@ -56,91 +85,71 @@ class MegatronRole(MicroBatching):
         *,
         role: str,
         params_dtype: torch.dtype,
-        optim: OptimSection | None,
-        total_steps: int,
         seed: int,
-        hf_path: str | None = None,
-        init_from: MegatronRole | None = None,
-        packing: bool = False,
-        max_tokens_per_micro_batch: int | None = None,
-        response_outputs: bool = False,
-        recompute: str = "none",
-        offload: tuple[str, ...] = (),
-        moe_overrides: dict[str, float] | None = None,
-        lora: LoraConfig | None = None,
-        routing_replay: bool = False,
-        sequence_parallel: bool = False,
+        training: Training | None = None,
+        weights: InitialWeights | None = None,
+        features: Features | None = None,
     ):
-        from rl3d.models.builder import build_gpt, use_transformer_engine
+        from rl3d.models.builder import build_gpt
 
-        if max_tokens_per_micro_batch is not None and not packing:
-            raise ValueError(f"{role}.max_tokens_per_micro_batch needs {role}.packing: true")
-        self.spec, self.groups, self.role = spec, groups, role
+        weights, features = weights or InitialWeights(), features or Features()
+        self.spec, self.groups, self.role, self.seed = spec, groups, role, seed
         self.params_dtype = params_dtype
-        self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
-        self.response_outputs = response_outputs
-        self.sequence_parallel = sequence_parallel
-        # packed micro-batches differ in length: PP stages then exchange shapes before tensors
-        overrides = {"variable_seq_lengths": True} if packing and groups.layout.p > 1 else {}
-        if recompute == "full":  # every layer its own checkpoint: one layer's activations at a time
-            overrides |= {
-                "recompute_granularity": "full",
-                "recompute_method": "uniform",
-                "recompute_num_layers": 1,
-            }
-        if spec.is_moe and optim is not None:  # router losses train the router: trained roles only
-            overrides |= moe_overrides or {}
-        self.model = build_gpt(
-            spec,
-            groups,
-            role=role,
-            params_dtype=params_dtype,
-            seed=seed,
-            packed=packing,
-            sequence_parallel=sequence_parallel,
-            **overrides,
-        )
-        self.te = packing and use_transformer_engine(groups.device, packed=True)
-        # forwards route by a batch's `routing` record, or record their own (algorithm.routing_replay)
-        self.replay = None
-        if routing_replay:
-            from rl3d.models.routing_replay import RoutingReplay
-
-            self.replay = RoutingReplay(self.model, spec, groups)
+        self.features = features
+        self.trainable = training is not None
+        options = features.model_options(self)
+        self.model = build_gpt(spec, groups, role=role, params_dtype=params_dtype, seed=seed, **options)
         self.ddp = self.model  # wrapped below when trained
-        if hf_path:
+        if weights.hf_path:
             from rl3d.models.weights import load_weights
 
-            load_weights(self.model, spec, groups, hf_path, role=role)
-        elif init_from is not None:  # same initial network as the actor (critic: all but the head)
-            self._copy_from(init_from)
-        self.lora = None if lora is None else self._attach_lora(lora, seed)
-        self.trainable = optim is not None
+            load_weights(self.model, spec, groups, weights.hf_path, role=role)
+        elif weights.copy_of is not None:
+            self._copy_from(weights.copy_of)
+        features.attach(self)
         # fp16's loss scaler skips its first steps by design; bf16/fp32 have no scaler
         self.skipped = SkippedSteps(max_in_a_row=MAX_FP16_SKIPS if params_dtype == torch.float16 else 1)
-        self.ddp, self.optimizer, self.scheduler = self.model, None, None
-        if self.trainable:
+        self.optimizer, self.scheduler = None, None
+        if training is not None:
             from rl3d.models.training import build_optimizer, build_scheduler, wrap_ddp
 
+            optim = training.optim
             self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
             self.optimizer = build_optimizer(self.ddp, groups, optim)
-            self.scheduler = build_scheduler(self.optimizer, optim, total_steps=total_steps)
-        from rl3d.models.offload import Offload
+            self.scheduler = build_scheduler(self.optimizer, optim, total_steps=training.total_steps)
+        features.ready(self)
+        self.batches = MicroBatches(self.model, groups, role=role, features=features)
 
-        self.offload = Offload(self.ddp, self.optimizer, kinds=offload, device=groups.device)
-        self.expert_load = None
-        if spec.is_moe and self.trainable:
-            from rl3d.models.moe_metrics import ExpertLoad
+    @property
+    def packing(self) -> bool:
+        return self.batches.packing is not None
 
-            self.expert_load = ExpertLoad(self.model, spec, groups)
+    @property
+    def lora(self):
+        """The LoRA adapters (`rl3d.models.lora.LoraAdapters`), None without `actor.lora`."""
+        lora = self.features.get(Lora)
+        return None if lora is None else lora.adapters
+
+    @property
+    def replay(self):
+        """The routing replay (`rl3d.models.routing_replay.RoutingReplay`), None without it."""
+        feature = self.features.get(RoutingReplay)
+        return None if feature is None else feature.replay
+
+    @property
+    def offload(self):
+        """The offloaded storages (`rl3d.models.offload.Offload`), None without `<role>.offload`."""
+        feature = self.features.get(Offload)
+        return None if feature is None else feature.storage
 
     def to_host(self) -> int:
         """Move `offload`'s kinds to host memory (around generation); the bytes freed."""
-        return self.offload.to_host()
+        return 0 if self.offload is None else self.offload.to_host()
 
     def resident(self) -> None:
         """Bring offloaded tensors back; every use of the model's tensors calls it first."""
-        self.offload.to_device()
+        if self.offload is not None:
+            self.offload.to_device()
 
     @classmethod
     def from_config(
@@ -155,67 +164,32 @@ class MegatronRole(MicroBatching):
         optim: OptimSection | None = None,
         total_steps: int = 1,
         hf_path: str | None = None,
-        init_from: MegatronRole | None = None,
+        init_from: MegatronEngine | None = None,
         lora: LoraConfig | None = None,
         routing_replay: bool = False,
-    ) -> MegatronRole:
-        """A role built from its recipe sections, the one way every worker and job builds one.
+    ) -> MegatronEngine:
+        """An engine built from its recipe sections, the one way every worker and job builds one.
 
         `model` gives the parameter dtype; `batching` is the role's section (an actor, critic,
-        reference or reward-model section; None: padded micro-batches) holding `packing` and
-        `max_tokens_per_micro_batch`, `offload` where it has one and `recompute` where the role
-        trains; `optim` (with `total_steps` for its schedule) makes the role trainable, None
-        keeps it forward-only.
-        `hf_path` and `init_from` say where the weights start (see `__init__`); `lora` (the
+        reference or reward-model section; None: padded micro-batches) whose settings turn the
+        techniques on (`rl3d.engine.techniques`); `optim` (with `total_steps` for its schedule)
+        makes the role trainable, None keeps it forward-only.
+        `hf_path` and `init_from` say where the weights start (`InitialWeights`); `lora` (the
         actor's `actor.lora`) freezes them and trains adapters instead; `routing_replay` makes a
-        mixture of experts' forwards replay a batch's routing record (`rl3d.models.routing_replay`).
-        The section's `parallel.sequence_parallel` (`auto` where it has none) says whether the
-        model splits its sequence over TP (`rl3d.models.sequence_parallel`)."""
-        from rl3d.models.sequence_parallel import resolve_sequence_parallel
-
-        setting = getattr(getattr(batching, "parallel", None), "sequence_parallel", "auto")
+        mixture of experts' forwards replay a batch's routing record."""
+        source = FeatureSource(
+            role, batching, spec, groups.layout.t, lora=lora, routing_replay=routing_replay
+        )
         return cls(
             spec,
             groups,
             role=role,
             params_dtype=torch_dtype(model.dtype),
-            optim=optim,
-            total_steps=total_steps,
             seed=seed,
-            hf_path=hf_path,
-            init_from=init_from,
-            packing=bool(batching is not None and batching.packing),
-            max_tokens_per_micro_batch=None if batching is None else batching.max_tokens_per_micro_batch,
-            recompute=getattr(batching, "recompute", "none"),  # trained roles' sections only
-            offload=tuple(getattr(batching, "offload", ())),  # not on reward-model sections
-            moe_overrides=moe.transformer_overrides() if (moe := getattr(batching, "moe", None)) else None,
-            lora=lora,
-            routing_replay=routing_replay,
-            sequence_parallel=resolve_sequence_parallel(setting, is_moe=spec.is_moe, tp=groups.layout.t),
+            training=None if optim is None else Training(optim, total_steps),
+            weights=InitialWeights(hf_path=hf_path, copy_of=init_from),
+            features=features_from(source),
         )
-
-    def _attach_lora(self, lora: LoraConfig, seed: int):
-        """Freeze the base and add `lora`'s adapters (from its PEFT directory when `init` names
-        one); before DDP, so that only the adapters get gradient buffers and optimizer states."""
-        from rl3d.models.lora import attach_lora
-
-        adapters = attach_lora(
-            self.model,
-            self.spec,
-            self.groups,
-            rank=lora.rank,
-            alpha=lora.alpha,
-            targets=lora.targets,
-            dropout=lora.dropout,
-            use_rslora=lora.use_rslora,
-            lm_head=lora.lm_head,
-            seed=seed,
-        )
-        if lora.init is not None:
-            from rl3d.models.lora_peft import load_peft_adapter
-
-            adapters.load_state_dict(load_peft_adapter(lora.init, lora), source=lora.init)
-        return adapters
 
     def adapters_disabled(self) -> contextlib.AbstractContextManager:
         """While open, a LoRA model computes its frozen base (the reference policy)."""
@@ -235,10 +209,14 @@ class MegatronRole(MicroBatching):
         self.resident()
         return self.lora.state_dict()
 
+    def response_slice(self, output: torch.Tensor, micro: DataBatch) -> torch.Tensor:
+        """[B, R, ...]: the outputs that predict (or value) the response tokens."""
+        return self.batches.response_slice(output, micro)
+
     def unwrapped(self) -> torch.nn.Module:
         return unwrap_model(self.ddp)
 
-    def _copy_from(self, source: MegatronRole) -> None:
+    def _copy_from(self, source: MegatronEngine) -> None:
         """Every parameter from `source`'s model by its global name (layer specs may name a
         tensor differently: Transformer Engine's fuse the norms into the next linear); the
         critic's value head is its own. A parameter of this model that no global name reaches
@@ -279,16 +257,16 @@ class MegatronRole(MicroBatching):
 
         self.resident()
         self.unwrapped().eval()
-        with torch.no_grad(), self._session(batch, record=record_routing) as batch:
-            micro, order = self._microbatches(batch, micro_batch_size)
+        with torch.no_grad(), self.features.session(batch, record=record_routing) as batch:
+            micro, order = self.batches.split(batch, micro_batch_size)
             outs = forward_backward(
                 self.ddp,
                 self.groups,
-                self._forward_step(extract),
+                self.batches.forward_step(extract),
                 micro,
                 num_microbatches=len(micro),
                 forward_only=True,
-                **self._schedule_shape(micro),
+                **self.batches.schedule_shape(micro),
             )
         if not self.groups.is_last_stage:
             return None
@@ -305,16 +283,16 @@ class MegatronRole(MicroBatching):
         from rl3d.models.training import forward_backward
 
         self.resident()
-        micro, _ = self._microbatches(batch, micro_batch_size)
+        micro, _ = self.batches.split(batch, micro_batch_size)
         self.unwrapped().train()
         self.ddp.zero_grad_buffer()
         forward_backward(
             self.ddp,
             self.groups,
-            self._forward_step(loss_of),
+            self.batches.forward_step(loss_of),
             micro,
             num_microbatches=len(micro),
-            **self._schedule_shape(micro),
+            **self.batches.schedule_shape(micro),
         )
 
     # -- training ------------------------------------------------------------------------------
@@ -341,12 +319,11 @@ class MegatronRole(MicroBatching):
         metrics: list[dict] = []
         dev = self.groups.device
         self.unwrapped().train()
-        if self.expert_load is not None:
-            self.expert_load.reset()
-        with self._session(batch) as batch:
+        self.features.before_update()
+        with self.features.session(batch) as batch:
             for _ in range(epochs):
                 for mini in batch.chunks_of(local_mini):
-                    micro, _ = self._microbatches(mini, micro_batch_size)
+                    micro, _ = self.batches.split(mini, micro_batch_size)
                     total = torch.tensor([float(sum(count_unit(m) for m in micro))], device=dev)
                     dist.all_reduce(total, group=self.groups.dp_group)
                     scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
@@ -359,12 +336,12 @@ class MegatronRole(MicroBatching):
                         self.ddp,
                         self.optimizer,
                         self.groups,
-                        self._forward_step(scaled),
+                        self.batches.forward_step(scaled),
                         micro,
                         num_microbatches=len(micro),
                         scheduler=self.scheduler,
                         skipped=self.skipped,
-                        **self._schedule_shape(micro),
+                        **self.batches.schedule_shape(micro),
                     )
                     if self.groups.is_last_stage:
                         metrics.append(self._perf(micro))
@@ -376,15 +353,8 @@ class MegatronRole(MicroBatching):
                         if grad_norm is not None:
                             metrics.append({"grad_norm": float(grad_norm)})
                         metrics.append({"skipped_steps": float(self.skipped.total)})
-        if self.expert_load is not None:
-            load = self.expert_load.collect(self.groups)  # collective: every rank of the role
-            if self.groups.is_last_stage:
-                metrics.append(load)
-        if self.replay is not None and ROUTING in batch:
-            mismatch = self.replay.mismatch(self.replay.result)  # collective over DP
-            if self.groups.is_last_stage:
-                metrics.append({"moe/routing_mismatch_update": mismatch})
-        return metrics
+        after = self.features.after_update(batch)  # collective: every rank of the role
+        return metrics + after if self.groups.is_last_stage else metrics
 
     def _perf(self, micro: list[DataBatch]) -> dict[str, float]:
         """Share of computed token slots that are padding, and slots per micro-batch."""

@@ -1,0 +1,135 @@
+"""Model techniques as features: each technique is one object with the same few hooks, and the
+engine (`rl3d.engine.MegatronEngine`) applies the ones a role has, in the order of one table
+(`rl3d.engine.techniques.TECHNIQUES`); no worker asks which are on.
+
+The hooks, each a no-op on `Feature`:
+
+- `model_options(engine)`: keyword arguments for `rl3d.models.builder.build_gpt` (the builder's
+  own switches, or overrides of megatron's TransformerConfig);
+- `attach(engine)`: once the model holds its initial weights, before DDP wraps it;
+- `ready(engine)`: once the optimizer exists (or would: a forward-only role calls it too);
+- `session(batch, record=...)`: a context around the forwards over one batch, yielding the batch
+  those forwards run on;
+- `around_forward(micro, lead=..., trail=...)`: a context around one micro-batch's forward
+  (`lead`/`trail`: pad tokens added in front of / behind its real ones);
+- `before_update()` and `after_update(batch)`: around the optimizer steps of one update; the
+  latter returns metrics (collective over the role's ranks; kept on the last pipeline stage).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from rl3d.config.lora import LoraConfig
+from rl3d.models.spec import ModelSpec
+from rl3d.single_controller.batch import DataBatch
+
+F = TypeVar("F", bound="Feature")
+
+
+@dataclass(frozen=True)
+class FeatureSource:
+    """What a role's features are built from: its recipe section (None: a padded role with no
+    technique on), the model, the TP size, and the settings kept outside the section."""
+
+    role: str
+    section: Any
+    spec: ModelSpec
+    tp: int
+    lora: LoraConfig | None = None
+    routing_replay: bool = False
+
+    def setting(self, key: str, default: Any) -> Any:
+        """The section's `key` (`default` where the section has no such key, or is None)."""
+        return getattr(self.section, key, default)
+
+
+class Feature:
+    """A model technique. Subclasses set `name` and override the hooks they need."""
+
+    name = ""
+
+    @classmethod
+    def from_source(cls: type[F], source: FeatureSource) -> F | None:
+        """This technique as `source` configures it; None where it is off."""
+        raise NotImplementedError
+
+    def model_options(self, engine: Any) -> dict[str, Any]:
+        return {}
+
+    def attach(self, engine: Any) -> None:
+        pass
+
+    def ready(self, engine: Any) -> None:
+        pass
+
+    @contextlib.contextmanager
+    def session(self, batch: DataBatch, *, record: bool = False) -> Iterator[DataBatch]:
+        yield batch
+
+    def around_forward(self, micro: DataBatch, *, lead: int, trail: int) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def before_update(self) -> None:
+        pass
+
+    def after_update(self, batch: DataBatch) -> dict[str, float]:
+        return {}
+
+
+class Features:
+    """The features of one role, in table order; each hook runs over all of them."""
+
+    def __init__(self, items: Iterable[Feature] = ()):
+        self.items = tuple(items)
+        kinds = [type(f) for f in self.items]
+        assert len(set(kinds)) == len(kinds), f"a technique twice: {[f.name for f in self.items]}"
+
+    def get(self, kind: type[F]) -> F | None:
+        """The feature of `kind`, None where the role does not have it."""
+        return next((f for f in self.items if isinstance(f, kind)), None)
+
+    def __repr__(self) -> str:
+        return f"Features({', '.join(f.name for f in self.items) or 'none'})"
+
+    def model_options(self, engine: Any) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        for feature in self.items:
+            mine = feature.model_options(engine)
+            clash = {k for k in mine.keys() & options.keys() if mine[k] != options[k]}
+            assert not clash, f"{feature.name} sets {sorted(clash)} another feature set otherwise"
+            options |= mine
+        return options
+
+    def attach(self, engine: Any) -> None:
+        for feature in self.items:
+            feature.attach(engine)
+
+    def ready(self, engine: Any) -> None:
+        for feature in self.items:
+            feature.ready(engine)
+
+    @contextlib.contextmanager
+    def session(self, batch: DataBatch, *, record: bool = False) -> Iterator[DataBatch]:
+        with contextlib.ExitStack() as stack:
+            for feature in self.items:
+                batch = stack.enter_context(feature.session(batch, record=record))
+            yield batch
+
+    @contextlib.contextmanager
+    def around_forward(self, micro: DataBatch, *, lead: int = 0, trail: int = 0) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for feature in self.items:
+                stack.enter_context(feature.around_forward(micro, lead=lead, trail=trail))
+            yield
+
+    def before_update(self) -> None:
+        for feature in self.items:
+            feature.before_update()
+
+    def after_update(self, batch: DataBatch) -> list[dict[str, float]]:
+        """Every feature's metrics of the update (every rank of the role calls it)."""
+        return [m for feature in self.items if (m := feature.after_update(batch))]
