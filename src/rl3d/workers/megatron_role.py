@@ -70,11 +70,15 @@ class MegatronRole(MicroBatching):
         lora: LoraConfig | None = None,
         routing_replay: bool = False,
         sequence_parallel: bool = False,
+        key: str | None = None,
     ):
         from rl3d.models.builder import build_gpt, use_transformer_engine
 
+        key = key or role  # the recipe section, for errors
         if max_tokens_per_micro_batch is not None and not packing:
-            raise ValueError(f"{role}.max_tokens_per_micro_batch needs {role}.packing: true")
+            raise ValueError(f"{key}.max_tokens_per_micro_batch needs {key}.packing: true")
+        # packing on CUDA takes TE's attention, or is refused naming the setting
+        self.te = packing and use_transformer_engine(groups.device, packed=True, key=f"{key}.packing")
         self.spec, self.groups, self.role = spec, groups, role
         self.params_dtype = params_dtype
         self.packing, self.max_tokens = packing, max_tokens_per_micro_batch
@@ -100,7 +104,6 @@ class MegatronRole(MicroBatching):
             sequence_parallel=sequence_parallel,
             **overrides,
         )
-        self.te = packing and use_transformer_engine(groups.device, packed=True)
         # forwards route by a batch's `routing` record, or record their own (algorithm.routing_replay)
         self.replay = None
         if routing_replay:
@@ -158,6 +161,7 @@ class MegatronRole(MicroBatching):
         init_from: MegatronRole | None = None,
         lora: LoraConfig | None = None,
         routing_replay: bool = False,
+        key: str | None = None,
     ) -> MegatronRole:
         """A role built from its recipe sections, the one way every worker and job builds one.
 
@@ -170,7 +174,8 @@ class MegatronRole(MicroBatching):
         actor's `actor.lora`) freezes them and trains adapters instead; `routing_replay` makes a
         mixture of experts' forwards replay a batch's routing record (`rl3d.models.routing_replay`).
         The section's `parallel.sequence_parallel` (`auto` where it has none) says whether the
-        model splits its sequence over TP (`rl3d.models.sequence_parallel`)."""
+        model splits its sequence over TP (`rl3d.models.sequence_parallel`). Errors name the
+        section's settings under `key` (`reward.model`; default: `role`)."""
         from rl3d.models.sequence_parallel import resolve_sequence_parallel
 
         setting = getattr(getattr(batching, "parallel", None), "sequence_parallel", "auto")
@@ -192,6 +197,7 @@ class MegatronRole(MicroBatching):
             lora=lora,
             routing_replay=routing_replay,
             sequence_parallel=resolve_sequence_parallel(setting, is_moe=spec.is_moe, tp=groups.layout.t),
+            key=key,
         )
 
     def _attach_lora(self, lora: LoraConfig, seed: int):
