@@ -33,9 +33,10 @@ F = TypeVar("F", bound="Feature")
 @dataclass(frozen=True)
 class FeatureSource:
     """What a role's features are built from: its recipe section (None: a padded role with no
-    technique on), the model, the TP size, and the settings kept outside the section."""
+    technique on) and that section's key (`actor`, `reward.model`: errors name its settings),
+    the model, the TP size, and the settings kept outside the section."""
 
-    role: str
+    key: str
     section: Any
     spec: ModelSpec
     tp: int

@@ -167,6 +167,7 @@ class MegatronEngine:
         init_from: MegatronEngine | None = None,
         lora: LoraConfig | None = None,
         routing_replay: bool = False,
+        key: str | None = None,
     ) -> MegatronEngine:
         """An engine built from its recipe sections, the one way every worker and job builds one.
 
@@ -176,9 +177,10 @@ class MegatronEngine:
         makes the role trainable, None keeps it forward-only.
         `hf_path` and `init_from` say where the weights start (`InitialWeights`); `lora` (the
         actor's `actor.lora`) freezes them and trains adapters instead; `routing_replay` makes a
-        mixture of experts' forwards replay a batch's routing record."""
+        mixture of experts' forwards replay a batch's routing record. Errors name the section's
+        settings under `key` (`reward.model`; default: `role`)."""
         source = FeatureSource(
-            role, batching, spec, groups.layout.t, lora=lora, routing_replay=routing_replay
+            key or role, batching, spec, groups.layout.t, lora=lora, routing_replay=routing_replay
         )
         return cls(
             spec,

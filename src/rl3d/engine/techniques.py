@@ -20,27 +20,27 @@ class Packing(Feature):
 
     name = "packing"
 
-    def __init__(self, max_tokens: int | None = None):
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int | None = None, *, key: str = "packing"):
+        self.max_tokens, self.key = max_tokens, key  # key: the setting errors name
         self.te = False  # Transformer Engine's attention takes the packed row (else per-sequence rope)
 
     @classmethod
     def from_source(cls, source: FeatureSource) -> Packing | None:
-        budget, role = source.setting("max_tokens_per_micro_batch", None), source.role
+        budget, section = source.setting("max_tokens_per_micro_batch", None), source.key
         if not source.setting("packing", False):
             if budget is not None:
-                raise ValueError(f"{role}.max_tokens_per_micro_batch needs {role}.packing: true")
+                raise ValueError(f"{section}.max_tokens_per_micro_batch needs {section}.packing: true")
             return None
-        return cls(budget)
+        return cls(budget, key=f"{section}.packing")
 
     def model_options(self, engine: Any) -> dict[str, Any]:
-        # packed micro-batches differ in length: PP stages then exchange shapes before tensors
-        return {"packed": True} | ({"variable_seq_lengths": True} if engine.groups.layout.p > 1 else {})
-
-    def attach(self, engine: Any) -> None:
+        """Before the model is built: packing on CUDA takes Transformer Engine's attention, or is
+        refused naming the setting (`rl3d.models.builder.use_transformer_engine`)."""
         from rl3d.models.builder import use_transformer_engine
 
-        self.te = use_transformer_engine(engine.groups.device, packed=True)
+        self.te = use_transformer_engine(engine.groups.device, packed=True, key=self.key)
+        # packed micro-batches differ in length: PP stages then exchange shapes before tensors
+        return {"packed": True} | ({"variable_seq_lengths": True} if engine.groups.layout.p > 1 else {})
 
 
 class SequenceParallel(Feature):

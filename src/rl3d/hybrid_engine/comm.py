@@ -1,5 +1,12 @@
 """Counted collectives: every byte the executor moves is tallied here, and every failure or
-timeout becomes a `ReshardError` that names the group and the ranks it waited for."""
+timeout becomes a `ReshardError` that names the group and the ranks it waited for.
+
+A phase of point-to-point transfers goes out as one batch (`batch_p2p`): NCCL progresses a
+rank's concurrent sends and receives only when they are fused into one group, so a transfer
+whose reverse is in the same phase, issued on its own, waits for the peer's receive while the
+peer waits for ours, until the timeout. gloo moves both directions at once either way, which is
+why only a GPU run would show it.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +26,9 @@ class ReshardError(RuntimeError):
 class CommCounter:
     recv_bytes: int = 0
     send_bytes: int = 0
-    calls: int = 0  # collective or point-to-point calls this rank issued
+    # calls this rank issued: a collective, a blocking send or receive, or one phase's batch of
+    # point-to-point messages (`exchange`), however many messages it holds
+    calls: int = 0
     # logical bytes received from each sender: with the nodes, the bytes each link carried
     recv_from: dict[int, int] = field(default_factory=dict)
 
@@ -104,6 +113,8 @@ class CountedComm:
         else:
             self.counter.received(src, _nbytes(tensor))
 
+    # `send` and `recv` block, one message at a time: for transfers that all go one way (a
+    # gather's members send, its root receives), where no message waits for its reverse.
     def send(self, group: Group, tensor: torch.Tensor, dst: int) -> None:
         try:
             dist.send(tensor, dst=dst, group=group.handle)
@@ -122,18 +133,14 @@ class CountedComm:
 
     def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: int = 0) -> None:
         """Point to point over the world (or the bridge), all at once: `sends[dst]` goes to rank
-        dst, `recvs[src]` is filled from rank src (one message per pair and tag)."""
-        works = []
+        dst, `recvs[src]` is filled from rank src (one message per pair and direction), in one
+        batch that counts as one call."""
+        if not sends and not recvs:
+            return
         try:
-            if self.bridge is None:
-                works += [dist.irecv(t, src=src, tag=tag) for src, t in recvs.items()]
-                works += [dist.isend(t, dst=dst, tag=tag) for dst, t in sends.items()]
-            else:
-                works += [self.bridge.recv([t], src, tag) for src, t in recvs.items()]
-                works += [self.bridge.send([t], dst, tag) for dst, t in sends.items()]
-            for work in works:
+            for work in batch_p2p(sends, recvs, tag=tag, bridge=self.bridge):
                 work.wait()
-            self.counter.calls += len(works)
+            self.counter.calls += 1
         except (RuntimeError, dist.DistBackendError) as err:
             peers = sorted(set(sends) | set(recvs))
             raise ReshardError(
@@ -143,3 +150,33 @@ class CountedComm:
         for src, t in recvs.items():
             self.counter.received(src, _nbytes(t))
         self.counter.send_bytes += sum(_nbytes(t) for t in sends.values())
+
+
+def batch_p2p(
+    sends: dict[int, torch.Tensor],
+    recvs: dict[int, torch.Tensor],
+    *,
+    tag: int,
+    bridge: dist.ProcessGroup | None = None,
+) -> list:
+    """Start one phase's sends and receives as one batch; returns the works to wait for.
+
+    Over the world this is `torch.distributed.batch_isend_irecv`: one NCCL group on NCCL, the
+    operations one by one on gloo, matched by `tag`. NCCL ignores tags; none are needed, since a
+    batch holds at most one message per peer and direction (the dicts' keys) and a phase is
+    waited for before the next one starts, so two ranks' messages pair up in the same order on
+    both sides. A bridge is a backend outside the default world, which a `P2POp` cannot name (it
+    looks a group's ranks up in the world's registry): its batch is the same coalescing that
+    `batch_isend_irecv` does, called on the backend itself."""
+    if bridge is None:
+        ops = [dist.P2POp(dist.irecv, t, src, tag=tag) for src, t in recvs.items()]
+        ops += [dist.P2POp(dist.isend, t, dst, tag=tag) for dst, t in sends.items()]
+        return dist.batch_isend_irecv(ops)
+    fused = bridge.supports_coalescing  # NCCL: one group; gloo: one by one, by tag
+    if fused:
+        bridge._start_coalescing()
+    works = [bridge.recv([t], src, tag) for src, t in recvs.items()]
+    works += [bridge.send([t], dst, tag) for dst, t in sends.items()]
+    if fused:
+        works = [bridge._end_coalescing()]  # the operations inside a group return no work
+    return [w for w in works if w is not None]

@@ -50,7 +50,7 @@ class TransitionStats:
     seconds: float
     verified: bool
     recv_from: dict[int, int] = field(default_factory=dict)  # sender -> logical bytes received
-    calls: int = 0  # collective and point-to-point calls this rank issued
+    calls: int = 0  # calls this rank issued (`CommCounter.calls`: a batched phase is one)
     # storage the transition allocated for the generation weights (the training tensors read
     # in place are not counted): 0 for an identity transition
     alloc_bytes: int = 0

@@ -2,12 +2,12 @@
 are ranks of the same world (the hierarchical gather) or another pool's (a rollout pool's
 weight sync, over its bridge).
 
-Phase k runs after phase k-1, one message per transfer with tag k; a transfer's pieces are
-`(holder, parameter index)` training shards, packed in order, or (`unit="slice"`) the parts of
-an expert's training shard that the receiver generates with (`plan.slice_parts`). A sender
-packs its own shards and whatever it received in an earlier phase (a relay); a receiver gets
-views into one buffer per message. Every byte goes through a `CountedComm`, so what is counted
-is what the plan lists.
+Phase k runs after phase k-1, as one batch (`comm.batch_p2p`) of one message per transfer
+with tag k; a transfer's pieces are `(holder, parameter index)` training shards, packed in
+order, or (`unit="slice"`) the parts of an expert's training shard that the receiver generates
+with (`plan.slice_parts`). A sender packs its own shards and whatever it received in an
+earlier phase (a relay); a receiver gets views into one buffer per message. Every byte goes
+through a `CountedComm`, so what is counted is what the plan lists.
 """
 
 from __future__ import annotations

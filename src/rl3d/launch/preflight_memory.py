@@ -4,7 +4,9 @@ phase, the role and its biggest item, and what would make it fit.
 
 The device size is the launching host's GPU on a CUDA run (`launch.device` cuda, or auto on a
 host with CUDA), or the size given with `--device-gib` (any device: how the check runs on CPU).
-A CPU run without `--device-gib` is not checked.
+A CPU run without `--device-gib` is not checked. A CUDA run from this host has this host's
+Transformer Engine; a plan made elsewhere takes the gpu extra's (`run_has_transformer_engine`).
+Packing without it is refused naming the role's `packing`, as the role build would refuse it.
 """
 
 from __future__ import annotations
@@ -33,15 +35,32 @@ def device_bytes_for(loaded: LoadedConfig, device_gib: float | None) -> int | No
     return device_total_bytes()
 
 
+def run_has_transformer_engine(loaded: LoadedConfig) -> bool:
+    """Whether the planned run has Transformer Engine: this host's when the run is a CUDA run
+    here (`launch.device` other than cpu on a host with CUDA), else the CUDA machine it is
+    planned for is taken to have the gpu extra installed (`make install-gpu`)."""
+    from rl3d.models.builder import transformer_engine_importable
+    from rl3d.utils.device import cuda_available
+
+    if loaded.config.launch.device == "cpu" or not cuda_available():
+        return True
+    return transformer_engine_importable()
+
+
 def check_memory(loaded: LoadedConfig, device_gib: float | None = None) -> None:
-    """Raise `MemoryPlanError` when the plan of `loaded` does not fit the device."""
+    """Raise `MemoryPlanError` when the plan of `loaded` does not fit the device, or packs
+    without the Transformer Engine it needs."""
+    from rl3d.models.builder import NeedsTransformerEngine
     from rl3d.planning.memory import plan_memory
     from rl3d.planning.memory_report import biggest_item, refusal, role_key
 
     device_bytes = device_bytes_for(loaded, device_gib)
     if device_bytes is None:
         return
-    plan = plan_memory(loaded.config, device_bytes)
+    try:
+        plan = plan_memory(loaded.config, device_bytes, transformer_engine=run_has_transformer_engine(loaded))
+    except NeedsTransformerEngine as err:
+        raise MemoryPlanError(err.reason, key=err.key, source=loaded.source_of(err.key)) from None
     line = refusal(plan)
     if line is None:
         return

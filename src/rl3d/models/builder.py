@@ -3,7 +3,8 @@ dense or a mixture of experts).
 
 `build_gpt(spec, groups, role=...)` builds this rank's PP stage and TP shard. The layer spec is
 Transformer Engine's when TE imports, CUDA is present and the role packs its sequences
-(`packed=True`), megatron's local spec otherwise (and always on CPU). The critic's output
+(`packed=True`), megatron's local spec otherwise (and always on CPU); packing on CUDA without
+TE is refused (`use_transformer_engine`). The critic's output
 layer is a value head (hidden -> 1, replicated over TP).
 
 Parameter names, shapes and shard kinds are `rl3d.models.params`'s (re-exported here for the
@@ -46,15 +47,49 @@ ROLES = ("actor", "critic", "reference")
 TE_SUPPORTS_LEFT_PADDING = False
 
 
-def use_transformer_engine(device: torch.device, *, packed: bool = False) -> bool:
-    """TE's layer spec: only in a CUDA run with an importable transformer_engine, and only where
-    its attention can honour the batches: packed ones, or left-padded ones once
-    `TE_SUPPORTS_LEFT_PADDING`."""
-    if device.type != "cuda":
-        return False
+class NeedsTransformerEngine(ValueError):
+    """Packing on a CUDA device where Transformer Engine does not import; `key` is the setting."""
+
+    def __init__(self, key: str):
+        self.key = key
+        self.reason = (
+            "true on a CUDA device needs Transformer Engine, which does not import here: without it "
+            "a packed micro-batch of N tokens would run megatron's local attention on an [N, N] "
+            "block-causal mask, keeping N x N fp32 scores per head and layer (memory quadratic in N: "
+            "256 MiB each at N = 8192). Install Transformer Engine with the gpu extra "
+            "(`make install-gpu`), or set "
+            f"{key}: false"
+        )
+        super().__init__(f"{key}: {self.reason}")
+
+
+def transformer_engine_importable() -> bool:
     try:
         import transformer_engine  # noqa: F401
     except Exception:  # a broken TE install raises more than ImportError
+        return False
+    return True
+
+
+def use_transformer_engine(
+    device: torch.device,
+    *,
+    packed: bool = False,
+    key: str = "packing",
+    transformer_engine: bool | None = None,
+) -> bool:
+    """TE's layer spec: only in a CUDA run with Transformer Engine (`transformer_engine`: whether
+    the run has it; None: whether it imports here), and only where its attention can honour the
+    batches: packed ones, or left-padded ones once `TE_SUPPORTS_LEFT_PADDING`. The memory plan
+    counts attention by this decision too (`rl3d.planning.memory_roles.fused_attention`).
+
+    Packing on CUDA without TE raises `NeedsTransformerEngine` naming `key` (the role's
+    `<section>.packing`) rather than falling back to the local spec."""
+    if device.type != "cuda":
+        return False
+    if not (transformer_engine_importable() if transformer_engine is None else transformer_engine):
+        if packed:
+            raise NeedsTransformerEngine(key)
         return False
     if not (packed or TE_SUPPORTS_LEFT_PADDING):
         logger.warning("Transformer Engine found, but its attention ignores left padding: local layer spec")

@@ -144,10 +144,14 @@ def _rank_plan(
     roles: list[RoleModel],
     resharded: list[int],
     device_bytes: int | None,
+    transformer_engine: bool,
 ) -> RankPlan:
     world_rank = pool.offset + rank
     node = world_rank // max(cfg.launch.nproc_per_node, 1)
-    train: dict[str, Entry] = {r.name: role_train_bytes(cfg, spec, r, pool.layout, rank) for r in roles}
+    train: dict[str, Entry] = {
+        r.name: role_train_bytes(cfg, spec, r, pool.layout, rank, transformer_engine=transformer_engine)
+        for r in roles
+    }
     phases: dict[str, dict[str, Entry]] = {"train": train}
     if pool.name == ROLLOUT_POOL or ("actor" in pool.roles and not is_separate(cfg)):
         colocated = pool.name != ROLLOUT_POOL
@@ -171,8 +175,12 @@ def _rank_plan(
     return RankPlan(world_rank, node, pool.name, phases, peaks)
 
 
-def plan_memory(cfg: RL3DConfig, device_bytes: int | None = None) -> MemoryPlan:
-    """Every rank's bytes by phase for recipe `cfg` (see the module docstring)."""
+def plan_memory(
+    cfg: RL3DConfig, device_bytes: int | None = None, *, transformer_engine: bool = True
+) -> MemoryPlan:
+    """Every rank's bytes by phase for recipe `cfg` (see the module docstring).
+    `transformer_engine`: whether a CUDA run has Transformer Engine (the gpu extra installs it);
+    without it packing is refused as the builder refuses it (`NeedsTransformerEngine`)."""
     spec = spec_of(cfg.model)
     pools = role_pools(cfg)
     ranks: list[RankPlan] = []
@@ -189,7 +197,8 @@ def plan_memory(cfg: RL3DConfig, device_bytes: int | None = None) -> MemoryPlan:
                 unknown.append(name)
         resharded = _resharded_bytes(cfg, spec, pool) if "actor" in pool.roles else []
         ranks += [
-            _rank_plan(cfg, spec, pool, rank, roles, resharded, device_bytes) for rank in range(pool.size)
+            _rank_plan(cfg, spec, pool, rank, roles, resharded, device_bytes, transformer_engine)
+            for rank in range(pool.size)
         ]
     return MemoryPlan(device_bytes, ranks, tuple(unknown))
 

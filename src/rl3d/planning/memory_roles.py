@@ -66,12 +66,33 @@ def role_model(cfg: RL3DConfig, name: str) -> RoleModel | None:
     return None
 
 
+def fused_attention(cfg: RL3DConfig, key: str, *, transformer_engine: bool = True) -> bool:
+    """Whether a packing role (section `key`) runs Transformer Engine's fused attention: the
+    builder's decision (`rl3d.models.builder.use_transformer_engine`) for a plan's device (CUDA
+    unless `launch.device` is cpu) and `transformer_engine`, whether the run has TE. Packing on
+    CUDA without it raises `NeedsTransformerEngine` naming `<key>.packing`, as the build would."""
+    import torch
+
+    from rl3d.models.builder import use_transformer_engine
+
+    device = torch.device("cpu" if cfg.launch.device == "cpu" else "cuda")
+    return use_transformer_engine(
+        device, packed=True, key=f"{key}.packing", transformer_engine=transformer_engine
+    )
+
+
 def micro_batch_shape(
-    cfg: RL3DConfig, role: RoleModel, layout: ParallelLayout, pp_rank: int, *, is_moe: bool = False
+    cfg: RL3DConfig,
+    role: RoleModel,
+    layout: ParallelLayout,
+    pp_rank: int,
+    *,
+    is_moe: bool = False,
+    transformer_engine: bool = True,
 ) -> MicroBatchShape:
     """The largest micro-batch the role runs: rows padded to the longest prompt plus the
     longest response; packed, one row of micro_batch_size sequences (or the token budget), in
-    Transformer Engine's fused attention on CUDA (megatron's local attention on CPU). Under
+    the attention `fused_attention` says (TE's on CUDA, megatron's local on CPU). Under
     sequence parallelism (the role section's `parallel.sequence_parallel`, resolved for a model
     that `is_moe` or not) the length is padded to a multiple of tp."""
     from rl3d.models.sequence_parallel import padded_length, resolve_sequence_parallel
@@ -86,7 +107,7 @@ def micro_batch_shape(
     response = cfg.rollout.max_new_tokens
     if role.packing:
         tokens = padded_length(role.max_tokens or role.micro_batch_size * length, multiple)
-        flash = cfg.launch.device != "cpu"
+        flash = fused_attention(cfg, role.key, transformer_engine=transformer_engine)
         return MicroBatchShape(tokens, 1, tokens, flash, role_recompute(cfg, role), in_flight, split)
     rows = role.micro_batch_size
     return MicroBatchShape(length, rows, response, False, role_recompute(cfg, role), in_flight, split)
@@ -98,9 +119,16 @@ def role_recompute(cfg: RL3DConfig, role: RoleModel) -> bool:
 
 
 def role_train_bytes(
-    cfg: RL3DConfig, spec: ModelSpec, role: RoleModel, layout: ParallelLayout, rank: int
+    cfg: RL3DConfig,
+    spec: ModelSpec,
+    role: RoleModel,
+    layout: ParallelLayout,
+    rank: int,
+    *,
+    transformer_engine: bool = True,
 ) -> RoleBytes:
-    """The role's bytes on pool rank `rank` while it runs its heaviest micro-batch."""
+    """The role's bytes on pool rank `rank` while it runs its heaviest micro-batch
+    (`transformer_engine`: whether the run has it, `micro_batch_shape`)."""
     coords = layout.coords(rank)
     dtype_bytes = DTYPE_BYTES[cfg.model.dtype]
     lora = cfg.actor.lora if role.name == "actor" else None
@@ -133,7 +161,9 @@ def role_train_bytes(
             trainable=role.trainable,
             distributed_optimizer=role.distributed_optimizer,
         )
-    shape = micro_batch_shape(cfg, role, layout, coords.pp, is_moe=spec.is_moe)
+    shape = micro_batch_shape(
+        cfg, role, layout, coords.pp, is_moe=spec.is_moe, transformer_engine=transformer_engine
+    )
     activations = activation_bytes(
         spec,
         tp=layout.t,

@@ -12,6 +12,7 @@ from rl3d.config.pools import layout_of, role_pools
 from rl3d.config.roles import old_logp_source, role_table
 from rl3d.hybrid_engine.report import RecipeShapes
 from rl3d.models.spec import spec_of
+from rl3d.planning.memory_roles import fused_attention
 from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
 from rl3d.utils.dtypes import DTYPE_BYTES
 
@@ -33,7 +34,7 @@ def workload_of(cfg: RL3DConfig) -> Workload:
         micro_batch_size=cfg.actor.micro_batch_size,
         dtype_bytes=DTYPE_BYTES[cfg.model.dtype],
         distributed_optimizer=cfg.actor.optim.distributed_optimizer,
-        flash_attention=cfg.actor.packing and cfg.launch.device != "cpu",  # as the memory plan has it
+        flash_attention=cfg.actor.packing and fused_attention(cfg, "actor"),  # as the memory plan has it
     )
 
 

@@ -30,7 +30,7 @@ from rl3d.hybrid_engine.comm import CountedComm
 from rl3d.hybrid_engine.executor import TransitionStats
 from rl3d.hybrid_engine.p2p import generation_shards, run_phases
 from rl3d.hybrid_engine.pool import POOL, PoolTransition
-from rl3d.utils.device import synchronize
+from rl3d.utils.device import current_gpu, synchronize
 
 
 class WeightBridge:
@@ -48,6 +48,10 @@ class WeightBridge:
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
             self.pg = dist.ProcessGroupNCCL(prefixed, rank, size, options)
+            # A phase's batch (`rl3d.hybrid_engine.comm.batch_p2p`) runs on the whole group's
+            # communicator, whose creation every rank must join: made now, while all are here,
+            # not by a first batch that a rank with nothing to move never starts.
+            self.pg.eager_connect_single_device(torch.device("cuda", current_gpu()))
         else:
             self.pg = dist.ProcessGroupGloo(prefixed, rank, size, timeout)
 

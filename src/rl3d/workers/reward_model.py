@@ -136,15 +136,24 @@ def load_reward_model(
     model: ModelConfig,
     seed: int,
     batching=None,
+    key: str = "reward.model",
 ):
     """A forward-only MegatronEngine holding the reward model of `weights_dir`, in this layout
-    (`model.dtype`; `batching`: the reward-model section's packing, None: padded)."""
+    (`model.dtype`; `batching`: the reward-model section's packing, None: padded; `key`: that
+    section, named in errors)."""
     from safetensors.torch import load_file
 
     from rl3d.engine import MegatronEngine
 
     role = MegatronEngine.from_config(
-        spec, groups, role="critic", model=model, seed=seed, batching=batching, hf_path=str(weights_dir)
+        spec,
+        groups,
+        role="critic",
+        model=model,
+        seed=seed,
+        batching=batching,
+        hf_path=str(weights_dir),
+        key=key,
     )
     if groups.is_last_stage:
         head = load_file(str(weights_dir / HEAD_FILE))["weight"]
@@ -174,7 +183,13 @@ class RewardModelWorker:
         weights = resolve_weights_dir(self.section.path)
         spec = reward_model_spec(weights)
         self.role = load_reward_model(
-            spec, ctx.groups, weights, model=cfg.model, seed=cfg.trainer.seed, batching=self.section
+            spec,
+            ctx.groups,
+            weights,
+            model=cfg.model,
+            seed=cfg.trainer.seed,
+            batching=self.section,
+            key="reward.model" if kind == "reward" else "reward.cost_model",
         )
         logger.info("%s model from %s (%s)", kind, weights, spec.name)
 

@@ -112,7 +112,8 @@ def test_te_spec_only_for_packed_roles(monkeypatch):
     assert not use_transformer_engine(cuda)
     assert not use_transformer_engine(torch.device("cpu"), packed=True)
     monkeypatch.setitem(sys.modules, "transformer_engine", None)  # not installed
-    assert not use_transformer_engine(cuda, packed=True)
+    assert not use_transformer_engine(cuda)  # padded: the local spec, as on CPU
+    # packed: refused (tests/unit/models/test_packing_needs_te.py), never the local spec
 
 
 def test_packed_metric_rows_are_weighted_by_their_tokens():
