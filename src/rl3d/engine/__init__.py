@@ -3,7 +3,7 @@ models and the hybrid engine below and the workers above: workers say which colu
 computes and which loss it trains, the engine how. Model techniques are its features
 (`rl3d.engine.features`, the table in `rl3d.engine.techniques`)."""
 
-from rl3d.engine.features import Feature, Features, FeatureSource
+from rl3d.engine.features import Feature, Features, FeatureSource, Footprint
 from rl3d.engine.megatron import METRIC_WEIGHT, InitialWeights, MegatronEngine, Training
 from rl3d.engine.micro_batches import last_token_outputs
 
@@ -12,6 +12,7 @@ __all__ = [
     "Feature",
     "FeatureSource",
     "Features",
+    "Footprint",
     "InitialWeights",
     "MegatronEngine",
     "Training",

@@ -13,7 +13,11 @@ The hooks, each a no-op on `Feature`:
 - `around_forward(micro, lead=..., trail=...)`: a context around one micro-batch's forward
   (`lead`/`trail`: pad tokens added in front of / behind its real ones);
 - `before_update()` and `after_update(batch)`: around the optimizer steps of one update; the
-  latter returns metrics (collective over the role's ranks; kept on the last pipeline stage).
+  latter returns metrics (collective over the role's ranks; kept on the last pipeline stage);
+- `footprint(plain)`: the role's `Footprint` (the memory plan's inputs for it: its largest
+  micro-batch, what goes to the host while the rollout engine generates, the adapters it trains)
+  as this technique changes it; the memory plan (`rl3d.planning`) asks the very features the
+  engine builds, so that the plan and the run agree on what is on.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from rl3d.config.lora import LoraConfig
+from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.models.spec import ModelSpec
 from rl3d.single_controller.batch import DataBatch
 
@@ -46,6 +51,22 @@ class FeatureSource:
     def setting(self, key: str, default: Any) -> Any:
         """The section's `key` (`default` where the section has no such key, or is None)."""
         return getattr(self.section, key, default)
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """What the memory plan counts for one role on one rank, as far as the role's techniques
+    shape it: `batch`, its largest micro-batch; `offload`, the kinds it moves to the host while
+    the rollout engine generates; `adapters`, the LoRA adapters it trains in place of its frozen
+    base. `tp`, `cuda` and `transformer_engine` say where it runs: the TP size, a CUDA run or
+    not, and whether that run has Transformer Engine."""
+
+    batch: MicroBatchShape
+    tp: int = 1
+    cuda: bool = False
+    transformer_engine: bool = True
+    offload: tuple[str, ...] = ()
+    adapters: LoraConfig | None = None
 
 
 class Feature:
@@ -79,6 +100,9 @@ class Feature:
 
     def after_update(self, batch: DataBatch) -> dict[str, float]:
         return {}
+
+    def footprint(self, plain: Footprint) -> Footprint:
+        return plain
 
 
 class Features:
@@ -134,3 +158,10 @@ class Features:
     def after_update(self, batch: DataBatch) -> list[dict[str, float]]:
         """Every feature's metrics of the update (every rank of the role calls it)."""
         return [m for feature in self.items if (m := feature.after_update(batch))]
+
+    def footprint(self, plain: Footprint) -> Footprint:
+        """`plain` (the role without any technique) as each feature changes it, in table order."""
+        footprint = plain
+        for feature in self.items:
+            footprint = feature.footprint(footprint)
+        return footprint

@@ -6,11 +6,38 @@ recipe section (`FeatureSource`) and is absent where the section leaves it off.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import Any
 
 from rl3d.config.lora import LoraConfig
-from rl3d.engine.features import Feature, Features, FeatureSource
+from rl3d.engine.features import Feature, Features, FeatureSource, Footprint
 from rl3d.single_controller.batch import ROUTING, DataBatch
+
+
+class SequenceParallel(Feature):
+    """`<role>.parallel.sequence_parallel`: the hidden states between TP blocks split along the
+    sequence (`rl3d.models.sequence_parallel`); every forward's length is then a multiple of the
+    TP size."""
+
+    name = "sequence_parallel"
+
+    @classmethod
+    def from_source(cls, source: FeatureSource) -> SequenceParallel | None:
+        from rl3d.models.sequence_parallel import resolve_sequence_parallel
+
+        setting = getattr(source.setting("parallel", None), "sequence_parallel", "auto")
+        return cls() if resolve_sequence_parallel(setting, is_moe=source.spec.is_moe, tp=source.tp) else None
+
+    def model_options(self, engine: Any) -> dict[str, Any]:
+        return {"sequence_parallel": True}
+
+    def footprint(self, plain: Footprint) -> Footprint:
+        """The hidden states between the blocks split over TP, the length padded to a multiple."""
+        from rl3d.models.sequence_parallel import padded_length
+
+        batch = plain.batch
+        split = replace(batch, seq_len=padded_length(batch.seq_len, plain.tp), sequence_parallel=True)
+        return replace(plain, batch=split)
 
 
 class Packing(Feature):
@@ -42,23 +69,23 @@ class Packing(Feature):
         # packed micro-batches differ in length: PP stages then exchange shapes before tensors
         return {"packed": True} | ({"variable_seq_lengths": True} if engine.groups.layout.p > 1 else {})
 
+    def footprint(self, plain: Footprint) -> Footprint:
+        """One row of the micro-batch's sequences (each already padded to sequence parallelism's
+        multiple), or of the token budget padded to it; the loss reads the whole row. Its
+        attention is the builder's decision, as in `model_options` (refused the same way)."""
+        import torch
 
-class SequenceParallel(Feature):
-    """`<role>.parallel.sequence_parallel`: the hidden states between TP blocks split along the
-    sequence (`rl3d.models.sequence_parallel`); every forward's length is then a multiple of the
-    TP size."""
+        from rl3d.models.builder import use_transformer_engine
+        from rl3d.models.sequence_parallel import padded_length
 
-    name = "sequence_parallel"
-
-    @classmethod
-    def from_source(cls, source: FeatureSource) -> SequenceParallel | None:
-        from rl3d.models.sequence_parallel import resolve_sequence_parallel
-
-        setting = getattr(source.setting("parallel", None), "sequence_parallel", "auto")
-        return cls() if resolve_sequence_parallel(setting, is_moe=source.spec.is_moe, tp=source.tp) else None
-
-    def model_options(self, engine: Any) -> dict[str, Any]:
-        return {"sequence_parallel": True}
+        device = torch.device("cuda" if plain.cuda else "cpu")
+        te = plain.transformer_engine
+        fused = use_transformer_engine(device, packed=True, key=self.key, transformer_engine=te)
+        batch = plain.batch
+        multiple = plain.tp if batch.sequence_parallel else 1
+        tokens = padded_length(self.max_tokens or batch.rows * batch.seq_len, multiple)
+        row = replace(batch, seq_len=tokens, rows=1, response_len=tokens, flash=fused)
+        return replace(plain, batch=row)
 
 
 class Recompute(Feature):
@@ -73,6 +100,9 @@ class Recompute(Feature):
 
     def model_options(self, engine: Any) -> dict[str, Any]:
         return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+
+    def footprint(self, plain: Footprint) -> Footprint:
+        return replace(plain, batch=replace(plain.batch, recompute=True))
 
 
 class RoutingReplay(Feature):
@@ -142,6 +172,9 @@ class Lora(Feature):
 
             self.adapters.load_state_dict(load_peft_adapter(lora.init, lora), source=lora.init)
 
+    def footprint(self, plain: Footprint) -> Footprint:
+        return replace(plain, adapters=self.config)
+
 
 class MoE(Feature):
     """A mixture of experts: the router losses of `<role>.moe` (trained roles only: they train the
@@ -202,12 +235,16 @@ class Offload(Feature):
 
         self.storage = Storage(engine.ddp, engine.optimizer, kinds=self.kinds, device=engine.groups.device)
 
+    def footprint(self, plain: Footprint) -> Footprint:
+        return replace(plain, offload=self.kinds)
 
-# The order the engine applies them in: replay's routers are set before the expert-load hooks
-# count what they route.
+
+# The order the engine applies them in: sequence parallelism's multiple is known before packing
+# pads each sequence to it (`Footprint`s follow the same order); replay's routers are set before
+# the expert-load hooks count what they route.
 TECHNIQUES: tuple[type[Feature], ...] = (
-    Packing,
     SequenceParallel,
+    Packing,
     Recompute,
     RoutingReplay,
     Lora,

@@ -81,7 +81,7 @@ def use_transformer_engine(
     """TE's layer spec: only in a CUDA run with Transformer Engine (`transformer_engine`: whether
     the run has it; None: whether it imports here), and only where its attention can honour the
     batches: packed ones, or left-padded ones once `TE_SUPPORTS_LEFT_PADDING`. The memory plan
-    counts attention by this decision too (`rl3d.planning.memory_roles.fused_attention`).
+    counts attention by this decision too (`rl3d.engine.techniques.Packing.footprint`).
 
     Packing on CUDA without TE raises `NeedsTransformerEngine` naming `key` (the role's
     `<section>.packing`) rather than falling back to the local spec."""

@@ -24,10 +24,11 @@ from __future__ import annotations
 import functools
 import math
 
+from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.devices import DeviceClass
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, pipeline_buffer_bytes
+from rl3d.planning.memory_activations import activation_bytes, pipeline_buffer_bytes
 from rl3d.planning.memory_generate import GenShape, gen_weight_numel
 from rl3d.planning.memory_train import layout_static_bytes, stage_numels
 from rl3d.planning.workload import ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
@@ -123,8 +124,10 @@ def _activation_bytes(pool: PoolLayout, w: Workload) -> float:
     memory plan's count: `rl3d.planning.memory_activations`): the first holds min(p, m)
     micro-batches, the last the output layer. A role in the pool's `sequence_parallel` keeps
     the hidden states between the blocks split over t (its length padded to a multiple of t, as
-    the models pad it); one in its `recompute` keeps only each layer's input."""
-    from rl3d.models.sequence_parallel import padded_length
+    the models pad it); one in its `recompute` keeps only each layer's input: the pool's choice
+    of techniques, each asked for its footprint (`rl3d.engine.features.Feature.footprint`)."""
+    from rl3d.engine.features import Features, Footprint
+    from rl3d.engine.techniques import Recompute, SequenceParallel
 
     lay = pool.layout
     micro = max(1, w.mini_batch_size // (lay.d * w.micro_batch_size))
@@ -132,12 +135,14 @@ def _activation_bytes(pool: PoolLayout, w: Workload) -> float:
     for role in (r for r in pool.roles if r in TRAINED and r in w.roles):
         spec = w.spec(role)
         split = role in pool.sequence_parallel and lay.t > 1
-        seq_len = padded_length(w.seq_len, lay.t if split else 1)
+        features = Features(
+            ([SequenceParallel()] if split else []) + ([Recompute()] if role in pool.recompute else [])
+        )
         for in_flight, last in ((min(lay.p, micro), lay.p == 1), (1, True)):
-            shape = MicroBatchShape(
-                seq_len, w.micro_batch_size, w.response_len, w.flash_attention,
-                role in pool.recompute, in_flight, split,
-            )  # fmt: skip
+            plain = MicroBatchShape(
+                w.seq_len, w.micro_batch_size, w.response_len, w.flash_attention, in_flight=in_flight
+            )
+            shape = features.footprint(Footprint(plain, tp=lay.t)).batch
             kept = activation_bytes(
                 spec,
                 tp=lay.t,

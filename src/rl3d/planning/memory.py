@@ -10,12 +10,13 @@ For every rank of every pool (`rl3d.config.pools.role_pools`), bytes by phase:
 - train: every role the rank hosts keeps its parameters, gradient buffer, master copy and
   Adam states (`rl3d.planning.memory_train`); the roles run one at a time, so the phase's peak
   is their static bytes plus the largest one's activations and buffers
-  (`rl3d.planning.memory_activations`);
+  (`rl3d.planning.memory_activations`), each role's micro-batch as its features shape it
+  (`rl3d.planning.memory_roles.role_footprint`);
 - reshard: the static bytes, the generation weights the 3D-HybridEngine builds, the engine's
   own copy and the transfer buckets (`rl3d.planning.memory_generate`);
-- generate: what the roles keep resident (less `<role>.offload`) plus the engine's weights,
-  KV cache and workspace; SGLang's KV pool takes what the device leaves free, up to the rank's
-  whole share of the step's sequences.
+- generate: what the roles keep resident (less what `<role>.offload` moves to the host) plus
+  the engine's weights, KV cache and workspace; SGLang's KV pool takes what the device leaves
+  free, up to the rank's whole share of the step's sequences.
 An SGLang engine without `enable_memory_saver` keeps its weights and KV cache through training.
 Each phase's peak, the rank's largest, and whether it fits `device_bytes`.
 """
@@ -31,7 +32,13 @@ from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec, spec_of
 from rl3d.parallel import GenerationLayout
 from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes, sequence_kv_bytes, sglang_pool
-from rl3d.planning.memory_roles import RoleModel, resident_in_generation, role_model, role_train_bytes
+from rl3d.planning.memory_roles import (
+    RoleModel,
+    resident_in_generation,
+    role_footprint,
+    role_model,
+    role_train_bytes,
+)
 from rl3d.planning.memory_train import RoleBytes
 from rl3d.utils.dtypes import DTYPE_BYTES
 
@@ -148,9 +155,13 @@ def _rank_plan(
 ) -> RankPlan:
     world_rank = pool.offset + rank
     node = world_rank // max(cfg.launch.nproc_per_node, 1)
-    train: dict[str, Entry] = {
-        r.name: role_train_bytes(cfg, spec, r, pool.layout, rank, transformer_engine=transformer_engine)
+    pp_rank = pool.layout.coords(rank).pp
+    prints = {
+        r.name: role_footprint(cfg, spec, r, pool.layout, pp_rank, transformer_engine=transformer_engine)
         for r in roles
+    }
+    train: dict[str, Entry] = {
+        r.name: role_train_bytes(cfg, spec, r, pool.layout, rank, prints[r.name]) for r in roles
     }
     phases: dict[str, dict[str, Entry]] = {"train": train}
     if pool.name == ROLLOUT_POOL or ("actor" in pool.roles and not is_separate(cfg)):
@@ -161,7 +172,7 @@ def _rank_plan(
         )
         statics = {name: resident_in_generation(b, ()) for name, b in train.items()}
         phases["reshard"] = statics | {ENGINE: at_reshard}
-        offloaded = {r.name: resident_in_generation(train[r.name], r.offload) for r in roles}
+        offloaded = {r.name: resident_in_generation(train[r.name], prints[r.name].offload) for r in roles}
         if cfg.rollout.engine == "sglang" and device_bytes is not None:
             others = sum(b.total for b in offloaded.values())
             at_generate = sglang_pool(cfg, spec, shape, at_generate, others=others, device_bytes=device_bytes)

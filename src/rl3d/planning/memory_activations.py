@@ -28,25 +28,11 @@ Under 1F1B a stage holds min(p - pp_rank, micro-batches) micro-batches in flight
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
 
 FP32 = 4
-
-
-@dataclass(frozen=True)
-class MicroBatchShape:
-    """What one micro-batch looks like to the model on one rank."""
-
-    seq_len: int  # s: tokens per row (a packed row holds several sequences)
-    rows: int  # b
-    response_len: int  # R: positions whose logits the loss reads
-    flash: bool  # Transformer Engine's fused attention (packing on CUDA), else megatron's local
-    recompute: bool = False  # full activation recompute, one layer at a time
-    in_flight: int = 1  # micro-batches whose activations a PP stage holds at once (1F1B)
-    sequence_parallel: bool = False  # hidden states between the blocks split over TP (s a multiple of tp)
 
 
 def hidden_positions(tp: int, shape: MicroBatchShape) -> int:

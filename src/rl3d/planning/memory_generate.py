@@ -25,10 +25,11 @@ import math
 from dataclasses import dataclass, replace
 
 from rl3d.config.schema import RL3DConfig
+from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.models.params import stages_of
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
-from rl3d.planning.memory_activations import MicroBatchShape, layer_bytes
+from rl3d.planning.memory_activations import layer_bytes
 from rl3d.planning.memory_train import FP32, ByteItems, local_numel, model_inventory
 from rl3d.utils.dtypes import DTYPE_BYTES
 

@@ -1,15 +1,22 @@
 """Which megatron model each role runs and how it trains: what the memory plan reads of a
-recipe for one role. Recipe roles (`roles.<name>`) hold what their worker builds, unknown to
+recipe for one role. Which techniques a role has, and what each does to its footprint, the plan
+asks of the role's features (`rl3d.engine.features`), built from the section the role's worker
+builds its engine from. Recipe roles (`roles.<name>`) hold what their worker builds, unknown to
 the plan: they are listed as not planned."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from rl3d.config.lora import LoraConfig
 from rl3d.config.schema import RL3DConfig
+from rl3d.costs.micro_batch import MicroBatchShape
+from rl3d.engine.features import Features, FeatureSource, Footprint
+from rl3d.engine.techniques import features_from
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import ParallelLayout
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, pipeline_buffer_bytes
+from rl3d.planning.memory_activations import activation_bytes, pipeline_buffer_bytes
 from rl3d.planning.memory_train import RoleBytes, layout_static_bytes, stage_numels
 from rl3d.utils.dtypes import DTYPE_BYTES
 
@@ -18,22 +25,30 @@ OFFLOADABLE = ("params", "grads", "optimizer")  # `<role>.offload`; "optimizer" 
 
 @dataclass(frozen=True)
 class RoleModel:
-    """A role's model on its pool: the megatron role it builds and how it runs micro-batches."""
+    """A role's model on its pool: the megatron role it builds, how it runs micro-batches, and
+    what its engine's features are built from (`key`, `section`, `lora`, `routing_replay`: what
+    its worker gives `rl3d.engine.MegatronEngine.from_config`)."""
 
     name: str
     model_role: str  # "actor" (language-model head) or "critic" (value head)
     trainable: bool
     micro_batch_size: int
     mini_batch_size: int
-    packing: bool
-    max_tokens: int | None
     distributed_optimizer: bool
-    offload: tuple[str, ...]
-    key: str  # the recipe section that sets it (refusals name it)
+    key: str  # the recipe section that sets it (refusals and the features' errors name it)
+    section: Any  # that section as its worker gives the engine (`batching`)
+    lora: LoraConfig | None = None
+    routing_replay: bool = False
 
+    def source(self, spec: ModelSpec, tp: int) -> FeatureSource:
+        """What the role's engine builds its features from on a rank of TP size `tp`."""
+        return FeatureSource(
+            self.key, self.section, spec, tp, lora=self.lora, routing_replay=self.routing_replay
+        )
 
-def _offload(section) -> tuple[str, ...]:
-    return tuple(getattr(section, "offload", None) or ())
+    def features(self, spec: ModelSpec, tp: int) -> Features:
+        """The features the role's engine has on a rank of TP size `tp` (`features_from`)."""
+        return features_from(self.source(spec, tp))
 
 
 def role_model(cfg: RL3DConfig, name: str) -> RoleModel | None:
@@ -41,81 +56,70 @@ def role_model(cfg: RL3DConfig, name: str) -> RoleModel | None:
     actor = cfg.actor
     if name == "actor":
         return RoleModel(
-            name, "actor", True, actor.micro_batch_size, actor.mini_batch_size, actor.packing,
-            actor.max_tokens_per_micro_batch, actor.optim.distributed_optimizer, _offload(actor), "actor",
+            name, "actor", True, actor.micro_batch_size, actor.mini_batch_size,
+            actor.optim.distributed_optimizer, key="actor", section=actor,
+            lora=actor.lora, routing_replay=cfg.algorithm.routing_replay != "none",
         )  # fmt: skip
     if name in ("critic", "cost_critic"):
         c = cfg.critic
         return RoleModel(
-            name, "critic", True, c.micro_batch_size, c.mini_batch_size, c.packing,
-            c.max_tokens_per_micro_batch, c.optim.distributed_optimizer, _offload(c), "critic",
+            name, "critic", True, c.micro_batch_size, c.mini_batch_size, c.optim.distributed_optimizer,
+            key="critic", section=c,
         )  # fmt: skip
     if name == "reference":
         ref = cfg.reference.batching_of(actor)  # the actor's micro-batches
         return RoleModel(
-            name, "actor", False, actor.micro_batch_size, actor.mini_batch_size, ref.packing,
-            ref.max_tokens_per_micro_batch, False, _offload(ref), "reference",
+            name, "actor", False, actor.micro_batch_size, actor.mini_batch_size, False,
+            key="reference", section=ref,
         )  # fmt: skip
     if name in ("reward_model", "cost_model"):
         key = "model" if name == "reward_model" else "cost_model"
         rm = getattr(cfg.reward, key)
         return RoleModel(
-            name, "critic", False, rm.micro_batch_size, rm.micro_batch_size, rm.packing,
-            rm.max_tokens_per_micro_batch, False, (), f"reward.{key}",
+            name, "critic", False, rm.micro_batch_size, rm.micro_batch_size, False,
+            key=f"reward.{key}", section=rm,
         )  # fmt: skip
     return None
 
 
-def fused_attention(cfg: RL3DConfig, key: str, *, transformer_engine: bool = True) -> bool:
-    """Whether a packing role (section `key`) runs Transformer Engine's fused attention: the
-    builder's decision (`rl3d.models.builder.use_transformer_engine`) for a plan's device (CUDA
-    unless `launch.device` is cpu) and `transformer_engine`, whether the run has TE. Packing on
-    CUDA without it raises `NeedsTransformerEngine` naming `<key>.packing`, as the build would."""
-    import torch
-
-    from rl3d.models.builder import use_transformer_engine
-
-    device = torch.device("cpu" if cfg.launch.device == "cpu" else "cuda")
-    return use_transformer_engine(
-        device, packed=True, key=f"{key}.packing", transformer_engine=transformer_engine
-    )
-
-
-def micro_batch_shape(
+def role_footprint(
     cfg: RL3DConfig,
+    spec: ModelSpec,
     role: RoleModel,
     layout: ParallelLayout,
     pp_rank: int,
     *,
-    is_moe: bool = False,
     transformer_engine: bool = True,
-) -> MicroBatchShape:
-    """The largest micro-batch the role runs: rows padded to the longest prompt plus the
-    longest response; packed, one row of micro_batch_size sequences (or the token budget), in
-    the attention `fused_attention` says (TE's on CUDA, megatron's local on CPU). Under
-    sequence parallelism (the role section's `parallel.sequence_parallel`, resolved for a model
-    that `is_moe` or not) the length is padded to a multiple of tp."""
-    from rl3d.models.sequence_parallel import padded_length, resolve_sequence_parallel
-
-    section = getattr(cfg, role.key, None) if "." not in role.key else None
-    setting = getattr(getattr(section, "parallel", None), "sequence_parallel", "auto")
-    split = resolve_sequence_parallel(setting, is_moe=is_moe, tp=layout.t)
-    multiple = layout.t if split else 1
-    length = padded_length(cfg.data.max_prompt_length + cfg.rollout.max_new_tokens, multiple)
+) -> Footprint:
+    """The role's footprint on a rank of `layout`'s stage `pp_rank`, asked of its features: the
+    plain role runs rows of micro_batch_size sequences, each the longest prompt plus the longest
+    response, and keeps everything on the device; its features change that (packing: one row of
+    sequences or of the token budget, in the attention the builder picks for the plan's device,
+    CUDA unless `launch.device` is cpu, and `transformer_engine`, whether the run has it;
+    sequence parallelism: the length padded to a multiple of tp; recompute; offload; LoRA's
+    adapters)."""
     per_step = max(1, role.mini_batch_size // (layout.d * role.micro_batch_size))
     in_flight = min(layout.p - pp_rank, per_step) if role.trainable else 1
     response = cfg.rollout.max_new_tokens
-    if role.packing:
-        tokens = padded_length(role.max_tokens or role.micro_batch_size * length, multiple)
-        flash = fused_attention(cfg, role.key, transformer_engine=transformer_engine)
-        return MicroBatchShape(tokens, 1, tokens, flash, role_recompute(cfg, role), in_flight, split)
-    rows = role.micro_batch_size
-    return MicroBatchShape(length, rows, response, False, role_recompute(cfg, role), in_flight, split)
+    batch = MicroBatchShape(
+        cfg.data.max_prompt_length + response, role.micro_batch_size, response, False, in_flight=in_flight
+    )
+    cuda = cfg.launch.device != "cpu"
+    plain = Footprint(batch, tp=layout.t, cuda=cuda, transformer_engine=transformer_engine)
+    return role.features(spec, layout.t).footprint(plain)
 
 
-def role_recompute(cfg: RL3DConfig, role: RoleModel) -> bool:
-    section = cfg.critic if role.model_role == "critic" and role.trainable else cfg.actor
-    return getattr(section, "recompute", "none") == "full"
+def micro_batch_shape(
+    cfg: RL3DConfig,
+    spec: ModelSpec,
+    role: RoleModel,
+    layout: ParallelLayout,
+    pp_rank: int,
+    *,
+    transformer_engine: bool = True,
+) -> MicroBatchShape:
+    """The largest micro-batch the role runs on a rank of `layout`'s stage `pp_rank`."""
+    return role_footprint(cfg, spec, role, layout, pp_rank, transformer_engine=transformer_engine).batch
 
 
 def role_train_bytes(
@@ -124,14 +128,15 @@ def role_train_bytes(
     role: RoleModel,
     layout: ParallelLayout,
     rank: int,
-    *,
-    transformer_engine: bool = True,
+    footprint: Footprint | None = None,
 ) -> RoleBytes:
-    """The role's bytes on pool rank `rank` while it runs its heaviest micro-batch
-    (`transformer_engine`: whether the run has it, `micro_batch_shape`)."""
+    """The role's bytes on pool rank `rank` while it runs its heaviest micro-batch (`footprint`:
+    the role's on that rank, `role_footprint`'s where None)."""
     coords = layout.coords(rank)
+    if footprint is None:
+        footprint = role_footprint(cfg, spec, role, layout, coords.pp)
     dtype_bytes = DTYPE_BYTES[cfg.model.dtype]
-    lora = cfg.actor.lora if role.name == "actor" else None
+    lora = footprint.adapters
     if lora is not None:
         from rl3d.planning.memory_adapters import adapter_numels, lm_head_numels, lora_static_bytes
 
@@ -161,9 +166,7 @@ def role_train_bytes(
             trainable=role.trainable,
             distributed_optimizer=role.distributed_optimizer,
         )
-    shape = micro_batch_shape(
-        cfg, role, layout, coords.pp, is_moe=spec.is_moe, transformer_engine=transformer_engine
-    )
+    shape = footprint.batch
     activations = activation_bytes(
         spec,
         tp=layout.t,

@@ -12,16 +12,20 @@ from rl3d.config.pools import layout_of, role_pools
 from rl3d.config.roles import old_logp_source, role_table
 from rl3d.hybrid_engine.report import RecipeShapes
 from rl3d.models.spec import spec_of
-from rl3d.planning.memory_roles import fused_attention
 from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 
 def workload_of(cfg: RL3DConfig) -> Workload:
+    from rl3d.planning.memory_roles import role_footprint, role_model
+
     n = cfg.rollout.n
     greedy = cfg.algorithm.family.needs_greedy_baseline  # one greedy response per prompt too
+    spec = spec_of(cfg.model)
+    actor = role_footprint(cfg, spec, role_model(cfg, "actor"), layout_of(cfg.actor.parallel), 0)
+    flash = actor.batch.flash  # the actor's features': a packed row in fused attention
     return Workload(
-        actor=spec_of(cfg.model),
+        actor=spec,
         roles=tuple(r.name for r in role_table(cfg) if r.name in ROLE_MODEL),
         prompts=cfg.data.prompts_per_step,
         samples_per_prompt=n,
@@ -34,29 +38,20 @@ def workload_of(cfg: RL3DConfig) -> Workload:
         micro_batch_size=cfg.actor.micro_batch_size,
         dtype_bytes=DTYPE_BYTES[cfg.model.dtype],
         distributed_optimizer=cfg.actor.optim.distributed_optimizer,
-        flash_attention=cfg.actor.packing and fused_attention(cfg, "actor"),  # as the memory plan has it
+        flash_attention=flash,  # as the memory plan has it
     )
-
-
-def _section(cfg: RL3DConfig, role: str):
-    """The recipe section that configures trained role `role` (the cost critic is built as the
-    critic)."""
-    return cfg.actor if role == "actor" else cfg.critic
 
 
 def _pool(cfg: RL3DConfig, pool) -> PoolLayout:
-    from rl3d.models.sequence_parallel import resolve_sequence_parallel
+    """The pool, and which of its trained roles run sequence parallelism and full recompute: as
+    the features their engines build have it (`rl3d.planning.memory_roles.RoleModel.features`)."""
+    from rl3d.engine.techniques import Recompute, SequenceParallel
+    from rl3d.planning.memory_roles import role_model
 
-    is_moe = spec_of(cfg.model).is_moe
-    trained = [r for r in pool.roles if r in TRAINED]
-    split = tuple(
-        r
-        for r in trained
-        if resolve_sequence_parallel(
-            _section(cfg, r).parallel.sequence_parallel, is_moe=is_moe, tp=pool.layout.t
-        )
-    )
-    recompute = tuple(r for r in trained if _section(cfg, r).recompute == "full")
+    spec = spec_of(cfg.model)
+    trained = {r: role_model(cfg, r).features(spec, pool.layout.t) for r in pool.roles if r in TRAINED}
+    split = tuple(r for r, features in trained.items() if features.get(SequenceParallel) is not None)
+    recompute = tuple(r for r, features in trained.items() if features.get(Recompute) is not None)
     name = pool.name if pool.name == ROLLOUT else pool.roles[0]
     return PoolLayout(name, pool.layout, pool.roles, split, recompute)
 

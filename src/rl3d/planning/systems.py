@@ -31,6 +31,7 @@ import functools
 import math
 
 from rl3d.costs.mechanisms import MECHANISMS, mechanism_cost
+from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.costs.optimizer import adam_seconds
 from rl3d.hybrid_engine.params import SegmentTable
 from rl3d.hybrid_engine.plan import PlanContext, plan_transition
@@ -46,7 +47,7 @@ from rl3d.planning.layout_search import (
     search_run_layouts,
     tp_fits,
 )
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes
+from rl3d.planning.memory_activations import activation_bytes
 from rl3d.planning.simulator import generate_seconds, pass_seconds, simulate
 from rl3d.planning.workload import TRAINED, PoolLayout, RunLayout, Workload
 

@@ -77,8 +77,9 @@ def held_worker(rank, world, overrides):
 
 
 def planned_kept_activations(cfg, spec, tp, *, rows, width, split):
+    from rl3d.costs.micro_batch import MicroBatchShape
     from rl3d.models.sequence_parallel import padded_length
-    from rl3d.planning.memory_activations import MicroBatchShape, kept_bytes
+    from rl3d.planning.memory_activations import kept_bytes
     from rl3d.utils.dtypes import DTYPE_BYTES
 
     width = padded_length(width, tp) if split else width  # what the model sees

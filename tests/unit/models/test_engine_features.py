@@ -1,6 +1,8 @@
 """The engine's model techniques as features: one table builds them from a role's recipe section,
 in its order; each reaches the model through its hooks (megatron settings, attach, the update's
-metrics), and a section that leaves a technique off gets none of it."""
+metrics, the memory plan's footprint), and a section that leaves a technique off gets none of it."""
+
+import dataclasses
 
 import pytest
 import torch
@@ -9,8 +11,20 @@ from rl3d.config import ActorConfig, CriticConfig, ModelConfig, OptimConfig
 from rl3d.config.lora import LoraConfig
 from rl3d.config.moe import MoeConfig
 from rl3d.config.parallel import ParallelConfig
-from rl3d.engine import Feature, Features, FeatureSource, MegatronEngine
-from rl3d.engine.techniques import TECHNIQUES, MoE, features_from
+from rl3d.costs.micro_batch import MicroBatchShape
+from rl3d.engine import Feature, Features, FeatureSource, Footprint, MegatronEngine
+from rl3d.engine.techniques import (
+    TECHNIQUES,
+    Lora,
+    MoE,
+    Offload,
+    Packing,
+    Recompute,
+    RoutingReplay,
+    SequenceParallel,
+    features_from,
+)
+from rl3d.models.builder import NeedsTransformerEngine
 from rl3d.models.spec import get_model_spec
 from rl3d.single_controller.batch import DataBatch
 
@@ -112,3 +126,28 @@ def test_a_trained_mixture_of_experts_reports_its_expert_loads_after_an_update(g
     assert len(loads) == 1, rows  # the MoE feature's after_update, once per update
     # every token of the two sequences routed to top-k experts in each layer, none dropped
     assert loads[0]["moe/dropped_tokens"] == 0.0 and loads[0]["moe/load_max_over_mean"] >= 1.0
+
+
+def test_each_feature_shapes_the_memory_plan_s_footprint_of_its_role():
+    """The footprint hook on a plain role (4 rows of 23 tokens, 8 of them the response, at tp 2
+    on CUDA): sequence parallelism pads to a multiple of tp, packing then makes one row of the
+    padded sequences (or of its budget, padded too) in the attention the builder would pick."""
+    plain = Footprint(MicroBatchShape(23, 4, 8, flash=False), tp=2, cuda=True)
+    assert Features().footprint(plain) == plain  # no technique: the plain role
+    split = Features([SequenceParallel()]).footprint(plain).batch
+    assert (split.seq_len, split.rows, split.sequence_parallel) == (24, 4, True)
+    packed = Features([SequenceParallel(), Packing()]).footprint(plain).batch
+    assert (packed.seq_len, packed.rows, packed.response_len, packed.flash) == (4 * 24, 1, 96, True)
+    assert Features([Packing()]).footprint(plain).batch.seq_len == 4 * 23  # no split: no padding
+    assert Features([SequenceParallel(), Packing(max_tokens=51)]).footprint(plain).batch.seq_len == 52
+    on_cpu = Features([Packing()]).footprint(dataclasses.replace(plain, cuda=False))
+    assert on_cpu.batch.flash is False  # megatron's local attention
+    without_te = dataclasses.replace(plain, transformer_engine=False)  # refused, as the build refuses it
+    with pytest.raises(NeedsTransformerEngine, match=r"^critic\.packing: true on a CUDA device"):
+        Features([Packing(key="critic.packing")]).footprint(without_te)
+    lora = LoraConfig(rank=4, alpha=8)
+    rest = Features([Recompute(), Lora(lora), Offload(("grads", "optimizer"))]).footprint(plain)
+    assert rest.batch == dataclasses.replace(plain.batch, recompute=True)
+    assert (rest.adapters, rest.offload) == (lora, ("grads", "optimizer"))
+    moe = Features([RoutingReplay(), MoE()])
+    assert moe.footprint(plain) == plain  # a mixture of experts' MLP is planned as a dense one

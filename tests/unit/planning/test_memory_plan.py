@@ -8,9 +8,10 @@ import pytest
 
 from rl3d.config import load_config
 from rl3d.config.schema import ActorConfig
+from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.models.spec import get_model_spec
 from rl3d.planning import plan_memory
-from rl3d.planning.memory_activations import MicroBatchShape, layer_bytes
+from rl3d.planning.memory_activations import layer_bytes
 from rl3d.planning.memory_train import ddp_buffer_numel, stage_numels, static_bytes
 
 SPEC = get_model_spec("tiny-llama")

@@ -5,9 +5,10 @@ length padded to a multiple of tp, and the hidden states between the blocks coun
 from pathlib import Path
 
 from rl3d.config import load_config
-from rl3d.models.spec import get_model_spec
+from rl3d.costs.micro_batch import MicroBatchShape
+from rl3d.models.spec import get_model_spec, spec_of
 from rl3d.parallel import ParallelLayout
-from rl3d.planning.memory_activations import MicroBatchShape, activation_bytes, layer_bytes
+from rl3d.planning.memory_activations import activation_bytes, layer_bytes
 from rl3d.planning.memory_roles import micro_batch_shape, role_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -17,7 +18,9 @@ MOE = ["model.name=tiny-qwen3-moe", "actor.parallel={tp: 2, pp: 1, dp: 2, ep: 2}
 
 def _shape(overrides, layout, is_moe):
     cfg = load_config(GRPO, ["data.max_prompt_length=15", *overrides]).config
-    return micro_batch_shape(cfg, role_model(cfg, "actor"), layout, 0, is_moe=is_moe)
+    spec = spec_of(cfg.model)
+    assert spec.is_moe == is_moe
+    return micro_batch_shape(cfg, spec, role_model(cfg, "actor"), layout, 0)
 
 
 def test_which_micro_batches_split_their_sequence():
