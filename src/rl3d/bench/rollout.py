@@ -1,6 +1,7 @@
 """`rl3d bench rollout`: the torch rollout engine against HF `generate`, same model, same batch.
 
-Both run in one process on the CPU, on the same random weights (Megatron tensors, converted to
+Both run in one process, on the CPU (`--device cuda`: on this process's GPU, each timed call
+ending with a device synchronize), on the same random weights (Megatron tensors, converted to
 HF names with rl3d's mapping), fp32, under `torch.no_grad()`, on the same prompts (lengths
 between prompt_len/2 and prompt_len, so HF gets a left-padded batch with its attention mask).
 HF runs batched with its KV cache on (`use_cache=True`, SDPA attention); neither side stops
@@ -15,6 +16,7 @@ fraction of rows on which both produced the same tokens (expected: all).
 
     rl3d bench rollout                       # table; CSV, markdown, PNG in results/rollout/...
     rl3d bench rollout --json --batch 4      # {"torch_tokens_per_s": ..., "hf_tokens_per_s": ...}
+    rl3d bench rollout --device cuda         # the same on the GPU
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from rl3d.models.params import HF_NAMES, OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec, get_model_spec
+from rl3d.utils.device import cuda_available, synchronize
 
 if TYPE_CHECKING:
     import torch
@@ -60,6 +63,7 @@ def add_rollout_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0, help="weights, prompts and sampling seed")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where both engines run")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--out", default=None, help="results folder (default results/rollout/<name>)")
 
@@ -72,6 +76,8 @@ def _check_args(args: argparse.Namespace, spec: ModelSpec) -> None:
         raise ValueError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.device == "cuda" and not cuda_available():
+        raise ValueError("--device cuda: no CUDA device here")
     if args.prompt_len + args.new_tokens > spec.max_position_embeddings:
         raise ValueError(
             f"--prompt-len + --new-tokens = {args.prompt_len + args.new_tokens} exceeds "
@@ -158,25 +164,29 @@ def measure(
     repeats: int,
     temperature: float = 0.0,
     seed: int = 0,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Time both engines on the same weights and prompts; returns per-engine seconds and tokens."""
     import torch
 
     from rl3d.rollout import SamplingParams, TorchRolloutEngine
 
-    full = random_weights(spec, seed)
+    where = torch.device(device)
+    full = {k: v.to(where) for k, v in random_weights(spec, seed).items()}
     prompts = make_prompts(spec, batch, prompt_len, seed)
     pad_id = 0
     engine = TorchRolloutEngine(spec, full, max_batch_rows=batch, pad_token_id=pad_id)
     params = SamplingParams(temperature=temperature, max_new_tokens=new_tokens, seed=seed)
-    model = hf_model(spec, full)
-    ids, mask = _left_padded(prompts, pad_id)
+    model = hf_model(spec, full).to(where)
+    ids, mask = (t.to(where) for t in _left_padded(prompts, pad_id))
     sampling = {"do_sample": False}
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
 
     def run_torch() -> list[list[int]]:
-        return engine.generate(prompts, params).responses()
+        responses = engine.generate(prompts, params).responses()
+        synchronize(where)
+        return responses
 
     def run_hf() -> list[list[int]]:
         with torch.no_grad():
@@ -190,6 +200,7 @@ def measure(
                 use_cache=True,
                 **sampling,
             )
+        synchronize(where)
         return out[:, ids.shape[1] :].tolist()
 
     seconds, outs = _timed({"torch": run_torch, "hf": run_hf}, repeats)
@@ -202,6 +213,7 @@ def measure(
         "new_tokens": new_tokens,
         "prompt_lengths": [len(p) for p in prompts],
         "temperature": temperature,
+        "device": device,
         "threads": torch.get_num_threads(),
         "engines": {
             name: {
@@ -223,7 +235,7 @@ def _results_dir(args: argparse.Namespace, spec: ModelSpec) -> Path:
     import torch
 
     safe = spec.name.replace("/", "_")
-    hardware = f"cpu{os.cpu_count()}-{torch.get_num_threads()}threads"
+    hardware = "cuda" if args.device == "cuda" else f"cpu{os.cpu_count()}-{torch.get_num_threads()}threads"
     return Path("results") / "rollout" / f"{safe}_{hardware}_{datetime.date.today().isoformat()}"
 
 
@@ -249,7 +261,8 @@ def _write(result: dict[str, Any], out: Path) -> str:
     lines = [
         f"model {result['model']}, batch {result['batch']}, {result['new_tokens']} new tokens, "
         f"prompts {min(result['prompt_lengths'])}-{max(result['prompt_lengths'])} tokens, "
-        f"temperature {result['temperature']}, fp32, {result['threads']} CPU threads",
+        f"temperature {result['temperature']}, fp32, "
+        + ("on the GPU" if result["device"] == "cuda" else f"{result['threads']} CPU threads"),
         "",
         "| engine | median s | tokens/s |",
         "|---|---|---|",
@@ -277,7 +290,8 @@ def _plot(rows: list[dict], result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("generated tokens/s (median)")
     ratio = rows[0]["tokens_per_s"] / rows[1]["tokens_per_s"]
     ax.set_title(
-        f"{result['model']}, batch {result['batch']} x {result['new_tokens']} tokens, CPU fp32: {ratio:.2f}x"
+        f"{result['model']}, batch {result['batch']} x {result['new_tokens']} tokens, "
+        f"{result['device'].upper()} fp32: {ratio:.2f}x"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -299,6 +313,7 @@ def run_rollout_bench(args: argparse.Namespace) -> str:
         repeats=args.repeats,
         temperature=args.temperature,
         seed=args.seed,
+        device=args.device,
     )
     out = _results_dir(args, spec)
     out.mkdir(parents=True, exist_ok=True)

@@ -47,3 +47,9 @@ def test_bad_arguments_are_exit_2(capsys):
     assert "--batch must be >= 1" in capsys.readouterr().err
     assert main(["bench", "rollout", "--prompt-len", "500", "--new-tokens", "64"]) == 2
     assert "max_position_embeddings" in capsys.readouterr().err
+
+
+def test_device_cuda_without_cuda_is_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr("rl3d.bench.rollout.cuda_available", lambda: False)
+    assert main(["bench", "rollout", "--device", "cuda"]) == 2
+    assert "--device cuda: no CUDA device here" in capsys.readouterr().err
