@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 
 from rl3d.models.params import HF_NAMES, OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec, get_model_spec
-from rl3d.utils.device import cuda_available, synchronize
 
 if TYPE_CHECKING:
     import torch
@@ -76,8 +75,11 @@ def _check_args(args: argparse.Namespace, spec: ModelSpec) -> None:
         raise ValueError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
     if args.temperature < 0:
         raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.device == "cuda" and not cuda_available():
-        raise ValueError("--device cuda: no CUDA device here")
+    if args.device == "cuda":
+        from rl3d.utils.device import cuda_available  # torch: not at import (`rl3d plan` needs none)
+
+        if not cuda_available():
+            raise ValueError("--device cuda: no CUDA device here")
     if args.prompt_len + args.new_tokens > spec.max_position_embeddings:
         raise ValueError(
             f"--prompt-len + --new-tokens = {args.prompt_len + args.new_tokens} exceeds "
@@ -170,6 +172,7 @@ def measure(
     import torch
 
     from rl3d.rollout import SamplingParams, TorchRolloutEngine
+    from rl3d.utils.device import synchronize
 
     where = torch.device(device)
     full = {k: v.to(where) for k, v in random_weights(spec, seed).items()}
