@@ -109,19 +109,6 @@ def role_footprint(
     return role.features(spec, layout.t).footprint(plain)
 
 
-def micro_batch_shape(
-    cfg: RL3DConfig,
-    spec: ModelSpec,
-    role: RoleModel,
-    layout: ParallelLayout,
-    pp_rank: int,
-    *,
-    transformer_engine: bool = True,
-) -> MicroBatchShape:
-    """The largest micro-batch the role runs on a rank of `layout`'s stage `pp_rank`."""
-    return role_footprint(cfg, spec, role, layout, pp_rank, transformer_engine=transformer_engine).batch
-
-
 def role_train_bytes(
     cfg: RL3DConfig,
     spec: ModelSpec,

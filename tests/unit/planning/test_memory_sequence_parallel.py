@@ -9,7 +9,7 @@ from rl3d.costs.micro_batch import MicroBatchShape
 from rl3d.models.spec import get_model_spec, spec_of
 from rl3d.parallel import ParallelLayout
 from rl3d.planning.memory_activations import activation_bytes, layer_bytes
-from rl3d.planning.memory_roles import micro_batch_shape, role_model
+from rl3d.planning.memory_roles import role_footprint, role_model
 
 ROOT = Path(__file__).resolve().parents[3]
 GRPO = ROOT / "recipes/quickstart_cpu_grpo.yaml"  # tiny Llama at tp 2
@@ -20,7 +20,7 @@ def _shape(overrides, layout, is_moe):
     cfg = load_config(GRPO, ["data.max_prompt_length=15", *overrides]).config
     spec = spec_of(cfg.model)
     assert spec.is_moe == is_moe
-    return micro_batch_shape(cfg, spec, role_model(cfg, "actor"), layout, 0)
+    return role_footprint(cfg, spec, role_model(cfg, "actor"), layout, 0).batch
 
 
 def test_which_micro_batches_split_their_sequence():
