@@ -50,6 +50,6 @@ def test_bad_arguments_are_exit_2(capsys):
 
 
 def test_device_cuda_without_cuda_is_exit_2(capsys, monkeypatch):
-    monkeypatch.setattr("rl3d.bench.rollout.cuda_available", lambda: False)
+    monkeypatch.setattr("rl3d.utils.device.cuda_available", lambda: False)  # looked up at --device cuda
     assert main(["bench", "rollout", "--device", "cuda"]) == 2
     assert "--device cuda: no CUDA device here" in capsys.readouterr().err
