@@ -4,7 +4,7 @@
   weights arrive over the weight sync, the same seeds sample the same tokens);
 - max_staleness 1: every token's recorded policy version is within the bound at every step
   (the trainer also refuses a batch over it), tokens of both versions occur (partial rollouts),
-  and the async/* and weight_sync/* metrics are logged.
+  and the async/* and reshard/* metrics are logged.
 """
 
 import json
@@ -16,7 +16,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 
 ASYNC = ROOT / "recipes/quickstart_cpu_grpo_async.yaml"
 SHORT = ("trainer.total_steps=4", "checkpoint.save_every=0")
-ASYNC_KEYS = ("async/", "weight_sync/", "time/", "perf/", "reshard/")
+ASYNC_KEYS = ("async/", "time/", "perf/", "reshard/")
 
 HOOK = """
 import json, os
@@ -60,7 +60,7 @@ def test_separate_pool_at_staleness_0_equals_colocated(tmp_path, layout):
             if not key.startswith(ASYNC_KEYS) and key != "time":
                 assert b[step][key] == value, (step, key, value, b[step][key])
         assert b[step]["async/staleness_max"] == 0.0
-        assert b[step]["weight_sync/bytes"] > 0 if step < 4 else b[step]["weight_sync/bytes"] == 0.0
+        assert b[step]["reshard/bytes"] > 0 if step < 4 else b[step]["reshard/bytes"] == 0.0
 
 
 def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
@@ -83,7 +83,7 @@ def test_staleness_never_exceeds_the_bound(tmp_path, monkeypatch):
 def check_staleness_within_one(metrics: dict, versions) -> list[dict]:
     """An 8-step run at max_staleness 1 whose hook wrote each step's token versions to
     `versions`: no token over the bound on either side, the pool ran ahead, the async/* and
-    weight_sync/* metrics logged with the plan's bytes. Returns the hook's rows."""
+    reshard/* metrics logged with the plan's bytes. Returns the hook's rows."""
     rows = [json.loads(line) for line in versions.read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 9))
     for r in rows:  # the trainer at step k holds version k - 1; max_staleness = 1
@@ -91,8 +91,8 @@ def check_staleness_within_one(metrics: dict, versions) -> list[dict]:
         m = metrics[r["step"]]
         assert m["async/staleness_max"] == (r["step"] - 1) - r["min"] <= 1
         assert 0.0 <= m["async/staleness_mean"] <= m["async/staleness_max"]
-        for key in ("async/wait_trainer_s", "async/wait_rollout_s", "weight_sync/seconds"):
+        for key in ("async/wait_trainer_s", "async/wait_rollout_s", "reshard/seconds"):
             assert m[key] >= 0.0
     assert any(m["async/staleness_max"] == 1.0 for m in metrics.values())  # it did run ahead
-    assert all(metrics[s]["weight_sync/bytes"] == 500992.0 for s in range(1, 8))  # the plan's
+    assert all(metrics[s]["reshard/bytes"] == 500992.0 for s in range(1, 8))  # the plan's
     return rows

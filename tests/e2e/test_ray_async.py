@@ -4,7 +4,7 @@ separate`): the rollout pool is its own placement group of rank actors, the driv
 
 - max_staleness 0 gives the spmd backend's separate run bit for bit (test_ray_async_parity.py);
 - max_staleness 1: no token's policy version is ever over the bound, the pool runs ahead, the
-  async/* and weight_sync/* metrics are logged with the plan's bytes;
+  async/* and reshard/* metrics are logged with the plan's bytes;
 - the rollout rank actor killed mid-step ends the run at once, naming the pool and the rank.
 """
 

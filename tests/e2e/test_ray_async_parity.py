@@ -10,7 +10,7 @@ pytest.importorskip("ray")
 pytestmark = [pytest.mark.e2e, pytest.mark.distributed]
 
 # wall-clock metrics: differ run to run
-TIMING = ("time/", "perf/", "async/wait_", "async/rollout_generate_", "weight_sync/seconds")
+TIMING = ("time/", "perf/", "async/wait_", "async/rollout_generate_", "reshard/seconds")
 
 
 def assert_equal_but_timing(a: dict, b: dict) -> None:

@@ -190,7 +190,8 @@ def assemble_trainer(
     placement: Any = None,
 ) -> RLTrainer:
     """The controller around the role groups: KL controller, resume, metric sinks, hooks, and
-    where the rollout runs (`placement`; default: colocated with the actor)."""
+    where the rollout runs (`placement`, `rl3d.controller.placement.placement_of`; default:
+    colocated with the actor)."""
     from rl3d import algos
     from rl3d.config.tracking import trackers_of
     from rl3d.config.typed import to_dict
@@ -219,6 +220,8 @@ def assemble_trainer(
         cfg.trainer.total_steps, start=start_step, emit=logger.info if writes else (lambda _: None)
     )
     roles = role_groups(cfg, backend)
+    placement = placement or Colocated()
+    placement.bind(roles)
     trainer = RLTrainer(
         cfg,
         roles,
@@ -231,7 +234,7 @@ def assemble_trainer(
         start_step=start_step,
         agree=backend.agree,
         algorithm=algorithm,
-        placement=placement or Colocated(roles.actor),
+        placement=placement,
     )
     trainer.history = history
     if writes and cfg.logging.samples:

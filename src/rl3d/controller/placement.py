@@ -9,6 +9,12 @@ A placement answers three questions of the loop:
 `Colocated`: the actor's ranks generate; `publish` reshards the training weights in place
 (the 3D-HybridEngine), the generation buffer is released after each step's rounds.
 
+A placement also owns its side of the launch, before the loop exists (the `Placement`
+protocol): which pools' ranks train (`trainer_pools`), what it starts on the backend through
+the one interface every backend offers (`launch(host)`, `PoolHost`), and which role groups it
+generates with (`bind`). `placement_of` chooses it, the one place colocated and separate are
+told apart; the backends and the loop only ask it.
+
 `SeparatePool` (`rollout.placement: separate`, see `rl3d.config.async_rollout`): the rollout
 pool's ranks (`rl3d.controller.rollout_pool`) generate each step's first round ahead, as soon as
 the newest policy they hold is at most `max_staleness` versions behind the one that will train
@@ -29,9 +35,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
-from rl3d.hybrid_engine.pool import sync_metrics
+from rl3d.config.async_rollout import is_separate
+from rl3d.hybrid_engine.pool import publish_metrics
 from rl3d.single_controller.async_link import AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
 from rl3d.single_controller.dispatch import MODES, Dispatch
@@ -57,11 +65,91 @@ def follows_trainer(cfg) -> bool:
     return Algorithm(cfg.algorithm).max_rounds > 1
 
 
+@dataclass
+class PoolConnection:
+    """A controller's end of a separate rollout pool, as its backend started it."""
+
+    link: AsyncLink
+    send: Callable[[], Any]  # the actor's weights to the pool -> TransitionStats (checked against the plan)
+    rank: int = 0  # this controller's rank (the Ray driver: 0)
+    on_stop: Callable[[], None] = lambda: None  # after the pool acknowledged the stop
+
+
+class PoolHost(Protocol):
+    """What every backend offers a placement: starting a rollout pool of its own ranks."""
+
+    def start_rollout_pool(self, pool: Any, plan: Any) -> PoolConnection | None:
+        """Start `pool` (`rl3d.config.pools.Pool`) and the actor's side of the weight bridge
+        (`plan`: the weight-sync plan); this controller's connection to it, or None in a
+        process that became one of the pool's ranks (spmd: its loop is the backend's `runner`)."""
+        ...
+
+
+class Placement(Protocol):
+    """Where generation runs. The launch's questions, then the loop's (the module docstring)."""
+
+    def trainer_pools(self, pools: list) -> list:
+        """The pools (`rl3d.config.pools.role_pools`) whose ranks train and run controllers."""
+        ...
+
+    def launch(self, host: PoolHost) -> None:
+        """Start what this placement needs on the backend, before the role workers are built."""
+        ...
+
+    def bind(self, roles: Any) -> None:
+        """The run's role groups (`rl3d.controller.trainer.RoleGroups`), once they exist."""
+        ...
+
+    def start(self, start_step: int, sampler_state: Callable[[], dict]) -> None: ...
+
+    def stop(self, error: BaseException | None) -> None: ...
+
+    def publish(self, version: int, *, needed: bool) -> dict[str, float]: ...
+
+    def begin_step(self, step: int) -> None: ...
+
+    def first_round(self, prompts: DataBatch, step: int) -> DataBatch: ...
+
+    def generate(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch: ...
+
+    def end_step(
+        self, step: int, batch: DataBatch, sampler_state: Callable[[], dict]
+    ) -> dict[str, float]: ...
+
+
+def placement_of(cfg, spec: Any) -> Placement:
+    """The run's placement (`rollout.placement`): the one place colocated and separate are
+    told apart. `spec`: the model's `ModelSpec` (a separate pool's weight-sync plan needs it)."""
+    if not is_separate(cfg):
+        return Colocated()
+    from rl3d.config.pools import role_pools
+    from rl3d.hybrid_engine.pool import plan_pool_transition
+
+    plan = plan_pool_transition(  # from the actor's pool (the first) to the rollout pool
+        spec,
+        role_pools(cfg)[0].layout,
+        gen_tp=cfg.rollout.pool.tp,
+        gen_dp=cfg.rollout.pool.dp,
+        dtype=cfg.model.dtype,
+        bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
+    )
+    return SeparatePool(cfg, plan)
+
+
 class Colocated:
     """The actor's ranks generate, on weights resharded in place from its training layout."""
 
-    def __init__(self, actor: Any):
-        self.actor = actor  # the actor's worker group
+    def __init__(self) -> None:
+        self.actor: Any = None  # the actor's worker group (`bind`)
+
+    def trainer_pools(self, pools: list) -> list:
+        return pools
+
+    def launch(self, host: PoolHost) -> None:
+        pass  # the actor's own ranks generate: nothing to start
+
+    def bind(self, roles: Any) -> None:
+        self.actor = roles.actor
 
     def start(self, start_step: int, sampler_state: Callable[[], dict]) -> None:
         pass
@@ -78,8 +166,8 @@ class Colocated:
     def first_round(self, prompts: DataBatch, step: int) -> DataBatch:
         return self.generate(prompts, step=round_seed(step, 0))
 
-    def generate(self, prompts: DataBatch, *, step: int, **sampling) -> DataBatch:
-        return self.actor.call("generate_sequences", prompts, step=step, **sampling)
+    def generate(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:
+        return self.actor.call("generate_sequences", prompts, step=step, greedy=greedy)
 
     def end_step(self, step: int, batch: DataBatch, sampler_state: Callable[[], dict]) -> dict[str, float]:
         self.actor.call("release_generation")
@@ -89,20 +177,15 @@ class Colocated:
 class SeparatePool:
     """The training ranks' side of a separate rollout pool (see the module docstring)."""
 
-    def __init__(
-        self,
-        cfg,
-        *,
-        link: AsyncLink,
-        send: Callable[[], float],  # sends the actor's weights; the seconds the transfer took
-        sync_bytes: int,
-        rank: int,
-        on_stop: Callable[[], None] = lambda: None,  # after the pool acknowledged the stop
-    ):
-        self.cfg, self.link, self.send, self.sync_bytes, self.rank = cfg, link, send, sync_bytes, rank
-        self.rollout_ranks = list(self._pool_ranks(cfg))[:: cfg.rollout.pool.tp]  # each engine's collector
+    def __init__(self, cfg, plan: Any):
+        from rl3d.config.async_rollout import ROLLOUT_POOL
+        from rl3d.config.pools import hosting, role_pools
+
+        self.cfg, self.plan = cfg, plan  # plan: the weight-sync plan (`rl3d.hybrid_engine.pool`)
+        self.pool = hosting(role_pools(cfg), ROLLOUT_POOL)
+        self.rollout_ranks = list(self.pool.ranks)[:: cfg.rollout.pool.tp]  # each engine's collector
         self.max_staleness = cfg.rollout.async_.max_staleness
-        self.on_stop = on_stop
+        self.connection: PoolConnection | None = None  # `launch`
         self.published = -1  # the newest policy version sent to the pool
         self.phase = 0  # the step being trained or just trained (its validation)
         self.num_requests = 0  # requests are numbered alike on every training rank
@@ -110,12 +193,27 @@ class SeparatePool:
         self.waits: dict[str, float] = {}
         self.start_step = 0
 
-    @staticmethod
-    def _pool_ranks(cfg) -> range:
-        from rl3d.config.async_rollout import ROLLOUT_POOL
-        from rl3d.config.pools import hosting, role_pools
+    def trainer_pools(self, pools: list) -> list:
+        return [p for p in pools if p.name != self.pool.name]  # the pool's ranks run its loop
 
-        return hosting(role_pools(cfg), ROLLOUT_POOL).ranks
+    def launch(self, host: PoolHost) -> None:
+        self.connection = host.start_rollout_pool(self.pool, self.plan)
+
+    def bind(self, roles: Any) -> None:
+        pass  # every generation is the pool's
+
+    @property
+    def link(self) -> AsyncLink:
+        return self._connected().link
+
+    @property
+    def rank(self) -> int:
+        return self._connected().rank
+
+    def _connected(self) -> PoolConnection:
+        if self.connection is None:
+            raise RuntimeError("the rollout pool was not started: launch(host) comes before the loop")
+        return self.connection
 
     def start(self, start_step: int, sampler_state: Callable[[], dict]) -> None:
         self.start_step = self.phase = start_step
@@ -130,17 +228,17 @@ class SeparatePool:
             self.link.stop()
             self.link.wait_acks(self.cfg.rollout.pool.world_size, timeout_s=30.0)
         if error is None:
-            self.on_stop()
+            self._connected().on_stop()
 
     def publish(self, version: int, *, needed: bool) -> dict[str, float]:
         """Send policy `version` to the pool, unless no step or validation is left to use it."""
         if not needed:
-            return sync_metrics(0, 0.0)
+            return publish_metrics(self.plan, None)
         if self.rank == 0:
             self.link.announce_weights(version)
-        seconds = self.send()  # returns once the pool took every bucket
+        stats = self._connected().send()  # returns once the pool took every bucket
         self.published = version
-        return sync_metrics(self.sync_bytes, seconds)
+        return publish_metrics(self.plan, stats)
 
     def begin_step(self, step: int) -> None:
         """Drop what every training rank has read (parts, positions, requests two steps back)."""

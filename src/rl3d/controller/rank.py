@@ -38,6 +38,8 @@ class RankWorkers:
     groups: Any  # rl3d.models.bootstrap.MegatronGroups
     pool: Pool
     workers: dict[str, Any] = field(default_factory=dict)
+    # an actor rank's end of the weight bridge to a separate rollout pool: (bridge, plan)
+    weight_sync: tuple[Any, Any] | None = None
 
     @property
     def roles(self) -> dict[str, Any]:

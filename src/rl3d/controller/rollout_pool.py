@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from rl3d.controller.placement import GEN, follows_trainer, round_seed, round_uids
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
@@ -109,20 +108,6 @@ class RolloutPoolRunner:
             self.link.put_reply(n, worker.dp_rank, (self.slot, part))
         self.next_request, self.pending = n + 1, None
         return True
-
-
-def sync_plan(cfg, spec, actor) -> Any:
-    """The weight-sync plan from the actor's pool to the rollout pool (pure: both backends)."""
-    from rl3d.hybrid_engine.pool import plan_pool_transition
-
-    return plan_pool_transition(
-        spec,
-        actor.layout,
-        gen_tp=cfg.rollout.pool.tp,
-        gen_dp=cfg.rollout.pool.dp,
-        dtype=cfg.model.dtype,
-        bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
-    )
 
 
 def rollout_runner(

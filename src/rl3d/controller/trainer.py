@@ -203,8 +203,8 @@ class RLTrainer:
         self.placement.begin_step(step)
         algo.begin_step()
 
-        def rollout(prompts: DataBatch, **sampling) -> DataBatch:  # a hook's extra generation
-            return self.score(self.rollout(prompts, step=step, **sampling), {})
+        def rollout(prompts: DataBatch, *, greedy: bool = False) -> DataBatch:  # a hook's extra generation
+            return self.score(self.rollout(prompts, step=step, greedy=greedy), {})
 
         while num_kept < wanted:
             prompts = self.sampler.next_batch()
@@ -238,10 +238,10 @@ class RLTrainer:
             return self.placement.first_round(prompts, step)
         return self.rollout(prompts, step=round_seed(step, round_index))
 
-    def rollout(self, prompts: DataBatch, *, step: int, **sampling) -> DataBatch:
+    def rollout(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:
         """One generation call, seeded by `step` (`greedy=True`: one greedy response per prompt).
         An algorithm's extra rounds and validation generate through it."""
-        return self.placement.generate(prompts, step=step, **sampling)
+        return self.placement.generate(prompts, step=step, greedy=greedy)
 
     def score(self, batch: DataBatch, metrics: dict[str, float]) -> DataBatch:
         scores, reward_metrics = self.roles.reward.call("compute_reward", batch)

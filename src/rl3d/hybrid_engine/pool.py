@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rl3d.hybrid_engine.params import ParamInfo, model_params, shard_shape, stages_of
 from rl3d.hybrid_engine.plan import RankCost, StrategyPlan, Transfer, bucket_bounds
@@ -38,6 +39,9 @@ from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.parallel.sharding import ShardKind
 from rl3d.utils.dtypes import DTYPE_BYTES
+
+if TYPE_CHECKING:  # the executor imports torch; planning a pool transition does not
+    from rl3d.hybrid_engine.executor import TransitionStats
 
 POOL = "pool"  # the strategy name of a transition to another pool
 
@@ -147,6 +151,34 @@ def plan_pool_transition(
     return PoolTransition(spec, train, gen_tp, gen_dp, dtype_bytes, params, plan)
 
 
-def sync_metrics(nbytes: float, seconds: float) -> dict[str, float]:
-    """A publish to a rollout pool, in the run's metrics: the plan's bytes and the send's time."""
-    return {"weight_sync/bytes": float(nbytes), "weight_sync/seconds": seconds}
+def publish_metrics(plan: PoolTransition, stats: TransitionStats | None) -> dict[str, float]:
+    """A publish to a rollout pool in the `reshard/*` family every transition reports in:
+    `reshard/bytes` the plan's total (what the pool's ranks receive; each training rank's sent
+    bytes were checked against the plan, `check_sent`), `reshard/seconds` the send's time.
+    Zeros when nothing was sent (`stats` None: no step or validation left to use the policy,
+    or a critic/reference rank, which sends nothing)."""
+    if stats is None:
+        return {"reshard/bytes": 0.0, "reshard/seconds": 0.0}
+    return {"reshard/bytes": float(plan.total_bytes), "reshard/seconds": stats.seconds}
+
+
+def check_sent(plan: PoolTransition, train_ranks: list[int], stats: list[TransitionStats]) -> TransitionStats:
+    """The training ranks' send stats, each checked against what the plan has it send: one
+    TransitionStats for them all (bytes summed, the slowest rank's seconds, calls summed)."""
+    from rl3d.hybrid_engine.executor import TransitionStats
+
+    for rank, got in zip(train_ranks, stats, strict=True):
+        want = plan.plan.ranks[rank].send_bytes
+        if got.send_bytes != want:
+            raise RuntimeError(
+                f"weight sync: training rank {rank} sent {got.send_bytes} bytes, the plan has {want}"
+            )
+    return TransitionStats(
+        POOL,
+        recv_bytes=sum(s.recv_bytes for s in stats),
+        send_bytes=sum(s.send_bytes for s in stats),
+        peak_param_bytes=0,
+        seconds=max((s.seconds for s in stats), default=0.0),
+        verified=False,
+        calls=sum(s.calls for s in stats),
+    )

@@ -86,35 +86,31 @@ class RayRun:
         self.rollout: Any = None  # rl3d.launch.ray_rollout_pool.RolloutPool with placement: separate
         self.store: Any = None  # the TCPStore of the rollout pool's link and weight bridge
 
-    def start(self, cfg: RL3DConfig, run_dir: Path, data, plan):
-        """One placement group and torch.distributed world per resource pool
+    def start(self, cfg: RL3DConfig, run_dir: Path, data, placement):
+        """One placement group and torch.distributed world per trainer pool of the placement
         (`rl3d.config.pools`), the actor's first, so a role in its own pool can load the actor's
-        initial weights; then, with `plan`, the rollout pool (`rl3d.launch.ray_rollout_pool`).
-        `rl3d.controller.build.RunBackend`."""
+        initial weights; then what the placement starts (a separate rollout pool:
+        `rl3d.launch.ray_rollout_pool.RayPoolHost`). `rl3d.controller.build.RunBackend`."""
         from rl3d.config.pools import role_pools
         from rl3d.controller.build import Started
+        from rl3d.launch.ray_rollout_pool import RayPoolHost
         from rl3d.single_controller.ray import RankActors, ResourcePool
 
         device = _device_kind(cfg)
         threads = threads_per_rank(cfg.launch.nproc_per_node)
         bundle = {"CPU": 1, "GPU": 1} if device == "cuda" else {"CPU": threads}
         strategy = "STRICT_PACK" if cfg.launch.nnodes == 1 else "PACK"
-        pools = role_pools(cfg)
-        train_pools = pools[:-1] if plan is not None else pools
-        for pool in train_pools:
+        pools = placement.trainer_pools(role_pools(cfg))
+        for pool in pools:
             res = ResourcePool(pool.name, num_bundles=pool.size, bundle=bundle, strategy=strategy)
             self.pools[pool.name] = ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
             ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
             ranks.setup(setup_rank_process, cfg, str(run_dir), threads, pool.name)
-        roles = RayBackend(cfg, self, train_pools)
-        if plan is None:
-            return Started(roles=roles)
-        from rl3d.launch.ray_rollout_pool import start_rollout_pool
-
-        link, send, on_stop = start_rollout_pool(
-            self, cfg, run_dir, plan, device=device, threads=threads, bundle=bundle, strategy=strategy
+        host = RayPoolHost(
+            self, cfg, run_dir, device=device, threads=threads, bundle=bundle, strategy=strategy
         )
-        return Started(roles=roles, link=link, send=send, rank=0, on_stop=on_stop)
+        placement.launch(host)
+        return Started(roles=RayBackend(cfg, self, pools))
 
     def close(self) -> None:
         for part in (self.rollout, self.reward_pool, *self.pools.values()):

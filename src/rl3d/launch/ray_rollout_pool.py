@@ -32,9 +32,6 @@ logger = logging.getLogger("rl3d.launch.ray")
 WATCH_S = 0.2  # how often a driver wait looks at the rollout ranks
 STOP_GRACE_S = 60.0  # after the trainer's stop, how long the rollout ranks may take to return
 
-# This rank actor's side of the weight sync (one process per rank actor): bridge, plan.
-_SYNC: dict[str, Any] = {}
-
 
 def _client_store(host: str, port: int, timeout_s: float):
     import torch.distributed as dist
@@ -44,9 +41,9 @@ def _client_store(host: str, port: int, timeout_s: float):
 
 
 # -- in the rank actors ---------------------------------------------------------------------------
-def join_bridge(_state, host: str, port: int, plan, num_rollout: int, device: str, timeout_s: float) -> int:
+def join_bridge(state, host: str, port: int, plan, num_rollout: int, device: str, timeout_s: float) -> int:
     """On each actor-pool rank actor: its side of the weight bridge (collective with the
-    rollout ranks, which join theirs in `run_rollout_rank`)."""
+    rollout ranks, which join theirs in `run_rollout_rank`), kept in its `RankWorkers`."""
     import torch.distributed as dist
 
     from rl3d.weight_sync import WeightBridge
@@ -61,7 +58,7 @@ def join_bridge(_state, host: str, port: int, plan, num_rollout: int, device: st
         device=device,
         timeout_s=timeout_s,
     )
-    _SYNC.update(store=store, bridge=bridge, plan=plan)
+    state.weight_sync = (bridge, plan)
     return rank
 
 
@@ -71,8 +68,9 @@ def send_actor_weights(state) -> Any:
 
     from rl3d.weight_sync import send_weights
 
+    bridge, plan = state.weight_sync
     shards = state.workers[ACTOR].role.transition_shards()
-    return send_weights(_SYNC["bridge"], _SYNC["plan"], shards, dist.get_rank())
+    return send_weights(bridge, plan, shards, dist.get_rank())
 
 
 def run_rollout_rank(
@@ -190,54 +188,62 @@ class RolloutPool:
         self.ranks.shutdown()
 
 
-def start_rollout_pool(
-    run: Any, cfg: RL3DConfig, run_dir: Path, plan, *, device: str, threads: int, bundle, strategy
-):
-    """The rollout pool's rank actors (after the trainer-side pools), the store they talk
-    through, the actor's ranks' side of the weight bridge: the driver's (link, send, on_stop)."""
-    import ray
-    import torch.distributed as dist
+class RayPoolHost:
+    """The Ray driver's side of a rollout pool a placement starts (`PoolHost`): the pool's
+    rank actors (after the trainer-side pools), the store they talk through, the actor's rank
+    actors' side of the weight bridge."""
 
-    from rl3d.config.pools import role_pools
-    from rl3d.single_controller.async_link import AsyncLink
-    from rl3d.single_controller.ray import RankActors, ResourcePool
-    from rl3d.utils.net import free_port
+    def __init__(
+        self, run: Any, cfg: RL3DConfig, run_dir: Path, *, device: str, threads: int, bundle, strategy
+    ):
+        self.run, self.cfg, self.run_dir = run, cfg, run_dir
+        self.device, self.threads, self.bundle, self.strategy = device, threads, bundle, strategy
 
-    rollout = role_pools(cfg)[-1]
-    assert rollout.name == ROLLOUT_POOL, rollout
-    ro = cfg.rollout.async_
-    host, port = ray.util.get_node_ip_address(), free_port()
-    run.store = dist.TCPStore(  # the rank actors talk through it until the run closes
-        host, port, is_master=True, timeout=datetime.timedelta(seconds=ro.timeout_s), wait_for_workers=False
-    )
-    res = ResourcePool(ROLLOUT_POOL, num_bundles=rollout.size, bundle=bundle, strategy=strategy)
-    ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
-    run.rollout = RolloutPool(ranks, [])
-    ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
-    run.rollout.refs = [
-        h.run.remote(run_rollout_rank, cfg, str(run_dir), threads, host, port, plan, device)
-        for h in ranks.handles
-    ]
-    actor_ranks = run.pools[ACTOR]
-    joins = [
-        h.run.remote(join_bridge, host, port, plan, rollout.size, device, ro.timeout_s)
-        for h in actor_ranks.handles
-    ]
-    live = actor_ranks.liveness
-    run.rollout.wait(
-        joins, role=ACTOR, what="the weight bridge's set-up", timeout_s=ro.timeout_s, liveness=live
-    )
-    logger.info("rollout pool: %d rank actor(s); %s", rollout.size, plan.describe())
+    def start_rollout_pool(self, rollout: Any, plan: Any) -> Any:
+        import ray
+        import torch.distributed as dist
 
-    def send() -> float:
-        refs = [h.run.remote(send_actor_weights) for h in actor_ranks.handles]
-        stats = run.rollout.wait(
-            refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s, liveness=live
+        from rl3d.controller.placement import PoolConnection
+        from rl3d.hybrid_engine.pool import check_sent
+        from rl3d.single_controller.async_link import AsyncLink
+        from rl3d.single_controller.ray import RankActors, ResourcePool
+        from rl3d.utils.net import free_port
+
+        run, cfg, device, ro = self.run, self.cfg, self.device, self.cfg.rollout.async_
+        host, port = ray.util.get_node_ip_address(), free_port()
+        run.store = dist.TCPStore(  # the rank actors talk through it until the run closes
+            host,
+            port,
+            is_master=True,
+            timeout=datetime.timedelta(seconds=ro.timeout_s),
+            wait_for_workers=False,
         )
-        sent = sum(s.send_bytes for s in stats)
-        if sent != plan.total_bytes:  # the plan's bytes are what the metric reports
-            raise RuntimeError(f"weight sync sent {sent} bytes, the plan has {plan.total_bytes}")
-        return max(s.seconds for s in stats)
+        res = ResourcePool(rollout.name, num_bundles=rollout.size, bundle=self.bundle, strategy=self.strategy)
+        ranks = RankActors(res, node_timeout_s=cfg.launch.timeout_s)
+        run.rollout = RolloutPool(ranks, [])
+        ranks.init_distributed("nccl" if device == "cuda" else "gloo", timeout_s=cfg.launch.timeout_s)
+        run.rollout.refs = [
+            h.run.remote(run_rollout_rank, cfg, str(self.run_dir), self.threads, host, port, plan, device)
+            for h in ranks.handles
+        ]
+        actor_ranks = run.pools[ACTOR]
+        joins = [
+            h.run.remote(join_bridge, host, port, plan, rollout.size, device, ro.timeout_s)
+            for h in actor_ranks.handles
+        ]
+        live = actor_ranks.liveness
+        run.rollout.wait(
+            joins, role=ACTOR, what="the weight bridge's set-up", timeout_s=ro.timeout_s, liveness=live
+        )
+        logger.info("rollout pool: %d rank actor(s); %s", rollout.size, plan.describe())
 
-    link = AsyncLink(run.store, timeout_s=ro.timeout_s, who="the Ray driver", check=run.rollout.check)
-    return link, send, run.rollout.finish  # after the trainer's stop: the rollout ranks' loops collected
+        def send() -> Any:
+            refs = [h.run.remote(send_actor_weights) for h in actor_ranks.handles]
+            stats = run.rollout.wait(
+                refs, role=ACTOR, what="the weight sync", timeout_s=ro.timeout_s, liveness=live
+            )
+            return check_sent(plan, list(range(len(stats))), stats)
+
+        link = AsyncLink(run.store, timeout_s=ro.timeout_s, who="the Ray driver", check=run.rollout.check)
+        # after the trainer's stop: the rollout ranks' loops collected
+        return PoolConnection(link=link, send=send, rank=0, on_stop=run.rollout.finish)

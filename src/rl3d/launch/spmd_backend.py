@@ -3,8 +3,9 @@
 With own resource pools the torchrun world first splits into one world per pool
 (`rl3d.single_controller.spmd_pools.split_world`); each rank builds its pool's role workers
 (`rl3d.controller.rank`). With a separate rollout pool (the last pool) its ranks run the pool's
-loop instead, and the actor's ranks join the weight bridge to them; the link between trainer
-and pool goes through the world's TCPStore.
+loop instead, and the actor's ranks join the weight bridge to them (`SPMDPoolHost`, what the
+placement starts on this backend); the link between trainer and pool goes through the world's
+TCPStore.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Any
 import torch.distributed as dist
 
 from rl3d.config import RL3DConfig
-from rl3d.config.async_rollout import ROLLOUT_POOL
 from rl3d.config.pools import role_pools
 from rl3d.config.roles import ACTOR
 from rl3d.controller.assemble import RankFiles, RunData
 from rl3d.controller.build import Started
+from rl3d.controller.placement import PoolConnection
 from rl3d.controller.rank import RankWorkers, build_rank_workers, load_rank_files, save_rank_files
+from rl3d.hybrid_engine.pool import check_sent
 from rl3d.single_controller.async_link import AsyncLink
 from rl3d.single_controller.spmd import SPMDWorkerGroup, agree
 from rl3d.utils.device import resolve_device
@@ -78,7 +80,7 @@ class SPMDBackend:
 class SPMDRun:
     """Starts this torchrun rank's part of a run (`rl3d.controller.build.RunBackend`)."""
 
-    def start(self, cfg: RL3DConfig, run_dir: Path, data: RunData, plan: Any) -> Started:
+    def start(self, cfg: RL3DConfig, run_dir: Path, data: RunData, placement: Any) -> Started:
         from rl3d.models.bootstrap import init_megatron
         from rl3d.single_controller.spmd_pools import split_world
 
@@ -86,18 +88,11 @@ class SPMDRun:
         pool, channel = pools[0], None
         if len(pools) > 1:
             pool, channel = split_world(pools, backend=dist.get_backend(), timeout_s=cfg.launch.timeout_s)
-        if plan is not None and pool.name == ROLLOUT_POOL:
-            from rl3d.controller.rollout_pool import rollout_runner
-
-            local, actor = channel.rank - pool.offset, pools[0]
-            device = resolve_device(cfg.launch.device)
-            runner = rollout_runner(
-                cfg, data, plan, channel.store, pool=pool, local=local, num_train=actor.size, device=device
-            )
-            return Started(runner=runner)
-        separate = _SeparateSide(cfg, pools, pool, channel, plan) if plan is not None else None
-        if separate is not None:
-            pools, channel = pools[:-1], separate.trainer_channel
+        host = SPMDPoolHost(cfg, data, pools, pool, channel)
+        placement.launch(host)
+        if host.runner is not None:  # this rank became one of the rollout pool's
+            return Started(runner=host.runner)
+        pools = placement.trainer_pools(pools)
         groups = init_megatron(pool.layout, seed=cfg.trainer.seed)
         rank = build_rank_workers(
             cfg,
@@ -107,51 +102,69 @@ class SPMDRun:
             pools=pools,
             pool=pool,
             run_dir=run_dir,
-            sync=channel.barrier if channel else lambda: None,
+            sync=host.channel.barrier if host.channel else lambda: None,
         )
-        roles = SPMDBackend(cfg, rank, data.tokenizer, channel)
-        if separate is None:
-            return Started(roles=roles)
-        return separate.started(roles, rank.workers.get(ACTOR))
+        host.actor_worker = rank.workers.get(ACTOR)
+        return Started(roles=SPMDBackend(cfg, rank, data.tokenizer, host.channel))
 
 
-class _SeparateSide:
-    """A controller rank's side of a separate rollout pool: the actor's ranks' end of the
-    weight bridge (collective with the pool's ranks), the link, the controllers' own channel."""
+class SPMDPoolHost:
+    """This torchrun rank's side of a rollout pool a placement starts (`PoolHost`): on one of
+    the pool's ranks, the pool's loop (`runner`); on a controller rank, the actor's end of the
+    weight bridge (collective with the pool's ranks), the link, and the controllers' own
+    channel without the pool's ranks."""
 
-    def __init__(self, cfg: RL3DConfig, pools: list, pool: Any, channel: Any, plan: Any):
+    def __init__(self, cfg: RL3DConfig, data: RunData, pools: list, pool: Any, channel: Any):
+        self.cfg, self.data, self.pools, self.pool = cfg, data, pools, pool
+        self.channel = channel  # the controllers' channel (`ControllerChannel`) with own pools
+        self.runner: Any = None
+        self.actor_worker: Any = None  # this rank's actor worker, once built (None off the actor's pool)
+
+    def start_rollout_pool(self, rollout: Any, plan: Any) -> PoolConnection | None:
+        from rl3d.controller.rollout_pool import rollout_runner
         from rl3d.single_controller.spmd_pools import ControllerChannel
-        from rl3d.weight_sync import WeightBridge
+        from rl3d.weight_sync import WeightBridge, send_weights
 
-        actor, rollout = pools[0], pools[-1]
-        assert rollout.name == ROLLOUT_POOL, pools
-        ro = cfg.rollout.async_
-        self.plan, self.world_rank, self.actor = plan, channel.rank, actor
-        self.bridge = None
-        if pool.name == ACTOR:
-            self.bridge = WeightBridge(
+        cfg, channel, actor = self.cfg, self.channel, self.pools[0]
+        ro, device = cfg.rollout.async_, resolve_device(cfg.launch.device)
+        if self.pool.name == rollout.name:
+            local = channel.rank - rollout.offset
+            self.runner = rollout_runner(
+                cfg,
+                self.data,
+                plan,
                 channel.store,
-                rank=channel.rank - pool.offset,
+                pool=rollout,
+                local=local,
+                num_train=actor.size,
+                device=device,
+            )
+            return None
+        bridge = None
+        if self.pool.name == ACTOR:
+            bridge = WeightBridge(
+                channel.store,
+                rank=channel.rank - self.pool.offset,
                 num_train=actor.size,
                 num_rollout=rollout.size,
-                device=resolve_device(cfg.launch.device),
+                device=device,
                 timeout_s=ro.timeout_s,
             )
-        self.trainer_channel = None
-        if len(pools) > 2:  # critic/reference pools too: the controllers' channel without the rollout pool
-            self.trainer_channel = ControllerChannel(
+        world_rank = channel.rank
+        if len(self.pools) > 2:  # critic/reference pools too: the controllers' channel, the pool's out
+            self.channel = ControllerChannel(
                 dist.PrefixStore("trainer/", channel.store), channel.rank, rollout.offset, channel.timeout_s
             )
-        self.link = AsyncLink(channel.store, timeout_s=ro.timeout_s, who=f"training rank {channel.rank}")
+        else:
+            self.channel = None  # the actor's pool alone trains: its own world is the controllers'
 
-    def started(self, roles: SPMDBackend, actor_worker: Any) -> Started:
-        from rl3d.weight_sync import send_weights
+        def send() -> Any:
+            if bridge is None:  # a critic/reference rank: not part of the transfer
+                return None
+            shards = self.actor_worker.role.transition_shards()
+            train_rank = world_rank - actor.offset
+            return check_sent(plan, [train_rank], [send_weights(bridge, plan, shards, train_rank)])
 
-        def send() -> float:
-            if actor_worker is None:  # a critic/reference rank: not part of the transfer
-                return 0.0
-            shards = actor_worker.role.transition_shards()
-            return send_weights(self.bridge, self.plan, shards, self.world_rank - self.actor.offset).seconds
-
-        logger.info("%s", self.plan.describe())
-        return Started(roles=roles, link=self.link, send=send, rank=self.world_rank)
+        logger.info("%s", plan.describe())
+        link = AsyncLink(channel.store, timeout_s=ro.timeout_s, who=f"training rank {world_rank}")
+        return PoolConnection(link=link, send=send, rank=world_rank)

@@ -13,7 +13,7 @@ generation-TP ranks too. The plan runs through the hybrid engine's point-to-poin
 in-place transition does.
 
 Both kinds of group wait `rollout.async.timeout_s` for the other side (NCCL's own default is
-10 minutes). `weight_sync/seconds` stops once the transfer is complete: on NCCL `wait()` only
+10 minutes). `reshard/seconds` stops once the transfer is complete: on NCCL `wait()` only
 orders the device stream, so the clock stops after the device is synchronized too.
 """
 
@@ -39,6 +39,7 @@ class WeightBridge:
 
     def __init__(self, store: Any, *, rank: int, num_train: int, num_rollout: int, device, timeout_s: float):
         self.rank, self.num_train, self.num_rollout = rank, num_train, num_rollout
+        self.store = store  # kept as long as the bridge: a client store closed early breaks its group
         self.timeout_s = timeout_s
         self.device = torch.device(device)
         size = num_train + num_rollout

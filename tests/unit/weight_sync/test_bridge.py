@@ -1,6 +1,6 @@
 """The weight-sync bridge waits `rollout.async.timeout_s` on NCCL too (torch's default is 10
 minutes) and connects its whole communicator at set-up (a batched phase runs on it, and a rank
-with nothing to send never joins a batch), and `weight_sync/seconds` stops only once the device
+with nothing to send never joins a batch), and `reshard/seconds` stops only once the device
 finished the transfer (NCCL's `wait()` returns before). NCCL needs CUDA: its process-group class
 is recorded by a stand-in with torch's Options default; the gloo path runs for real."""
 
