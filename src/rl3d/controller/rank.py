@@ -135,50 +135,32 @@ def build_rank(cfg: RL3DConfig, run_dir: str, pool_name: str = "actor") -> RankW
 
 
 def save_rank_files(rank: RankWorkers, tmp: Path, step: int) -> None:
-    """This rank's part of a checkpoint: megatron dist checkpoints (collective) and its RNG."""
+    """This rank's part of a checkpoint: its trained engines' dist checkpoints (collective) and
+    its RNG. The engine's KV cache is freed first (the next generation offloads again)."""
     from rl3d.checkpoint import save_rng_state
-    from rl3d.models.dist_checkpoint import save_checkpoint
 
-    _training_state_resident(rank)
-    for name, role in rank.roles.items():
-        save_checkpoint(
-            tmp / name,
-            ddp=role.ddp,
-            optimizer=role.optimizer,
-            scheduler=role.scheduler,
-            groups=rank.groups,
-            iteration=step,
-        )
+    _pause_generation(rank)
+    for name, engine in rank.roles.items():
+        engine.save(tmp / name, iteration=step)
     save_rng_state(tmp / _rng_file(rank))
 
 
 def load_rank_files(rank: RankWorkers, path: Path) -> None:
     from rl3d.checkpoint import load_rng_state
-    from rl3d.models.dist_checkpoint import load_checkpoint
 
-    _training_state_resident(rank)
-    for name, role in rank.roles.items():
-        load_checkpoint(
-            path / name,
-            ddp=role.ddp,
-            optimizer=role.optimizer,
-            scheduler=role.scheduler,
-            groups=rank.groups,
-        )
+    _pause_generation(rank)
+    for name, engine in rank.roles.items():
+        engine.load(path / name)
     rng = path / _rng_file(rank)
     if not rng.exists() and rank.pool.offset == 0:  # written before pools had names
         rng = path / f"rng_rank{rank.groups.rank}.pt"
     load_rng_state(rng)  # weights_only: tensors and plain values, a damaged file named
 
 
-def _training_state_resident(rank: RankWorkers) -> None:
-    """Offloaded roles back on the device for a checkpoint, with the engine's KV cache freed
-    first (the next generation offloads them again)."""
+def _pause_generation(rank: RankWorkers) -> None:
     actor = rank.workers.get(ACTOR)
     if hasattr(actor, "pause_generation"):
         actor.pause_generation()
-    for role in rank.roles.values():
-        role.resident()
 
 
 def _rng_file(rank: RankWorkers) -> str:

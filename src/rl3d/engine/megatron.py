@@ -2,7 +2,7 @@
 rank, with what the workers need from it: batched forward over micro-batches (`run_forward`),
 PPO-style training over mini/micro-batches and epochs (`train_minibatches`), the training shards
 under their global names (what a transition moves), host/device residency (`to_host`,
-`resident`). Its model techniques are features (`rl3d.engine.features`), built from the role's
+`resident`), its dist checkpoint (`save`, `load`). Its model techniques are features (`rl3d.engine.features`), built from the role's
 recipe section and applied in one table's order: the engine never branches on one.
 
     engine = MegatronEngine.from_config(spec, groups, role="actor", model=cfg.model, seed=1,
@@ -29,6 +29,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -150,6 +151,31 @@ class MegatronEngine:
         """Bring offloaded tensors back; every use of the model's tensors calls it first."""
         if self.offload is not None:
             self.offload.to_device()
+
+    # -- checkpoint ----------------------------------------------------------------------------
+    def save(self, path: Path, *, iteration: int) -> None:
+        """This engine's megatron dist checkpoint (weights, optimizer, scheduler) under `path`;
+        collective over the engine's ranks. Offloaded tensors come back first."""
+        from rl3d.models.dist_checkpoint import save_checkpoint
+
+        self.resident()
+        save_checkpoint(
+            path,
+            ddp=self.ddp,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            groups=self.groups,
+            iteration=iteration,
+        )
+
+    def load(self, path: Path) -> None:
+        """Load what `save` wrote (collective)."""
+        from rl3d.models.dist_checkpoint import load_checkpoint
+
+        self.resident()
+        load_checkpoint(
+            path, ddp=self.ddp, optimizer=self.optimizer, scheduler=self.scheduler, groups=self.groups
+        )
 
     @classmethod
     def from_config(
