@@ -1,20 +1,22 @@
-"""Adam's state appears at the first optimizer step, not when the role is built: torch's Adam
-makes `exp_avg` and `exp_avg_sq` (fp32, one each per master parameter) lazily, so a role's memory
-jumps by 8 bytes per parameter in the middle of its first update, after the memory plan and the
-first generation have already run beside a smaller footprint.
+"""Adam's state would appear at the first optimizer step, not when the role is built: torch's
+Adam makes `exp_avg` and `exp_avg_sq` (fp32, one each per master parameter) lazily, so a role's
+memory would jump by 8 bytes per parameter in the middle of its first update, after the memory
+plan and the rollout engine's launch-time sizing had run beside a smaller footprint. rl3d makes
+the state when it builds the optimizer (`rl3d.models.training.make_optimizer_state`: megatron's
+own `init_state_fn` plus torch's step counter).
 
-This measures the jump on a bf16 megatron role (`torch.cuda.memory_allocated` after the build,
-after step 1, after step 2, and each step's peak), then on a twin from the same starting weights
-whose state is made before its first step with megatron's own `init_state_fn` (what megatron
-calls before loading an optimizer checkpoint) plus torch's step counter: its first step should
-add nothing, and after two steps both roles must hold the same parameters and state bit for bit.
-Whether rl3d itself makes the state at build time is read off the first role (`removal`).
+This measures both on a bf16 megatron role (`torch.cuda.memory_allocated` after the build, after
+step 1, after step 2, and each step's peak): the lazy arm is a role whose state this script
+empties after the build (torch's default), the premade arm rl3d's role as built. The premade
+arm's first step should add nothing, and after two steps both must hold the same parameters
+and state bit for bit. `removal` says whether rl3d's build made the state.
 
     python benchmarks/optimizer_state_jump.py --out DIR                                  # CUDA
     python benchmarks/optimizer_state_jump.py --out DIR --device cpu --model tiny-llama   # no counts
 
-Writes optimizer_state_jump.json into --out; exits 1 when the twins differ or, on CUDA, when the
-pre-made state leaves a jump above 1% of the lazy one.
+Writes optimizer_state_jump.json into --out; exits 1 when the twins differ, when rl3d's build
+left the state to the first step, or, on CUDA, when the pre-made state leaves a jump above 1%
+of the lazy one.
 """
 
 from __future__ import annotations
@@ -50,12 +52,10 @@ def state_entries(optimizer) -> int:
     return sum(len(o.optimizer.state) for o in megatron_optimizers(optimizer))
 
 
-def premake_state(optimizer) -> None:
-    """Adam's state for every master parameter now, as torch would make it at the first step."""
+def empty_state(optimizer) -> None:
+    """torch's default: no state until the first step."""
     for opt in megatron_optimizers(optimizer):
-        opt.init_state_fn(opt.optimizer, opt.config)
-        for state in opt.optimizer.state.values():
-            state.setdefault("step", torch.tensor(0.0))  # torch's Adam keeps it on the host
+        opt.optimizer.state.clear()
 
 
 def tensors(role: MegatronEngine) -> list[torch.Tensor]:
@@ -79,9 +79,10 @@ def measure(role_of, device: torch.device, premake: bool) -> tuple[MegatronEngin
     before = now()
     role = role_of()
     out = {"built": now(), "state_entries_after_build": state_entries(role.optimizer)}
-    if premake:
-        premake_state(role.optimizer)
-        out["premade"] = now()
+    if not premake:
+        empty_state(role.optimizer)
+        if counted:
+            torch.cuda.empty_cache()
     for step in (1, 2):
         if counted:
             torch.cuda.reset_peak_memory_stats(device)
@@ -89,8 +90,8 @@ def measure(role_of, device: torch.device, premake: bool) -> tuple[MegatronEngin
         out[f"after_step_{step}"] = now()
         out[f"peak_step_{step}"] = torch.cuda.max_memory_allocated(device) if counted else None
     if counted:
-        ready = out["premade"] if premake else out["built"]
-        out["role_bytes"] = out["built"] - before
+        ready = out["built"] if premake else now()
+        out["role_bytes"] = ready - before
         out["jump_at_step_1"] = out["after_step_1"] - ready
         out["jump_at_step_2"] = out["after_step_2"] - out["after_step_1"]
     return role, out
@@ -123,7 +124,7 @@ def main() -> int:
         premade, premade_counts = measure(lambda: role(start), device, premake=True)
     adam_bytes = 2 * 4 * sum(p.numel() for p in premade.ddp.parameters() if p.requires_grad)
     same = all(torch.equal(a, b) for a, b in zip(lazy_tensors, tensors(premade), strict=True))
-    in_rl3d = lazy_counts["state_entries_after_build"] > 0
+    in_rl3d = premade_counts["state_entries_after_build"] > 0
     results = {
         "model": spec.name,
         "device": str(device),
@@ -132,10 +133,9 @@ def main() -> int:
         "premade": premade_counts,
         "premade_equals_lazy_after_two_steps": same,
         "removal": "in rl3d: the state exists after the build" if in_rl3d
-        else "not implemented in rl3d: the state is made at the first step; 'premade' is this "
-        "script's own init_state_fn call, showing what the removal would give",
+        else "not in rl3d: its build left the state to the first step",
     }  # fmt: skip
-    ok = same
+    ok = same and in_rl3d
     if device.type == "cuda":
         left = premade_counts["jump_at_step_1"]
         ok = ok and left <= LEFT_JUMP * max(lazy_counts["jump_at_step_1"], 1)

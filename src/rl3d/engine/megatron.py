@@ -2,8 +2,9 @@
 rank, with what the workers need from it: batched forward over micro-batches (`run_forward`),
 PPO-style training over mini/micro-batches and epochs (`train_minibatches`), the training shards
 under their global names (what a transition moves), host/device residency (`to_host`,
-`resident`), its dist checkpoint (`save`, `load`). Its model techniques are features (`rl3d.engine.features`), built from the role's
-recipe section and applied in one table's order: the engine never branches on one.
+`resident`), its dist checkpoint (`save`, `load`). Its model techniques are features
+(`rl3d.engine.features`), built from the role's recipe section and applied in one table's order:
+the engine never branches on one.
 
     engine = MegatronEngine.from_config(spec, groups, role="actor", model=cfg.model, seed=1,
                                         batching=cfg.actor, optim=cfg.actor.optim)

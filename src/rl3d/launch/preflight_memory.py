@@ -64,6 +64,9 @@ def check_memory(loaded: LoadedConfig, device_gib: float | None = None) -> None:
     line = refusal(plan)
     if line is None:
         return
+    if any(rank.problems for rank in plan.ranks):  # SGLang's own sizing (the only problem there is)
+        key = "rollout.sglang.mem_fraction_static"
+        raise MemoryPlanError(line, key=key, source=loaded.source_of(key))
     role, _, _ = biggest_item(plan.worst())
     key = "rollout" if role == "engine" else role_key(role)
     raise MemoryPlanError(line, key=key, source=loaded.source_of(key))

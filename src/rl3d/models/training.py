@@ -78,7 +78,25 @@ def build_optimizer(ddp: Any, groups: MegatronGroups, cfg: Any) -> Any:
         config, [ddp], use_gloo_process_groups=False, pg_collection=groups.pg_collection
     )
     ddp.config.grad_scale_func = optimizer.scale_loss
+    make_optimizer_state(optimizer)
     return optimizer
+
+
+def make_optimizer_state(optimizer: Any) -> None:
+    """Adam's state for every master parameter now, not at the first step: torch's Adam makes
+    `exp_avg` and `exp_avg_sq` lazily, so a role's memory would jump by 8 bytes a parameter in
+    the middle of its first update, after a rollout engine sized its memory from what was free
+    (SGLang measures at launch). Made by megatron's own `init_state_fn` (what it calls before
+    loading an optimizer checkpoint), plus the step counter torch's Adam keeps per parameter,
+    so the first step is the lazy one's bit for bit (`benchmarks/optimizer_state_jump.py`)."""
+    for opt in getattr(optimizer, "chained_optimizers", None) or [optimizer]:
+        inner = getattr(opt, "optimizer", None)
+        if inner is None or getattr(opt, "init_state_fn", None) is None:
+            continue  # no parameters on this rank, or an optimizer without state (SGD)
+        opt.init_state_fn(inner, opt.config)
+        if isinstance(inner, torch.optim.Adam | torch.optim.AdamW):
+            for state in inner.state.values():  # fused Adams keep the step per group instead
+                state.setdefault("step", torch.tensor(0.0))
 
 
 def build_scheduler(optimizer: Any, cfg: Any, *, total_steps: int) -> Any:

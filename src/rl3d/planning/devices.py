@@ -8,8 +8,9 @@ gloo's bandwidth and latency on the machine and passes them in).
 
 Sources:
 - A100-SXM4-80GB: NVIDIA A100 Tensor Core GPU datasheet (BF16 dense 312 TFLOPS, HBM2e
-  2039 GB/s, 80 GB, NVLink 600 GB/s total = 300 GB/s each way); the HybridFlow testbed's
-  network (EuroSys'25, section 8.1): 200 Gb/s between machines, taken per node (25 GB/s).
+  2039 GB/s, 80 GB of which CUDA reports 79.1-79.6 GiB, NVLink 600 GB/s total = 300 GB/s each
+  way); the HybridFlow testbed's network (EuroSys'25, section 8.1): 200 Gb/s between
+  machines, taken per node (25 GB/s).
 - H100-SXM5-80GB: NVIDIA H100 datasheet (BF16 dense 989 TFLOPS, HBM3 3.35 TB/s, 80 GB, NVLink
   900 GB/s total); DGX H100 datasheet: 8 x 400 Gb/s ConnectX-7 per node (400 GB/s).
 - H200-SXM-141GB: NVIDIA H200 datasheet (BF16 dense 989 TFLOPS, HBM3e 4.8 TB/s, 141 GB, NVLink
@@ -99,6 +100,11 @@ class FixedCosts:
                 raise ValueError(f"fixed cost {key} must be >= 0, got {value}")
 
 
+GIB = 1 << 30
+REPORTED_80GB = 79.1 * GIB / 1e9
+REPORTED_141GB = 139.0 * GIB / 1e9
+
+
 @dataclass(frozen=True)
 class DeviceClass:
     name: str
@@ -152,9 +158,11 @@ class DeviceClass:
         )
 
 
-A100 = DeviceClass("a100", 312.0, 2039.0, 80.0, 300.0, 25.0, 32.0)
-H100 = DeviceClass("h100", 989.0, 3350.0, 80.0, 450.0, 400.0, 64.0, train_mfu=0.40)
-H200 = DeviceClass("h200", 989.0, 4800.0, 141.0, 450.0, 400.0, 64.0, train_mfu=0.40)
+# memory: what `torch.cuda.mem_get_info` reports as the total, the low end of what cards of the
+# class report (an "80 GB" A100 or H100: 79.1-79.6 GiB; a "141 GB" H200: about 139 GiB), in GB
+A100 = DeviceClass("a100", 312.0, 2039.0, REPORTED_80GB, 300.0, 25.0, 32.0)
+H100 = DeviceClass("h100", 989.0, 3350.0, REPORTED_80GB, 450.0, 400.0, 64.0, train_mfu=0.40)
+H200 = DeviceClass("h200", 989.0, 4800.0, REPORTED_141GB, 450.0, 400.0, 64.0, train_mfu=0.40)
 DEVICES = {d.name: d for d in (A100, H100, H200)}
 
 

@@ -15,10 +15,14 @@ For every rank of every pool (`rl3d.config.pools.role_pools`), bytes by phase:
 - reshard: the static bytes, the generation weights the 3D-HybridEngine builds, the engine's
   own copy and the transfer buckets (`rl3d.planning.memory_generate`);
 - generate: what the roles keep resident (less what `<role>.offload` moves to the host) plus
-  the engine's weights, KV cache and workspace; SGLang's KV pool takes what the device leaves
-  free, up to the rank's whole share of the step's sequences.
+  the engine's weights, KV cache and workspace; SGLang's KV pool is min(its own sizing by
+  `mem_fraction_static` at launch, `max_total_tokens`, the rank's whole share of the step's
+  sequences) (`rl3d.planning.memory_generate.sglang_pool`).
 An SGLang engine without `enable_memory_saver` keeps its weights and KV cache through training.
-Each phase's peak, the rank's largest, and whether it fits `device_bytes`.
+With a device size (a GPU plan) every phase also holds `device`: CUDA contexts, NCCL and a
+fragmentation share (`rl3d.planning.memory_generate.DeviceBytes`).
+Each phase's peak, the rank's largest, and whether it fits `device_bytes`; a rank also fails
+to fit when SGLang's own sizing leaves its pool no full-length sequence (`RankPlan.problems`).
 """
 
 from __future__ import annotations
@@ -31,7 +35,15 @@ from rl3d.config.pools import Pool, role_pools
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec, spec_of
 from rl3d.parallel import GenerationLayout
-from rl3d.planning.memory_generate import EngineBytes, GenShape, engine_bytes, sequence_kv_bytes, sglang_pool
+from rl3d.planning.memory_generate import (
+    DeviceBytes,
+    EngineBytes,
+    GenShape,
+    device_beside,
+    engine_bytes,
+    sequence_kv_bytes,
+    sglang_pool,
+)
 from rl3d.planning.memory_roles import (
     RoleModel,
     resident_in_generation,
@@ -44,8 +56,9 @@ from rl3d.utils.dtypes import DTYPE_BYTES
 
 PHASES = ("train", "reshard", "generate")
 ENGINE = "engine"  # the rollout engine's entry in a phase
+DEVICE = "device"  # what a GPU holds besides the planned tensors (a plan with a device size)
 
-Entry = RoleBytes | EngineBytes
+Entry = RoleBytes | EngineBytes | DeviceBytes
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,7 @@ class RankPlan:
     pool: str
     phases: dict[str, dict[str, Entry]]
     peaks: dict[str, int]  # phase -> peak bytes
+    problems: tuple[str, ...] = ()  # why the rank cannot run beyond its peaks (SGLang's sizing)
 
     @property
     def peak_phase(self) -> str:
@@ -76,6 +90,7 @@ class RankPlan:
             "phase_peak_bytes": dict(self.peaks),
             "peak_bytes": self.peak_bytes,
             "peak_phase": self.peak_phase,
+            "problems": list(self.problems),
         }
 
 
@@ -89,7 +104,7 @@ class MemoryPlan:
     def fits(self) -> bool | None:
         if self.device_bytes is None:
             return None
-        return all(r.peak_bytes <= self.device_bytes for r in self.ranks)
+        return all(r.peak_bytes <= self.device_bytes and not r.problems for r in self.ranks)
 
     def worst(self) -> RankPlan:
         return max(self.ranks, key=lambda r: (r.peak_bytes, -r.rank))
@@ -164,7 +179,12 @@ def _rank_plan(
         r.name: role_train_bytes(cfg, spec, r, pool.layout, rank, prints[r.name]) for r in roles
     }
     phases: dict[str, dict[str, Entry]] = {"train": train}
-    if pool.name == ROLLOUT_POOL or ("actor" in pool.roles and not is_separate(cfg)):
+    problems: list[str] = []
+    sglang = cfg.rollout.engine == "sglang"
+    generates = pool.name == ROLLOUT_POOL or ("actor" in pool.roles and not is_separate(cfg))
+    gpu = device_bytes is not None
+    processes = 1 + (1 if sglang and generates else 0)  # SGLang's scheduler is a process of its own
+    if generates:
         colocated = pool.name != ROLLOUT_POOL
         shape = _gen_shape(cfg, pool, rank)
         at_reshard, at_generate = engine_bytes(
@@ -173,17 +193,31 @@ def _rank_plan(
         statics = {name: resident_in_generation(b, ()) for name, b in train.items()}
         phases["reshard"] = statics | {ENGINE: at_reshard}
         offloaded = {r.name: resident_in_generation(train[r.name], prints[r.name].offload) for r in roles}
-        if cfg.rollout.engine == "sglang" and device_bytes is not None:
-            others = sum(b.total for b in offloaded.values())
-            at_generate = sglang_pool(cfg, spec, shape, at_generate, others=others, device_bytes=device_bytes)
+        if sglang and gpu:
+            beside = device_beside(cfg, processes=processes, allocated=0).total
+            at_generate, problem = sglang_pool(
+                cfg,
+                spec,
+                shape,
+                at_generate,
+                others=sum(b.total for b in offloaded.values()) + beside,
+                at_launch=sum(b.total for b in statics.values()) + beside,
+                device_bytes=device_bytes,
+            )
+            problems += [problem] if problem is not None else []
         phases["generate"] = offloaded | {ENGINE: at_generate}
-        if cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.enable_memory_saver:
+        if sglang and not cfg.rollout.sglang.enable_memory_saver:
             train[ENGINE] = EngineBytes(weights=at_generate.weights, kv_cache=at_generate.kv_cache)
-    peaks = {
-        phase: _train_peak(entries) if phase == "train" else sum(e.total for e in entries.values())
-        for phase, entries in phases.items()
-    }
-    return RankPlan(world_rank, node, pool.name, phases, peaks)
+    peaks = {phase: _phase_peak(phase, entries) for phase, entries in phases.items()}
+    if gpu:
+        for phase, entries in phases.items():
+            entries[DEVICE] = device_beside(cfg, processes=processes, allocated=peaks[phase])
+        peaks = {phase: _phase_peak(phase, entries) for phase, entries in phases.items()}
+    return RankPlan(world_rank, node, pool.name, phases, peaks, tuple(problems))
+
+
+def _phase_peak(phase: str, entries: dict[str, Entry]) -> int:
+    return _train_peak(entries) if phase == "train" else sum(e.total for e in entries.values())
 
 
 def plan_memory(

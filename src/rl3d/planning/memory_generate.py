@@ -13,10 +13,24 @@
   with a device size its pool is what the phase leaves free, at most the rank's whole share at
   once and at least one full-length sequence (`sglang_pool`); without one, the whole share.
 - workspace: one layer's forward over a prefill (the torch engine's chunk of prompts, or
-  SGLang's `CHUNKED_PREFILL_TOKENS`) plus fp32 logits of the decoded rows; for SGLang also a
-  flat `SGLANG_RESERVED_BYTES` for its CUDA graphs, NCCL and the allocator's fragmentation.
+  SGLang's `CHUNKED_PREFILL_TOKENS`) plus fp32 logits of the decoded rows; for SGLang also
+  `SGLANG_GRAPH_BYTES`, the CUDA graphs it captures before it sizes its pool.
 - buffers: the resharding bucket (`hybrid_engine.bucket_mb`) and SGLang's push bucket
   (`rollout.sglang.bucket_mb`), held only while weights move (the reshard phase).
+
+On a GPU (a plan with a device size) every phase also holds what no tensor counts
+(`DeviceBytes`): a CUDA context per process on the device (the trainer's, and SGLang's
+scheduler's beside it), the trainer's NCCL communicators, and a stated share of the
+allocator's bytes lost to fragmentation. Each is an allowance, named as one below; the device
+script (`benchmarks/device_check.py`) measures them against `mem_get_info`.
+
+SGLang sizes its KV pool itself, once, at launch (sglang 0.5.23,
+`model_executor/model_runner_components/kv_pool_runtime.py`): with B the free memory before it
+loads its weights, the pool is what is free after its weights and CUDA graphs less a headroom
+of B x (1 - `mem_fraction_static`), i.e. B x `mem_fraction_static` - weights - graphs, and
+`max_total_tokens` only caps that (`sglang_pool`). The trainer's optimizer state exists by then
+(`rl3d.models.training.make_optimizer_state`), so B is the device less every role's static bytes,
+the contexts and NCCL.
 """
 
 from __future__ import annotations
@@ -36,7 +50,10 @@ from rl3d.utils.dtypes import DTYPE_BYTES
 MB = 1 << 20
 TORCH_MAX_BATCH_ROWS = 256  # TorchRolloutEngine's default max_batch_rows
 CHUNKED_PREFILL_TOKENS = 8192  # SGLang's chunked_prefill_size on an 80 GB-class GPU
-SGLANG_RESERVED_BYTES = 2 << 30  # an allowance, not a measurement: CUDA graphs, NCCL, fragmentation
+SGLANG_GRAPH_BYTES = 1 << 30  # an allowance, not a measurement: SGLang's captured CUDA graphs
+CUDA_CONTEXT_BYTES = 512 * MB  # an allowance per process: a CUDA context with lazy module loading
+NCCL_BYTES = 1 << 30  # an allowance per rank with peers: the trainer's NCCL communicators' buffers
+FRAGMENTATION = 0.05  # a stated share of the allocator's bytes held in blocks it cannot reuse
 
 
 @dataclass(frozen=True)
@@ -46,6 +63,25 @@ class EngineBytes(ByteItems):
     kv_cache: int = 0
     workspace: int = 0
     buffers: int = 0
+
+
+@dataclass(frozen=True)
+class DeviceBytes(ByteItems):
+    """What a GPU holds in a phase besides the planned tensors (see the module docstring)."""
+
+    contexts: int = 0
+    nccl: int = 0
+    fragmentation: int = 0
+
+
+def device_beside(cfg: RL3DConfig, *, processes: int, allocated: int) -> DeviceBytes:
+    """The contexts of `processes` processes, NCCL where the run has more than one rank, and
+    the fragmentation share of `allocated` bytes."""
+    return DeviceBytes(
+        contexts=processes * CUDA_CONTEXT_BYTES,
+        nccl=NCCL_BYTES if cfg.launch.world_size > 1 else 0,
+        fragmentation=int(allocated * FRAGMENTATION),
+    )
 
 
 @dataclass(frozen=True)
@@ -96,7 +132,7 @@ def workspace_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_byt
     if cfg.rollout.engine == "sglang":
         tokens = min(CHUNKED_PREFILL_TOKENS, rows * width)
         prefill = MicroBatchShape(seq_len=tokens, rows=1, response_len=0, flash=True)
-        reserved = SGLANG_RESERVED_BYTES
+        reserved = SGLANG_GRAPH_BYTES
     else:
         prefill = MicroBatchShape(
             seq_len=width, rows=max(1, rows // cfg.rollout.n), response_len=0, flash=False
@@ -135,11 +171,38 @@ def sglang_pool(
     generate: EngineBytes,
     *,
     others: int,
+    at_launch: int,
     device_bytes: int,
-) -> EngineBytes:
-    """SGLang's KV pool on a device of `device_bytes` where the rest of the generate phase
-    takes `others` bytes: what is left, between one full-length sequence and the whole share."""
-    one = sequence_kv_bytes(cfg, spec, shape, DTYPE_BYTES[cfg.rollout.dtype or cfg.model.dtype])
-    free = device_bytes - others - (generate.total - generate.kv_cache)
-    pool = min(generate.kv_cache, max(one, free // one * one))
-    return replace(generate, kv_cache=pool)
+) -> tuple[EngineBytes, str | None]:
+    """SGLang's KV pool on a device of `device_bytes`: min(its own sizing, the cap, the rank's
+    whole share). `others`: the generate phase's bytes beside the engine (roles, contexts,
+    NCCL; fragmentation comes on top of everything); `at_launch`: what the device holds when
+    SGLang measures it (every role's static bytes, contexts, NCCL). The cap is
+    `rollout.sglang.max_total_tokens`; "plan" caps the pool at what the phase leaves free, in
+    whole sequences. Also why the pool cannot work (None when it can): its own sizing holds
+    no full-length sequence."""
+    sg = cfg.rollout.sglang
+    dtype_bytes = DTYPE_BYTES[cfg.rollout.dtype or cfg.model.dtype]
+    one = sequence_kv_bytes(cfg, spec, shape, dtype_bytes)
+    per_token = max(one // (cfg.data.max_prompt_length + cfg.rollout.max_new_tokens), 1)
+    free_before = device_bytes - at_launch
+    own = int(free_before * sg.mem_fraction_static) - generate.weights - SGLANG_GRAPH_BYTES
+    own = max(own, 0) // per_token * per_token
+    if sg.max_total_tokens == "plan":
+        left = int(device_bytes / (1 + FRAGMENTATION)) - others - (generate.total - generate.kv_cache)
+        cap = max(one, left // one * one)
+    elif sg.max_total_tokens is None:
+        cap = generate.kv_cache
+    else:
+        cap = sg.max_total_tokens * per_token
+    pool = min(own, cap, generate.kv_cache)
+    problem = None
+    if own < one:
+        problem = (
+            f"SGLang's own KV pool sizing (free before launch {free_before / (1 << 30):.2f} GiB x "
+            f"rollout.sglang.mem_fraction_static {sg.mem_fraction_static} - its weights "
+            f"{generate.weights / (1 << 30):.2f} GiB - CUDA graphs {SGLANG_GRAPH_BYTES / (1 << 30):.2f} GiB) "
+            f"holds {own // per_token} tokens, under one full-length sequence of "
+            f"{one // per_token}; to fit: a larger rollout.sglang.mem_fraction_static or rollout.t_g"
+        )
+    return replace(generate, kv_cache=pool), problem

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from rl3d.config.schema import RL3DConfig
-from rl3d.planning.memory import ENGINE, MemoryPlan, RankPlan, plan_memory
+from rl3d.planning.memory import DEVICE, ENGINE, MemoryPlan, RankPlan, plan_memory
 
 GIB = 1 << 30
 
@@ -29,10 +29,16 @@ def _size(nbytes: int) -> str:
 
 
 def biggest_item(rank: RankPlan) -> tuple[str, str, int]:
-    """(role or "engine", item, bytes) of the largest single item in the rank's peak phase."""
+    """(role or "engine", item, bytes) of the largest single item in the rank's peak phase (the
+    device's allowances aside: no recipe key shrinks them)."""
     entries = rank.phases[rank.peak_phase]
     return max(
-        ((name, item, value) for name, entry in entries.items() for item, value in entry.items().items()),
+        (
+            (name, item, value)
+            for name, entry in entries.items()
+            if name != DEVICE
+            for item, value in entry.items().items()
+        ),
         key=lambda x: x[2],
     )
 
@@ -51,7 +57,9 @@ def remedies(phase: str, role: str, item: str) -> str:
         if item == "kv_cache":
             return (
                 "fewer sequences at once (data.prompts_per_step, rollout.n), a larger rollout.t_g "
-                "or a shorter rollout.max_new_tokens"
+                "or a shorter rollout.max_new_tokens; with SGLang, rollout.sglang.max_total_tokens: "
+                "plan (the pool capped at what the phase leaves) or a lower "
+                "rollout.sglang.mem_fraction_static"
             )
         if item == "weights":
             return "a larger rollout.t_g"
@@ -76,6 +84,9 @@ def refusal(plan: MemoryPlan) -> str | None:
     the recipe fit; None when it fits (or no device size is known)."""
     if plan.fits is not False:
         return None
+    for rank in plan.ranks:
+        if rank.problems:
+            return f"memory plan: rank {rank.rank} (node {rank.node}): {rank.problems[0]}"
     worst = plan.worst()
     role, item, nbytes = biggest_item(worst)
     return (

@@ -69,14 +69,17 @@ def test_layer_activations_by_hand():
 
 def test_json_shape_and_phases():
     cfg = load_config("recipes/quickstart_cpu_ppo.yaml", []).config
-    plan = plan_memory(cfg, device_bytes=1 << 30)
+    plan = plan_memory(cfg, device_bytes=4 << 30)
     out = json.loads(json.dumps(plan.to_json()))
     assert set(out) == {"device_bytes", "ranks", "fits", "not_planned"}
-    assert out["device_bytes"] == 1 << 30 and out["fits"] is True
+    assert out["device_bytes"] == 4 << 30 and out["fits"] is True
     assert [r["rank"] for r in out["ranks"]] == [0, 1] and {r["node"] for r in out["ranks"]} == {0}
     rank = out["ranks"][0]
     assert set(rank["phases"]) == {"train", "reshard", "generate"}
-    assert set(rank["phases"]["train"]) == {"actor", "critic", "reference"}
+    assert set(rank["phases"]["train"]) == {"actor", "critic", "reference", "device"}
+    device = rank["phases"]["train"]["device"]  # one process, NCCL (two ranks), fragmentation
+    assert device["contexts"] == 512 << 20 and device["nccl"] == 1 << 30 and device["fragmentation"] > 0
+    assert rank["problems"] == []
     role = rank["phases"]["train"]["actor"]
     items = ("params", "grads", "master", "optimizer", "activations", "buffers")
     assert set(role) == {*items, "total"} and role["total"] == sum(role[k] for k in items)
@@ -90,8 +93,8 @@ def test_json_shape_and_phases():
     }
     assert rank["peak_bytes"] == max(rank["phase_peak_bytes"].values())
     assert rank["peak_bytes"] == rank["phase_peak_bytes"][rank["peak_phase"]]
-    train = rank["phases"]["train"]
-    static = sum(r["total"] - r["activations"] - r["buffers"] for r in train.values())
+    train = {name: r for name, r in rank["phases"]["train"].items() if name != "device"}
+    static = sum(r["total"] - r["activations"] - r["buffers"] for r in train.values()) + device["total"]
     assert rank["phase_peak_bytes"]["train"] == static + max(
         r["activations"] + r["buffers"] for r in train.values()
     )
@@ -127,17 +130,20 @@ def test_pools_every_rank_and_separate_rollout():
 GPU_RECIPES = ("gpu_llama2_7b_grpo", "gpu_llama2_7b_ppo", "gpu_llama2_70b_grpo", "gpu_llama2_70b_ppo")
 
 
+REPORTED_80GB = int(79.1 * (1 << 30))  # what an "80 GB" card reports to CUDA (79.1-79.6 GiB)
+
+
 @pytest.mark.parametrize("name", GPU_RECIPES)
-def test_gpu_recipes_fit_80_gib_by_their_settings(name):
+def test_gpu_recipes_fit_80gb_cards_by_their_settings(name):
     recipe = f"recipes/{name}.yaml"
     cfg = load_config(recipe, []).config
-    plan = plan_memory(cfg, device_bytes=80 << 30)
+    plan = plan_memory(cfg, device_bytes=REPORTED_80GB)
     assert plan.fits is True
     # without packing (megatron's local attention keeps the [b*heads, T, T] softmax) and
-    # recompute, training needs more: beyond the device for all but 7B GRPO (78.5 of 80 GiB)
+    # recompute, training needs more: beyond the device for all but 7B GRPO (74.5 of 79.1 GiB)
     undone = ["actor.packing=false", "actor.recompute=none"]
     if "ppo" in name:
         undone += ["critic.packing=false", "critic.recompute=none"]
-    padded = plan_memory(load_config(recipe, undone).config, device_bytes=80 << 30)
+    padded = plan_memory(load_config(recipe, undone).config, device_bytes=REPORTED_80GB)
     assert padded.fits is (name == "gpu_llama2_7b_grpo")
     assert padded.ranks[0].peaks["train"] > plan.ranks[0].peaks["train"] + (20 << 30)
