@@ -104,6 +104,8 @@ def run(device: str, extra: list[str]) -> dict:
 
         (saved_bytes, width), measured["train"] = _peak(device, train, baseline)
     plan = plan_memory(cfg).ranks[0]
+    total = torch.cuda.mem_get_info()[1] if device == "cuda" else 80 << 30
+    on_gpu = plan_memory(cfg, total).ranks[0]  # with the allowances no tensor counts
     held = {"actor": role_held_bytes(actor.role)}
     if reference is not None:
         held["reference"] = role_held_bytes(reference.role)
@@ -134,6 +136,10 @@ def run(device: str, extra: list[str]) -> dict:
             ),
         },
         "engine_planned": plan.phases["generate"]["engine"].items(),
+        # the plan's allowances (contexts, NCCL, fragmentation) beside what they stand for: the
+        # context (and NCCL) in use before any role, reserved-but-unallocated bytes per phase
+        "allowances": {phase: on_gpu.phases[phase]["device"].items() for phase in on_gpu.phases},
+        "device_bytes_read": total if device == "cuda" else None,
     }
 
 
