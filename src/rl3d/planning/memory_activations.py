@@ -21,8 +21,18 @@ The backward's transient (one layer's gradients of the above, the biggest at onc
 once. With full recompute a layer keeps only its input (/ tp with sequence parallelism), and one
 layer is recomputed at a time. Everything else (attention, the MLP's inner tensors) covers the
 whole sequence on every TP rank either way: sequence parallelism divides only the hidden
-states between the blocks. A mixture of experts' MLP is counted as a dense SwiGLU of the
-model's `ffn_hidden_size`.
+states between the blocks.
+
+A mixture of experts' MLP (megatron's `MoELayer`, `SequentialMLP` experts) keeps per token the
+router's top-k indices (int64) and probabilities, its [experts] routing map (bool) and
+probability map, the permutation's sorted indices (int64), and per routed copy (k of each
+token) the permuted hidden state, its probability and the expert's SwiGLU tensors: fc1's
+output (2 f_e) and four of width f_e, f_e = `moe_ffn_hidden_size` / etp (`moe_bytes`;
+`tests/distributed/planning/test_moe_activations.py` counts the saved tensors of a built
+layer). Routing is taken as balanced: each rank's experts see k copies of its tokens on
+average; imbalance comes on top. A shared expert keeps its SwiGLU's fc1 output and three
+tensors of its width, its sigmoid gate and its output; a router that normalises the softmax
+over all experts before the top-k (`moe_norm_topk_prob` off) also keeps that softmax.
 Under 1F1B a stage holds min(p - pp_rank, micro-batches) micro-batches in flight.
 """
 
@@ -33,6 +43,7 @@ from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
 
 FP32 = 4
+INT64 = 8
 
 
 def hidden_positions(tp: int, shape: MicroBatchShape) -> int:
@@ -40,13 +51,31 @@ def hidden_positions(tp: int, shape: MicroBatchShape) -> int:
     return -(-shape.seq_len // tp) if shape.sequence_parallel else shape.seq_len
 
 
-def layer_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int) -> int:
-    """Bytes one decoder layer keeps for its backward (the module docstring's list)."""
+def moe_bytes(spec: ModelSpec, tp: int, etp: int | None, tokens: int, dtype_bytes: int) -> int:
+    """What a mixture-of-experts MLP keeps for `tokens` tokens (the module docstring's list)."""
+    k, experts, h, B = spec.moe_top_k, spec.num_experts, spec.hidden_size, dtype_bytes
+    f_e = spec.moe_ffn_hidden_size // (etp or tp)
+    routing = 2 * k * INT64 + k * FP32 + experts * (FP32 + 1)  # indices, probs, maps, sort
+    if not spec.moe_norm_topk_prob:
+        routing += experts * FP32  # the softmax over every expert, before the top-k
+    routed = k * (h * B + FP32 + 6 * f_e * B)  # per copy sent to an expert
+    shared = 0
+    if spec.shared_expert_ffn_hidden_size:  # SwiGLU (fc1 2 f_s, three of f_s), its gate, its output
+        shared = (5 * spec.shared_expert_ffn_hidden_size // tp + 1 + h) * B
+    return tokens * (routing + routed + shared)
+
+
+def layer_bytes(
+    spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, etp: int | None = None
+) -> int:
+    """Bytes one decoder layer keeps for its backward (the module docstring's list); `etp`:
+    the experts' tensor parallelism (None: `tp`, megatron's default)."""
     s, b, B = shape.seq_len, shape.rows, dtype_bytes
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size // tp
     heads = spec.num_attention_heads // tp
     kv = max(spec.num_query_groups // tp, 1)
-    per_token = (heads + 2 * kv) * d + 2 * (heads + kv) * d + heads * d + 4 * f
+    mlp = 0 if spec.num_experts else 4 * f
+    per_token = (heads + 2 * kv) * d + 2 * (heads + kv) * d + heads * d + mlp
     if kv < heads:
         per_token += 2 * heads * d  # K and V repeated to every query head
     if shape.flash:
@@ -54,7 +83,8 @@ def layer_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: i
     else:
         scores = b * heads * s * s * (FP32 + (B if B != FP32 else 0))
     norms = hidden_positions(tp, shape) * b * 6 * h * B
-    return s * b * per_token * B + norms + scores
+    experts = moe_bytes(spec, tp, etp, s * b, B) if spec.num_experts else 0
+    return s * b * per_token * B + norms + scores + experts
 
 
 def output_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, lm_head: bool) -> int:
@@ -89,10 +119,11 @@ def activation_bytes(
     shape: MicroBatchShape,
     dtype_bytes: int,
     trains: bool,
+    etp: int | None = None,
 ) -> int:
     """Peak activation bytes of one rank's stage for `shape` (`trains`: a backward follows;
     else a forward without autograd keeps one layer's tensors at a time)."""
-    one_layer = layer_bytes(spec, tp, shape, dtype_bytes)
+    one_layer = layer_bytes(spec, tp, shape, dtype_bytes, etp=etp)
     head = output_bytes(spec, tp, shape, dtype_bytes, lm_head=lm_head) if last_stage else 0
     if not trains:
         return one_layer + head

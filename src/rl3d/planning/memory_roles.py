@@ -163,6 +163,7 @@ def role_train_bytes(
         shape=shape,
         dtype_bytes=dtype_bytes,
         trains=role.trainable,
+        etp=layout.etp,
     )
     p2p = pipeline_buffer_bytes(spec, layout.t, layout.p, shape, dtype_bytes)
     return RoleBytes(
