@@ -21,6 +21,9 @@ logger = logging.getLogger("rl3d.train")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rl3d.utils.lifetime import die_with_launcher
+
+    die_with_launcher()  # a rank ends with its torchrun, however that ends (rl3d.utils.lifetime)
     argv = sys.argv[1:] if argv is None else argv
     if not argv:
         print("usage: torchrun ... -m rl3d.train RECIPE [key.sub=value ...]", file=sys.stderr)  # noqa: T201

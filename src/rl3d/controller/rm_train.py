@@ -317,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     from rl3d.config import ConfigError, load_config, run_dir_of, write_resolved_config
     from rl3d.logging.process import setup_process, threads_per_rank
     from rl3d.utils.device import init_process_group, resolve_device
+    from rl3d.utils.lifetime import die_with_launcher
 
+    die_with_launcher()  # a rank ends with its torchrun, however that ends
     argv = sys.argv[1:] if argv is None else argv
     try:
         loaded = load_config(argv[0], argv[1:])

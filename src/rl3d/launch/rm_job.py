@@ -55,7 +55,9 @@ def launch_rm(loaded, overrides: list[str], *, emit, dry_run: bool = False, over
     emit("command      " + shlex.join(command))
     if dry_run:
         return 0
-    code = subprocess.call(command, env=launch_env())
+    from rl3d.utils.lifetime import die_with_parent
+
+    code = subprocess.call(command, env=launch_env(), preexec_fn=die_with_parent)  # torchrun ends with us
     if code:
         emit("rl3d: run failed: " + first_rank_failure(run_dir / "logs", code))
     return code

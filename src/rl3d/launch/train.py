@@ -94,7 +94,9 @@ def launch_train(
     for stale in [*log_dir.glob("failed_rank*.txt"), log_dir / RANK_EXITS]:  # an earlier run's
         stale.unlink(missing_ok=True)
     env = launch_env(**{PREFLIGHT_DONE_ENV: "1", "RL3D_RANK_EXITS": str(log_dir / RANK_EXITS)})
-    code = subprocess.call(command, env=env)
+    from rl3d.utils.lifetime import die_with_parent
+
+    code = subprocess.call(command, env=env, preexec_fn=die_with_parent)  # torchrun ends with us
     if code:
         from rl3d.config.pools import role_pools
 
