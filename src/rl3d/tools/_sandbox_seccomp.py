@@ -4,7 +4,10 @@ Stdlib only (ctypes): it runs inside the sandbox's launcher, which has no site-p
 filter is a classic BPF program handed to ``prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER)``: a
 deny list that answers EPERM for system calls an ordinary program never needs and an escape
 does (tracing or reading other processes, mounts and namespaces, the kernel keyring, anonymous
-memory files that slip past the address-space limit, eBPF, io_uring, kernel modules, clocks).
+memory files that slip past the address-space limit, eBPF, io_uring and the AIO calls (whose
+`fs.aio-max-nr` quota is host-wide: one run could take it all), kernel modules, clocks). A
+socket of a family the sandbox does not need (vsock, which the network namespace does not
+cover; packet, netlink, AF_ALG, ...) is refused with EAFNOSUPPORT: only `ALLOWED_FAMILIES`.
 A call made through another ABI (i386 ``int 0x80``, x32) kills the process: the deny list
 names x86_64 numbers only.
 """
@@ -48,11 +51,16 @@ SYSCALLS = {
             "open_by_handle_at": 304, "name_to_handle_at": 303, "quotactl": 179, "syslog": 103,
             "iopl": 172, "ioperm": 173, "vhangup": 153, "sethostname": 170, "setdomainname": 171,
             "fanotify_init": 300, "lookup_dcookie": 212, "uselib": 134,
+            "io_setup": 206, "io_destroy": 207, "io_getevents": 208, "io_submit": 209,
+            "io_cancel": 210, "io_pgetevents": 333,
         },
     ),
 }
 # fmt: on
 CLONE, CLONE3 = {"x86_64": (56, 435)}.get(os.uname().machine, (None, None))
+SOCKET, SOCKETPAIR = {"x86_64": (41, 53)}.get(os.uname().machine, (None, None))
+ALLOWED_FAMILIES = (1, 2, 10)  # AF_UNIX, AF_INET, AF_INET6 (inside the run's network namespace)
+EAFNOSUPPORT = 97
 
 
 def supported() -> str | None:
@@ -80,6 +88,13 @@ def build_filter() -> bytes:
     ]
     for nr in sorted(numbers.values()):
         prog += [_insn(JEQ, nr, jf=1), _insn(RET, eperm)]
+    # socket(family, ...) and socketpair(family, ...): only the allowed families; the family is
+    # the first argument's low 32 bits (the jumps: skip the family checks for any other call)
+    families = len(ALLOWED_FAMILIES)
+    for nr in (SOCKET, SOCKETPAIR):
+        prog += [_insn(JEQ, nr, jf=families + 3), _insn(LD_ABS, OFFSET_ARG0)]
+        prog += [_insn(JEQ, f, jt=families - i) for i, f in enumerate(ALLOWED_FAMILIES)]
+        prog += [_insn(RET, SECCOMP_RET_ERRNO | EAFNOSUPPORT), _insn(RET, SECCOMP_RET_ALLOW)]
     # clone3 passes its flags in memory that seccomp cannot read: ENOSYS makes libc use clone
     prog += [_insn(JEQ, CLONE3, jf=1), _insn(RET, SECCOMP_RET_ERRNO | 38)]
     prog += [_insn(JEQ, CLONE, jf=3), _insn(LD_ABS, OFFSET_ARG0), _insn(JSET, CLONE_NEW_ANY, jf=1)]
