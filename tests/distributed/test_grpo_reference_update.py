@@ -75,7 +75,7 @@ def recipe_overrides(hf_dir, layout_pdt=(1, 1, 1)):
         "algorithm.entropy_coef=0.0",
         f"algorithm.kl.coef={KL_COEF}",
         "algorithm.kl.estimator=k3",
-        "algorithm.kl.placement=loss",
+        "algorithm.kl.apply_to=loss",
     ]
 
 

@@ -92,7 +92,7 @@ def gae_advantages(
 
 
 @register_advantage_estimator(
-    "grpo", needs_critic=False, needs_group_samples=True, default_kl_placement="loss"
+    "grpo", needs_critic=False, needs_group_samples=True, default_kl_apply_to="loss"
 )
 def grpo_advantages(
     *,

@@ -24,7 +24,7 @@ Tensor = torch.Tensor
     "on_policy_distillation",
     needs_critic=False,
     needs_teacher=True,
-    default_kl_placement="loss",
+    default_kl_apply_to="loss",
     optional_inputs=("group_ids_B",),  # the task reward's group baseline (distill.coef > 0)
 )
 def on_policy_distillation_advantages(

@@ -41,7 +41,7 @@ class AlgorithmFamily:
     teacher's per-token log-probs (on-policy distillation);
     `optional_inputs` are inputs it takes when they are given (keywords of `ESTIMATOR_INPUTS`);
     `hooks` names the algorithm hooks the step needs for it (`rl3d.algos.algorithm`);
-    `default_kl_placement` is where the reference-KL penalty usually goes for this family:
+    `default_kl_apply_to` is where the reference-KL penalty usually goes for this family:
     `"reward"` (token-level penalty folded into rewards, PPO) or `"loss"` (GRPO).
     """
 
@@ -53,12 +53,12 @@ class AlgorithmFamily:
     needs_cost_critic: bool = False
     supports_process_group: bool = False
     needs_teacher: bool = False
-    default_kl_placement: str = "reward"
+    default_kl_apply_to: str = "reward"
     optional_inputs: tuple[str, ...] = ()
     hooks: tuple[str, ...] = ()  # `rl3d.algos.algorithm.HOOKS` this estimator needs
 
     def __post_init__(self) -> None:
-        assert self.default_kl_placement in ("reward", "loss"), self.default_kl_placement
+        assert self.default_kl_apply_to in ("reward", "loss"), self.default_kl_apply_to
         assert set(self.optional_inputs) <= set(ESTIMATOR_INPUTS), self.optional_inputs
 
     @property

@@ -91,7 +91,7 @@ def compute_advantage(
         scores = scores + penalty
         metrics["reward/overlong_penalty"] = penalty.mean().item()
     rewards = scores_to_token_rewards(scores, mask)
-    if kl_coef > 0 and cfg.kl_placement == "reward":
+    if kl_coef > 0 and cfg.kl_apply_to == "reward":
         rewards, kl_metrics = kl_penalty_rewards(
             rewards_BT=rewards,
             logp_BT=batch["old_logp"],

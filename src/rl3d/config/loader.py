@@ -17,6 +17,7 @@ from typing import Any
 import yaml
 from rl3d.config.checks import check_config
 from rl3d.config.errors import ConfigError
+from rl3d.config.renames import adopt_renamed
 from rl3d.config.rm_job import RM_JOB, RMJobConfig, check_rm_job
 from rl3d.config.schema import RL3DConfig
 from rl3d.config.typed import from_dict, to_dict
@@ -196,6 +197,7 @@ def load_config(recipe: str | os.PathLike, overrides: list[str] | tuple[str, ...
         cfg = from_dict(RMJobConfig, merged.data, source_of=merged.source_of)
         check_rm_job(cfg, lambda key, msg: ConfigError(msg, key=key, source=merged.source_of(key)))
         return LoadedConfig(cfg, str(path), list(merged.files), list(overrides), dict(merged.sources))
+    adopt_renamed(merged.data, merged.sources, merged.source_of)  # former names still load
     cfg = from_dict(RL3DConfig, merged.data, source_of=merged.source_of)
     check_config(cfg, merged.source_of)
     return LoadedConfig(cfg, str(path), list(merged.files), list(overrides), dict(merged.sources))

@@ -161,7 +161,7 @@ def old_logp_source(cfg: RL3DConfig) -> str:
         return "rollout"
     samples = cfg.data.prompts_per_step * cfg.rollout.n
     on_policy = actor.ppo_epochs == 1 and actor.mini_batch_size == samples
-    reads_old = (al.kl.coef > 0 and al.kl_placement == "reward") or al.kl.controller == "adaptive"
+    reads_old = (al.kl.coef > 0 and al.kl_apply_to == "reward") or al.kl.controller == "adaptive"
     if actor.recompute_old_logp == "auto" and on_policy and not reads_old:
         return "current"
     return "recompute"

@@ -261,7 +261,8 @@ class HybridEngineConfig:
 class KLConfig:
     coef: float = 0.0
     estimator: Literal["k1", "k2", "k3"] | None = None  # None: k1 in the reward, k3 in the loss
-    placement: Literal["reward", "loss"] | None = None  # None: the estimator family's default
+    # where the penalty applies: the reward (per token) or the loss; None: the family's default
+    apply_to: Literal["reward", "loss"] | None = None
     controller: Literal["fixed", "adaptive"] = "fixed"
     target: float = 0.1  # adaptive controller's target KL
     horizon: int = 10000  # adaptive controller's horizon (samples)
@@ -363,12 +364,12 @@ class AlgorithmConfig:
         return self.family.needs_critic
 
     @property
-    def kl_placement(self) -> str:
-        return self.kl.placement or self.family.default_kl_placement
+    def kl_apply_to(self) -> str:
+        return self.kl.apply_to or self.family.default_kl_apply_to
 
     @property
     def kl_estimator(self) -> str:
-        return self.kl.estimator or ("k1" if self.kl_placement == "reward" else "k3")
+        return self.kl.estimator or ("k1" if self.kl_apply_to == "reward" else "k3")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -200,7 +200,7 @@ class ActorRolloutWorker(_LogProbMixin):
         pi_old is the policy being updated: its own log-probs, detached."""
         self._check_record(batch)
         al, kl = self.cfg.algorithm, self.cfg.algorithm.kl
-        kl_in_loss = kl.coef > 0 and al.kl_placement == "loss"
+        kl_in_loss = kl.coef > 0 and al.kl_apply_to == "loss"
 
         def loss_of(output, micro):
             logp, entropy = self._logp_entropy(output, micro, self.role)

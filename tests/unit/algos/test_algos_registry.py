@@ -85,8 +85,8 @@ def test_algorithm_family_flags_tell_the_controller_what_to_build():
         "safe_rlhf": (True, False, False, True, False),
         "on_policy_distillation": (False, False, False, False, True),
     }
-    assert algos.get_advantage_estimator("grpo").default_kl_placement == "loss"
-    assert algos.get_advantage_estimator("gae").default_kl_placement == "reward"
+    assert algos.get_advantage_estimator("grpo").default_kl_apply_to == "loss"
+    assert algos.get_advantage_estimator("gae").default_kl_apply_to == "reward"
 
 
 def test_each_estimator_names_the_batch_columns_the_stage_must_find():

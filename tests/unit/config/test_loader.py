@@ -242,9 +242,9 @@ def test_algorithm_names_resolve_in_the_registry(tmp_path):
     with pytest.raises(ConfigError, match=r"algorithm\.policy_loss: unknown policy loss 'clip_hi'"):
         load_config(recipe, ["algorithm.policy_loss=clip_hi"])
     cfg = load_config(recipe, ["algorithm.adv_estimator=rloo"]).config
-    assert cfg.algorithm.kl_placement == "reward" and cfg.algorithm.kl_estimator == "k1"
+    assert cfg.algorithm.kl_apply_to == "reward" and cfg.algorithm.kl_estimator == "k1"
     cfg = load_config(recipe).config  # grpo puts its KL in the loss, estimated with k3
-    assert cfg.algorithm.kl_placement == "loss" and cfg.algorithm.kl_estimator == "k3"
+    assert cfg.algorithm.kl_apply_to == "loss" and cfg.algorithm.kl_estimator == "k3"
 
 
 def test_overlong_buffer_must_fit_the_response(tmp_path):
@@ -293,3 +293,17 @@ def test_baseline_strategies_are_for_the_benchmark_only(tmp_path):
     recipe = write_tree(tmp_path)
     with pytest.raises(ConfigError, match=r"hybrid_engine\.strategy: 'ds_chat' is a baseline"):
         load_config(recipe, ["hybrid_engine.strategy=ds_chat"])
+
+
+def test_a_renamed_key_loads_as_its_new_name_with_a_warning(tmp_path, caplog):
+    """`algorithm.kl.placement` (before "placement" meant only where generation runs) is
+    `algorithm.kl.apply_to`: it still loads, warning with the new key; setting both is refused."""
+    recipe = write_tree(tmp_path)
+    with caplog.at_level("WARNING", logger="rl3d.config.renames"):
+        cfg = load_config(recipe, ["algorithm.kl.placement=reward"]).config
+    assert cfg.algorithm.kl.apply_to == "reward" and cfg.algorithm.kl_apply_to == "reward"
+    assert "algorithm.kl.placement is deprecated: write algorithm.kl.apply_to" in caplog.text
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.kl\.placement: the former name of algorithm\.kl\.apply_to"
+    ):
+        load_config(recipe, ["algorithm.kl.placement=reward", "algorithm.kl.apply_to=loss"])
