@@ -1,5 +1,5 @@
-"""Rollout throughput of an OpenAI-client agent through the endpoint (`rollout.agent`) against
-rl3d's built-in agent loop (`rollout.multi_turn`), on the same engine and the same tool task.
+"""Rollout throughput of an OpenAI-client agent through the endpoint (`rollout.agent.kind:
+endpoint`) against rl3d's tool loop (`kind: tool_loop`), on the same engine and the same tool task.
 
 The policy is the bigram machine (`rl3d.testing.bigram`) over the tool task's tokenizer,
 scripted to do the task's two turns: a calculator call, then, after the result, an answer and
@@ -17,11 +17,10 @@ import argparse
 import statistics
 import time
 
-from rl3d.agents import AgentRollout
-from rl3d.config.agent import AgentHookConfig
+from rl3d.agents import EndpointAgent, ToolLoop, ToolLoopConfig
+from rl3d.config.agent import AgentConfig
 from rl3d.data.tool_task import CALL_END_ID, CALL_ID, OBS_END_ID, TOOL_MULTIPLY, ToolTokenizer
 from rl3d.rollout import SamplingParams
-from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
 from rl3d.testing.bigram import bigram_engine
 from rl3d.tools import ToolBox
 from rl3d.tools.calculator import Calculator
@@ -72,16 +71,16 @@ def main() -> None:
     samples = len(prompts) * args.n
 
     builtin = CountingEngine(bigram_engine("tiny-llama-v32", script()))
-    loop = AgentLoop(builtin, TOK, ToolBox([Calculator()]), AgentLoopConfig(max_turns=3, concurrency=8))
+    loop = ToolLoop(builtin, TOK, ToolBox([Calculator()]), ToolLoopConfig(max_turns=3, concurrency=8))
     loop_s, trajectories = timed(lambda: loop.generate(prompts, params), args.repeats)
     loop.close()
 
     served = CountingEngine(bigram_engine("tiny-llama-v32", script()))
-    cfg = AgentHookConfig(
+    cfg = AgentConfig(
         fn="rl3d.agents.examples:calculator_agent", tool_format="qwen", concurrency=args.concurrency,
         timeout_s=60.0, max_batch_rows=256, batch_wait_ms=args.batch_wait_ms, max_body_bytes=1 << 20,
     )  # fmt: skip
-    rollout = AgentRollout(cfg, served, TOK)
+    rollout = EndpointAgent(cfg, served, TOK)
     rows = [{"prompt": TOK.decode(p), "sample_index": j} for p in prompts for j in range(args.n)]
     agent_s, outcomes = timed(lambda: rollout.run(rows, params), args.repeats)
 
@@ -94,7 +93,7 @@ def main() -> None:
     print("| loop | rollout s | trajectories/s | engine calls per rollout | generated tokens per rollout |")
     print("|---|---|---|---|---|")
     for name, seconds, eng in (
-        ("built-in (multi_turn)", loop_s, builtin),
+        ("tool loop (tool_loop)", loop_s, builtin),
         ("endpoint + openai agent", agent_s, served),
     ):
         per_rollout = f"{eng.calls / args.repeats:.1f} | {eng.tokens / args.repeats:.0f}"

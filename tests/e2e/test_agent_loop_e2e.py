@@ -1,6 +1,6 @@
-"""The tool recipe end to end: real torchrun, megatron actor at tp=2, the agent loop over the
-torch engine with the calculator, GRPO on multi-turn trajectories; on a separate rollout pool the
-pool runs the same agent loop."""
+"""The tool recipe end to end: real torchrun, megatron actor at tp=2, the tool loop
+(`rollout.agent.kind: tool_loop`) over the torch engine with the calculator, GRPO on multi-turn
+trajectories; on a separate rollout pool the pool runs the same tool loop."""
 
 import json
 import math
@@ -44,7 +44,7 @@ SEPARATE = ("rollout.placement=separate", "actor.parallel.tp=1", "actor.warm_sta
 
 @pytest.mark.distributed
 def test_tool_recipe_on_a_separate_rollout_pool_trains_on_trajectories(tmp_path):
-    """The pool's rank generates through the agent loop too: the recipe's metrics hook reads
+    """The pool's rank generates through the tool loop too: the recipe's metrics hook reads
     every row's trajectory, and the rows are multi-turn."""
     run_dir = tmp_path / "run"
     proc = run_train(TOOL, run_dir, "trainer.total_steps=2", *SEPARATE)

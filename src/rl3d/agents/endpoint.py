@@ -4,7 +4,7 @@ queue in front of the rollout engine, every completion recorded by session.
 A reply ends at the model's end ids, at a `stop` string (single-token strings stop the engine;
 longer ones cut the reply after generation, keeping the generated tokens up to the one that
 completes the string) or, when the request offers tools, after a token holding the call's
-close tag (as the built-in agent loop stops). The reply's text without the end token is parsed
+close tag (as the tool loop stops). The reply's text without the end token is parsed
 for tool calls (`rl3d.agents.tool_calls`). Log-probs are the engine's raw (temperature 1)
 ones: what the trainer recomputes and what is recorded.
 """

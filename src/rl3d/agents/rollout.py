@@ -1,4 +1,4 @@
-"""`rollout.agent`: a user's agent function drives the rollout through the endpoint.
+"""`rollout.agent.kind: endpoint`: a user's agent function drives the rollout through the endpoint.
 
 For each sample (a prompt row, `n` times) `run(client, sample)` runs in its own thread with
 `client = openai.OpenAI(base_url=<endpoint>, api_key="rl3d")` bound to the sample's session,
@@ -9,9 +9,9 @@ the rollout goes on. A session is closed when its agent ends or runs out of time
 request gets an error and adds nothing; the thread of a hung agent is left behind (a daemon:
 threads cannot be killed) and the rollout returns at the deadline.
 
-Each session's completions become training sequences (`rl3d.agents.sessions`); the trainer
-takes each as a row (`rl3d.workers.generation`, up to `max_rows_per_session`), all with the
-session's reward and its prompt's group.
+Each session's completions become training sequences (`rl3d.agents.sessions`), each a row
+(`rl3d.agents.base.AgentRow`, up to `max_rows_per_session`), all with the session's reward and
+its prompt's group.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl3d.agents.base import AgentRow
 from rl3d.agents.sessions import Completion, TrainingSequence, training_sequences
 
 logger = logging.getLogger(__name__)
@@ -223,12 +224,12 @@ def agent_reward(inp: Any) -> float:
     the agent returned for the row's session."""
     record = getattr(inp, "trajectory", None)
     if not record or "agent" not in record:
-        raise ValueError("agent_reward scores rows of rollout.agent rollouts only (set rollout.agent.fn)")
+        raise ValueError("agent_reward scores rows of agent rollouts only (set rollout.agent.fn)")
     return float(record["reward"])
 
 
-class AgentRollout:
-    """One rank's agent rollouts on `engine` (`cfg`: `rl3d.config.agent.AgentHookConfig`): an
+class EndpointAgent:
+    """One rank's agent rollouts on `engine` (`cfg`: `rl3d.config.agent.AgentConfig`): an
     endpoint for the rollout's length, and the user's function run per sample against it."""
 
     def __init__(self, cfg: Any, engine: Any, tokenizer: Any):
@@ -237,6 +238,40 @@ class AgentRollout:
         self.cfg, self.engine, self.tokenizer = cfg, engine, tokenizer
         self.fn = cfg.resolve()
         self.chat = ChatFormat(tokenizer, tool_format=cfg.tool_format)
+
+    def rollout(self, prompts: Any, params: Any) -> list[AgentRow]:
+        """The user's agent per sample (`params.n` per prompt, each its own session). A session
+        gives a row for its longest chain of turns that extend one another, then (up to
+        `max_rows_per_session`) one per other sequence of its completions; every row has the
+        session's reward and its prompt's group, so a prompt may have more than `n` rows
+        (`agent/extra_rows`). A session with no completion gives its prompt alone, nothing in
+        the loss."""
+        fields = [k for k in prompts.meta if k != "uid"]
+        samples = [
+            {**{k: prompts[k][p] for k in fields}, "prompt": agent_prompt(prompts, p), "sample_index": j}
+            for p in range(len(prompts))
+            for j in range(params.n)
+        ]
+        # ids unique in the step (the session metrics count sessions of every generation rank)
+        sessions = [f"{int(prompts['uid'][p])}-{j}" for p in range(len(prompts)) for j in range(params.n)]
+        rows = []
+        for i, out in enumerate(self.run(samples, params, sessions)):  # prompt-major
+            p = i // params.n
+            sequences = out.rows(self.cfg.max_rows_per_session)
+            if not sequences:
+                prompt = [int(t) for t in prompts["prompt_ids"][p]]
+                rows.append(
+                    AgentRow(p, prompt, [], [], [], "length", agent_record(out, None, self.chat.decode))
+                )
+            for seq in sequences:
+                k = seq.prompt_length
+                record = agent_record(out, seq, self.chat.decode, rows=sequences)
+                rows.append(
+                    AgentRow(
+                        p, seq.ids[:k], seq.ids[k:], seq.logprobs[k:], seq.mask[k:], seq.finish_reason, record
+                    )
+                )
+        return rows
 
     def run(
         self, samples: list[dict[str, Any]], defaults: Any, sessions: list[str] | None = None
@@ -292,3 +327,9 @@ class AgentRollout:
                 )
             finally:
                 base.close()
+
+
+def agent_prompt(prompts: Any, p: int) -> Any:
+    """What an agent gets as `sample["prompt"]`: a chat row's messages, else the prompt's text."""
+    messages = prompts["messages"][p] if "messages" in prompts else None
+    return [dict(m) for m in messages] if messages else prompts["prompt_text"][p]

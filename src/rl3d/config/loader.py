@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rl3d.config.agent import adopt_multi_turn
 from rl3d.config.checks import check_config
 from rl3d.config.errors import ConfigError
 from rl3d.config.renames import adopt_renamed
@@ -198,6 +199,7 @@ def load_config(recipe: str | os.PathLike, overrides: list[str] | tuple[str, ...
         check_rm_job(cfg, lambda key, msg: ConfigError(msg, key=key, source=merged.source_of(key)))
         return LoadedConfig(cfg, str(path), list(merged.files), list(overrides), dict(merged.sources))
     adopt_renamed(merged.data, merged.sources, merged.source_of)  # former names still load
+    adopt_multi_turn(merged.data, merged.sources, merged.source_of)  # the tool loop's former key
     cfg = from_dict(RL3DConfig, merged.data, source_of=merged.source_of)
     check_config(cfg, merged.source_of)
     return LoadedConfig(cfg, str(path), list(merged.files), list(overrides), dict(merged.sources))

@@ -56,9 +56,9 @@ def check_routing_replay(cfg: RL3DConfig, fail) -> None:
         raise fail(
             "rollout.engine", "algorithm.routing_replay='rollout' needs the torch engine's routing record"
         )
-    if ro.multi_turn.enabled or ro.agent.enabled:
+    if ro.agent.enabled:
         raise fail(
-            "rollout.multi_turn.enabled" if ro.multi_turn.enabled else "rollout.agent.fn",
+            "rollout.agent.kind",
             "algorithm.routing_replay='rollout': a row of several engine calls has no one routing "
             "record; use algorithm.routing_replay='old'",
         )

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from rl3d.config.agent import AgentHookConfig, MultiTurnConfig
+from rl3d.config.agent import AgentConfig
 from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.distill import DistillConfig, check_distill
@@ -223,8 +223,8 @@ class RolloutConfig:
     # precision than training makes the rollout-training mismatch that rollout_correction fixes
     dtype: Literal["float32", "bfloat16", "float16"] | None = None
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
-    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)  # rl3d.config.agent
-    agent: AgentHookConfig = field(default_factory=AgentHookConfig)  # a user's agent: rl3d.agents
+    # multi-turn: rl3d's tool loop or a user's agent program (rl3d.config.agent, rl3d.agents)
+    agent: AgentConfig = field(default_factory=AgentConfig)
     placement: Placement = "colocated"  # or separate: its own pool (rl3d.config.async_rollout)
     pool: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     async_: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)  # YAML: `async`
@@ -236,9 +236,7 @@ class RolloutConfig:
             raise FieldError("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k == 0 or self.top_k < -1:
             raise FieldError("top_k", f"must be -1 (off) or >= 1, got {self.top_k}")
-        if self.agent.enabled and self.multi_turn.enabled:
-            raise FieldError("agent.fn", "the agent drives the rollout itself: set multi_turn.enabled false")
-        if self.agent.enabled and self.t_g > 1:
+        if self.agent.kind == "endpoint" and self.t_g > 1:
             # every rank of a generation-TP group must make the same generate calls; agents'
             # requests arrive in their own order on each rank
             raise FieldError("agent.fn", f"needs t_g 1 (one engine rank per endpoint), got t_g {self.t_g}")

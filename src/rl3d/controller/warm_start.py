@@ -18,7 +18,7 @@ Demonstration rows (from a function `fn(num_examples=, seed=, **options)` or a .
     {"prompt": "text", "segments": [{"text": "...", "loss": true}, ...], "eos": true}
     {"prompt": "text", "response": "text"}                       # plain SFT: every token trained
 
-Text is tokenized with the run's tokenizer, one segment at a time (as the agent loop appends
+Text is tokenized with the run's tokenizer, one segment at a time (as the tool loop appends
 observations: never re-tokenized across a boundary). A response that does not end with EOS gets
 one (trained) unless the row sets ``"eos": false``.
 """

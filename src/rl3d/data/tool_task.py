@@ -178,7 +178,7 @@ def tool_multiply_demonstrations(
 
     The call is parsed (`rl3d.tools.ToolCallParser`) and run through the real calculator
     (`rl3d.tools.ToolBox`), and the observation is tokenized, cut to `max_observation_tokens` and
-    wrapped in the tags as the agent loop does (`rl3d.rollout.agent_loop`), so a demonstration
+    wrapped in the tags as the tool loop does (`rl3d.agents.tool_loop`), so a demonstration
     is a trajectory the loop itself produces for this policy. Rows (`rl3d.controller.warm_start`):
     ``{"prompt_ids", "segments": [call (loss), observation (no loss), answer + EOS (loss)]}``.
     Prompts come from their own seed stream, not the RL prompts' (`make_prompts`)."""

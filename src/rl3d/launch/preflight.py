@@ -15,7 +15,7 @@ already checked the recipe as data; this module looks at the machine and the use
   the reward needs answers) and data-source columns of a usable type; dotted keys reach into
   struct columns; prompts framed by the chat template need a tokenizer directory that has one;
 - user code named as ``package.module:function`` (reward, cost, hooks, extra roles) imports;
-- a Python tool (``rollout.multi_turn.tools: {python: ...}``) gets its isolation here: a probe
+- a Python tool (``rollout.agent.tools: {python: ...}``) gets its isolation here: a probe
   program runs under it (`rl3d.tools.python_sandbox.isolation_problem`), and a machine that
   cannot give it is refused naming what is missing (no fallback to a weaker mode);
 - the recipe's per-rank memory plan fits the device (`rl3d.launch.preflight_memory`);
@@ -248,14 +248,14 @@ def _check_imports(check: _Check) -> None:
 
 
 def _check_tools(check: _Check) -> None:
-    multi_turn = check.cfg.rollout.multi_turn
-    if not multi_turn.enabled:
+    agent = check.cfg.rollout.agent
+    if agent.kind != "tool_loop":
         return
-    for name, tool in multi_turn.build_tools().tools.items():
+    for name, tool in agent.build_tools().tools.items():
         problem = tool.preflight()
         if problem is not None:
             raise check.fail(
-                f"rollout.multi_turn.tools.{name}.isolation",
+                f"rollout.agent.tools.{name}.isolation",
                 f"the {name!r} tool cannot run here: {problem}",
             )
 

@@ -35,8 +35,8 @@ class RewardInput:
     response_text: str
     answer: Any
     finish_reason: str  # "stop" | "length"
-    # multi-turn rollouts (rollout.multi_turn): turns, tool calls, observations and counts
-    # (`rl3d.rollout.agent_loop.Trajectory.record`); None for single-turn responses
+    # multi-turn rollouts (rollout.agent): turns, tool calls, observations and counts
+    # (`rl3d.agents.tool_loop.Trajectory.record`); None for single-turn responses
     trajectory: dict[str, Any] | None = None
     data_source: str | None = None  # the row's data.source_key column (reward.fn_by_source routes by it)
 

@@ -3,7 +3,7 @@
     reward:
       fn: rl3d.rewards.tool_task:tool_multiply_reward
 
-It reads `RewardInput.trajectory` (the agent loop's turns: text, call, observation) and scores
+It reads `RewardInput.trajectory` (the tool loop's turns: text, call, observation) and scores
 with `rl3d.data.tool_task.score_turns`; without a trajectory (a single-turn rollout) it splits
 the response text at the observation tags instead, which gives the same turns.
 """

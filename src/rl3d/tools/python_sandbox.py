@@ -21,7 +21,7 @@
 directory, an optional network namespace (``network``), and an audit hook as the only guard on
 writes and processes. Code can switch an audit hook off; that mode is not a boundary.
 
-Calls are blocking and thread-safe: an agent loop runs them in a thread pool. stdout keeps its
+Calls are blocking and thread-safe: the tool loop runs them in a thread pool. stdout keeps its
 first `max_output_chars`, stderr its last (where a traceback ends).
 """
 

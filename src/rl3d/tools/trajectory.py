@@ -1,5 +1,5 @@
 """The step metrics of multi-turn rollouts, from the trajectory records that
-`rl3d.rollout.agent_loop.Trajectory.record` and `rl3d.agents.rollout.agent_record` make (plain
+`rl3d.agents.tool_loop.Trajectory.record` and `rl3d.agents.rollout.agent_record` make (plain
 dicts: the trainer computes these from the batch, where the records travel as a non-tensor
 field)."""
 

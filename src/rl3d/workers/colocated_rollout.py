@@ -164,7 +164,7 @@ class ColocatedRollout:
             lora_mode=self.transition.lora_mode,
             record_routing=cfg.algorithm.routing_replay == "rollout",
         )
-        # single- or multi-turn (rollout.multi_turn), as a separate rollout pool generates
+        # single- or multi-turn (rollout.agent), as a separate rollout pool generates
         self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)
 
     def publish(self) -> dict[str, float]:

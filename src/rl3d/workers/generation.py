@@ -3,8 +3,8 @@
 The colocated actor (`ActorRolloutWorker.generate_sequences`) and a separate rollout pool's
 rank (`RolloutWorker.generate`) both generate through `Generation`: the recipe's sampling for
 the step and rank (`rollout_sampling`), single-turn on the engine or multi-turn through the
-agent loop (`rollout.multi_turn`) or a user's agent against an OpenAI-compatible endpoint
-(`rollout.agent`), and the rows as the batch the trainer takes. Training
+recipe's agent (`rollout.agent`: rl3d's tool loop, or a user's agent program against an
+OpenAI-compatible endpoint), and the rows as the batch the trainer takes. Training
 rounds, an algorithm's extra rounds (DAPO's refill, ReMax's greedy baseline) and validation
 all come here, so a run generates the same rows on either placement.
 """
@@ -21,7 +21,7 @@ from rl3d.config import RL3DConfig
 from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, ROUTING, DataBatch
 from rl3d.single_controller.dispatch import INPUT_ROW
 
-TRAJECTORY = "trajectory"  # the agent loop's record of each row (multi-turn only)
+TRAJECTORY = "trajectory"  # the agent's record of each row (multi-turn only)
 
 
 def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bool = False):
@@ -49,30 +49,26 @@ def rollout_sampling(cfg: RL3DConfig, *, step: int, gen_dp_rank: int, greedy: bo
 @dataclass
 class Generated:
     batch: DataBatch
-    # the engine's output row of each batch row (single-turn); None for the agent loop, whose
-    # rows each come from several engine calls
+    # the engine's output row of each batch row (single-turn); None for an agent's rows,
+    # each from several engine calls
     engine_rows: list[int] | None
 
 
 class Generation:
-    """The rollout of one generation-DP rank on `engine` (multi-turn when the recipe says)."""
+    """The rollout of one generation-DP rank on `engine`: multi-turn when the recipe names an
+    agent (`rollout.agent`, `rl3d.agents`), else single-turn."""
 
     def __init__(self, cfg: RL3DConfig, engine: Any, tokenizer: Any, *, pad_token_id: int):
         self.cfg, self.engine, self.pad_token_id = cfg, engine, pad_token_id
-        self.agent = self.agents = None
+        self.agent = None
         if cfg.rollout.agent.enabled:
-            from rl3d.agents import AgentRollout
+            from rl3d.agents import build_agent
 
-            self.agents = AgentRollout(cfg.rollout.agent, engine, tokenizer)
-        if cfg.rollout.multi_turn.enabled:
-            from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig
-
-            mt = cfg.rollout.multi_turn
-            self.agent = AgentLoop(engine, tokenizer, mt.build_tools(), AgentLoopConfig.from_config(mt))
+            self.agent = build_agent(cfg.rollout.agent, engine, tokenizer)
 
     @property
     def multi_turn(self) -> bool:
-        return self.agent is not None or self.agents is not None
+        return self.agent is not None
 
     def generate(
         self, prompts: DataBatch, *, step: int, gen_dp_rank: int, greedy: bool = False
@@ -83,8 +79,6 @@ class Generation:
             return None
         params = rollout_sampling(self.cfg, step=step, gen_dp_rank=gen_dp_rank, greedy=greedy)
         if self.agent is not None:
-            return Generated(self._multi_turn(prompts, params), None)
-        if self.agents is not None:
             return Generated(self._agent_rollout(prompts, params), None)
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
         # raw (temperature-1) log-probs are what the trainer recomputes as the old log-prob
@@ -97,62 +91,32 @@ class Generation:
             batch.set(ROUTING, routing_columns(batch, [out.routing[j] for j in order]))
         return Generated(batch, order)
 
-    def _multi_turn(self, prompts: DataBatch, params) -> DataBatch:
-        """The agent loop's trajectories as a batch: observation tokens are in the context
-        (`attention_mask` 1) but outside the loss (`response_mask` 0, `rollout_logp` 0)."""
-        trajectories = self.agent.generate(list(prompts["prompt_ids"]), params)  # prompt-major
-        rows = [(t.prompt_index, t.response_ids, t.raw_logprobs, t.finish_reason) for t in trajectories]
-        batch = rows_to_batch(prompts, rows, self.pad_token_id)
-        for i, t in enumerate(trajectories):
-            batch["response_mask"][i, : len(t.mask)] = torch.tensor(t.mask, dtype=torch.long)
-        return batch.set(TRAJECTORY, [t.record() for t in trajectories])
-
     def _agent_rollout(self, prompts: DataBatch, params) -> DataBatch:
-        """The user's agent per sample (`params.n` per prompt, each its own session). A session
-        gives a row for its longest chain of turns that extend one another, then (up to
-        `rollout.agent.max_rows_per_session`) one per other sequence of its completions; every
-        row has the session's reward and its prompt's group (`uid`), so a prompt may have more
-        than `n` rows (`agent/extra_rows`). A sequence's first prompt fills the prompt columns
-        (its head when longer) and the rest of it is response tokens outside the loss, so every
-        token is one the engine saw or generated."""
-        from rl3d.agents.rollout import agent_record
-
-        fields = [k for k in prompts.meta if k != "uid"]
-        samples = [
-            {**{k: prompts[k][p] for k in fields}, "prompt": _agent_prompt(prompts, p), "sample_index": j}
-            for p in range(len(prompts))
-            for j in range(params.n)
-        ]
-        # ids unique in the step (the session metrics count sessions of every generation rank)
-        sessions = [f"{int(prompts['uid'][p])}-{j}" for p in range(len(prompts)) for j in range(params.n)]
-        outcomes = self.agents.run(samples, params, sessions)
+        """The agent's rows (`rl3d.agents.base.AgentRow`) as a batch. A row's first prompt fills
+        the prompt columns (its head when longer than the step's prompt width) and the rest of it
+        is response tokens outside the loss, so every token is one the engine saw or generated.
+        Tokens outside the loss (tool results, template text) are in the context
+        (`attention_mask` 1) with `response_mask` 0 and `rollout_logp` 0."""
+        agent_rows = self.agent.rollout(prompts, params)  # prompt-major
         width = prompt_width(prompts)
-        decode = self.agents.chat.decode
-        rows, heads, masks, records = [], [], [], []
-        for i, out in enumerate(outcomes):  # prompt-major: a prompt's rows stay together
-            p = i // params.n
-            sequences = out.rows(self.agents.cfg.max_rows_per_session)
-            if not sequences:  # no completion: the prompt alone, nothing in the loss
-                heads.append(prompts["prompt_ids"][p])
-                rows.append((p, [], [], "length"))
-                masks.append([])
-                records.append(agent_record(out, None, decode))
-            for seq in sequences:
-                k = min(seq.prompt_length, width)
-                heads.append(seq.ids[:k])
-                rows.append((p, seq.ids[k:], seq.logprobs[k:], seq.finish_reason))
-                masks.append(seq.mask[k:])
-                records.append(agent_record(out, seq, decode, rows=sequences))
+        rows, heads, masks = [], [], []
+        for row in agent_rows:
+            k = min(len(row.prompt_ids), width)
+            rest = len(row.prompt_ids) - k
+            heads.append(row.prompt_ids[:k])
+            rows.append(
+                (
+                    row.prompt_index,
+                    row.prompt_ids[k:] + row.response_ids,
+                    [0.0] * rest + row.logprobs,
+                    row.finish_reason,
+                )
+            )
+            masks.append([0] * rest + row.mask)
         batch = rows_to_batch(prompts, rows, self.pad_token_id, prompt_ids=heads)
         for i, mask in enumerate(masks):
             batch["response_mask"][i, : len(mask)] = torch.tensor(mask, dtype=torch.long)
-        return batch.set(TRAJECTORY, records)
-
-
-def _agent_prompt(prompts: DataBatch, p: int):
-    """What an agent gets as `sample["prompt"]`: a chat row's messages, else the prompt's text."""
-    messages = prompts["messages"][p] if "messages" in prompts else None
-    return [dict(m) for m in messages] if messages else prompts["prompt_text"][p]
+        return batch.set(TRAJECTORY, [row.record for row in agent_rows])
 
 
 def prompt_width(prompts: DataBatch) -> int:

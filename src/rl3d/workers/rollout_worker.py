@@ -71,7 +71,7 @@ class RolloutWorker:
         )
         self.dtype = torch_dtype(cfg.model.dtype)
         self.generation = Generation(cfg, self.engine, tokenizer, pad_token_id=pad_token_id)
-        # the agent loop's rows each come from several engine calls: weights change between its
+        # an agent's rows each come from several engine calls: weights change between its
         # calls only (a row is then one version), not within a response
         self.partial = cfg.rollout.async_.partial_rollouts and not self.generation.multi_turn
         self.engine.before_forward = self._before_forward

@@ -199,7 +199,8 @@ def test_failures_and_timeouts_score_zero_and_do_not_stall():
     [
         ("rollout.agent.fn=no_such_module:run", "rollout.agent.fn"),
         ("rollout.agent.timeout_s=0", "rollout.agent.timeout_s"),
-        ("rollout.multi_turn.enabled=true", "rollout.agent.fn"),
+        ("rollout.agent.kind=tool_loop", "rollout.agent.fn"),  # the tool loop reads no fn
+        ("rollout.multi_turn.enabled=true", "rollout.multi_turn.enabled"),  # the tool loop's old key
         ("rollout.agent.tool_format=hermes", "rollout.agent.tool_format"),
         ("rollout.agent.max_rows_per_session=0", "rollout.agent.max_rows_per_session"),
     ],

@@ -38,8 +38,8 @@ def test_default_is_none_and_the_modes_load():
             r"actor\.recompute: 'full' reruns the routers in the backward",
         ),
         (
-            [*MOE, "algorithm.routing_replay=rollout", "rollout.multi_turn.enabled=true"],
-            r"rollout\.multi_turn\.enabled: .*no one routing record",
+            [*MOE, "algorithm.routing_replay=rollout", "rollout.agent.kind=tool_loop"],
+            r"rollout\.agent\.kind: .*no one routing record",
         ),
     ],
     ids=["dense", "unknown", "old-without-old-forward", "old-auto-skips", "recompute", "multi-turn"],

@@ -10,7 +10,7 @@ from rl3d.cli import EXIT_BAD_INPUT, main
 from rl3d.tools.python_sandbox import SandboxConfig, isolation_problem
 
 RECIPE = str(Path(__file__).resolve().parents[3] / "recipes/quickstart_cpu_tool_grpo.yaml")
-PYTHON_TOOL = "rollout.multi_turn.tools={python: {cpu_seconds: 2}}"
+PYTHON_TOOL = "rollout.agent.tools={python: {cpu_seconds: 2}}"
 
 
 def validate(capsys, *overrides: str) -> tuple[int, str]:
@@ -32,12 +32,12 @@ def test_python_tool_refused_naming_what_is_missing(capsys, monkeypatch, tmp_pat
     code, err = validate(capsys, PYTHON_TOOL)
     assert code == EXIT_BAD_INPUT
     lines = err.strip().splitlines()
-    assert len(lines) == 1 and "rollout.multi_turn.tools.python.isolation" in lines[0], err
+    assert len(lines) == 1 and "rollout.agent.tools.python.isolation" in lines[0], err
     assert "`unshare` (util-linux) is not installed" in lines[0]
 
 
 def test_weaker_isolation_is_a_setting_and_is_logged(capsys, caplog):
-    override = "rollout.multi_turn.tools={python: {isolation: process}}"
+    override = "rollout.agent.tools={python: {isolation: process}}"
     with caplog.at_level("WARNING", logger="rl3d.tools.sandbox_setup"):
         code, err = validate(capsys, override)
     assert code == 0, err

@@ -1,4 +1,4 @@
-"""The agent loop on rl3d's torch engine with real tools.
+"""The tool loop (`rollout.agent.kind: tool_loop`) on rl3d's torch engine with real tools.
 
 The policy is a real `TorchRolloutEngine` whose weights make it a *bigram machine*: every layer's
 output projections are zero, so the residual stream is the current token's embedding (one-hot),
@@ -14,15 +14,16 @@ import time
 import pytest
 import torch
 
+from rl3d.agents.tool_loop import ToolLoop, ToolLoopAgent, ToolLoopConfig, trajectory_metrics
 from rl3d.data.tool_task import CALL_END_ID, CALL_ID, OBS_END_ID, OBS_ID, ToolTokenizer
 from rl3d.models.spec import get_model_spec
 from rl3d.rollout import SamplingParams, TorchRolloutEngine
-from rl3d.rollout.agent_loop import AgentLoop, AgentLoopConfig, trajectory_metrics
 from rl3d.testing.bigram import bigram_weights
 from rl3d.tools import Tool, ToolBox, ToolResult
 from rl3d.tools.calculator import Calculator
 from rl3d.tools.python_sandbox import PythonSandbox, SandboxConfig, isolation_problem
 
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
 TOK = ToolTokenizer(32)
 EOS = 1
 SPEC = get_model_spec("tiny-llama-v32")
@@ -54,10 +55,10 @@ NEXT = {
 }
 
 
-def make_loop(next_of=NEXT, tools=None, **config) -> AgentLoop:
+def make_loop(next_of=NEXT, tools=None, **config) -> ToolLoop:
     engine = TorchRolloutEngine(SPEC, bigram_weights(SPEC, next_of))
-    cfg = AgentLoopConfig(**({"max_turns": 3, "tool_timeout_s": 2.0, "max_observation_tokens": 16} | config))
-    return AgentLoop(engine, TOK, ToolBox(tools or [Calculator()]), cfg)
+    cfg = ToolLoopConfig(**({"max_turns": 3, "tool_timeout_s": 2.0, "max_observation_tokens": 16} | config))
+    return ToolLoop(engine, TOK, ToolBox(tools or [Calculator()]), cfg)
 
 
 def prompt(last: str) -> list[int]:
@@ -243,11 +244,11 @@ def test_policy_logprobs_of_multi_turn_trajectories_match_an_independent_forward
     from test_rollout_torch_engine import LOGPROB_TOL, hf_reference, megatron_model
 
     spec, _, full = megatron_model("tiny-llama-v32", seed=2)
-    loop = AgentLoop(
+    loop = ToolLoop(
         TorchRolloutEngine(spec, full),
         TOK,
         ToolBox([Calculator()]),
-        AgentLoopConfig(max_turns=4, max_observation_tokens=6),
+        ToolLoopConfig(max_turns=4, max_observation_tokens=6),
     )
     prompts = [prompt("="), TOK.encode("4213*7789="), TOK.encode("5*6=")]
     trajs = loop.generate(prompts, SamplingParams(max_new_tokens=48, stop_token_ids=(EOS,), n=4, seed=11))
@@ -266,3 +267,36 @@ def test_policy_logprobs_of_multi_turn_trajectories_match_an_independent_forward
         multi_turn += 0 in t.mask and 1 in t.mask[t.mask.index(0) :]  # policy tokens after an observation
     assert worst <= LOGPROB_TOL, worst
     assert multi_turn >= 2, [t.turns for t in trajs]
+
+
+def test_generation_lays_the_trajectories_out_as_the_loop_made_them():
+    """`rollout.agent.kind: tool_loop` through `Generation` (the one agent slot): each row is the
+    prompt left-padded, then the trajectory's tokens, its mask as `response_mask` and its raw
+    log-probs as `rollout_logp`, exactly as the loop returns them on the same engine and seed."""
+    from rl3d.config import load_config
+    from rl3d.single_controller.batch import DataBatch
+    from rl3d.workers.generation import TRAJECTORY, Generation, rollout_sampling
+
+    cfg = load_config(ROOT / "recipes" / "quickstart_cpu_tool_grpo.yaml").config
+    engine = TorchRolloutEngine(SPEC, bigram_weights(SPEC, NEXT))
+    generation = Generation(cfg, engine, TOK, pad_token_id=0)
+    assert generation.multi_turn and isinstance(generation.agent, ToolLoopAgent)
+    prompts_ids = [prompt("="), TOK.encode("1?"), prompt("-")]  # a call, a malformed one, no stop
+    prompts = DataBatch({"uid": torch.tensor([5, 6, 7])}, {"prompt_ids": prompts_ids, "index": [0, 1, 2]})
+    batch = generation.generate(prompts, step=2, gen_dp_rank=1).batch
+
+    params = rollout_sampling(cfg, step=2, gen_dp_rank=1)
+    loop = ToolLoop(
+        engine, TOK, cfg.rollout.agent.build_tools(), ToolLoopConfig.from_config(cfg.rollout.agent)
+    )
+    trajs = loop.generate(prompts_ids, params)
+    assert len(batch) == len(trajs) == 3 * cfg.rollout.n
+    width = max(len(p) for p in prompts_ids)
+    for i, t in enumerate(trajs):
+        n = len(t.response_ids)
+        pad = [0] * (width - len(t.prompt_ids))
+        assert batch["input_ids"][i, : width + n].tolist() == pad + t.prompt_ids + t.response_ids
+        assert batch["response_mask"][i, :n].tolist() == t.mask and not batch["response_mask"][i, n:].any()
+        assert batch["rollout_logp"][i, :n].tolist() == torch.tensor(t.raw_logprobs).tolist()
+        assert batch["uid"][i] == 5 + t.prompt_index and batch["finish_reason"][i] == t.finish_reason
+    assert batch[TRAJECTORY] == [t.record() for t in trajs]

@@ -1,4 +1,5 @@
-"""Multi-turn rollouts with tool calls, over any `RolloutEngine`.
+"""The tool loop (`rollout.agent.kind: tool_loop`): multi-turn rollouts with tool calls, over
+any `RolloutEngine`, at the token level.
 
 Each trajectory alternates policy turns and tool observations inside one response:
 
@@ -34,6 +35,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl3d.agents.base import AgentRow
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutEngine, SamplingParams
 from rl3d.tools import ToolBox, ToolCall, ToolCallError, ToolCallParser, ToolResult
 from rl3d.tools.trajectory import trajectory_metrics  # noqa: F401  (re-exported)
@@ -79,8 +81,8 @@ class Trajectory:
 
 
 @dataclass(frozen=True, kw_only=True)
-class AgentLoopConfig:
-    """The loop's settings (`rl3d.config.agent.MultiTurnConfig` without the tool specs)."""
+class ToolLoopConfig:
+    """The loop's settings (`rl3d.config.agent.AgentConfig`'s, without the tool specs)."""
 
     max_turns: int = 4
     call_tags: tuple[str, str] = ("<tool_call>", "</tool_call>")
@@ -90,7 +92,7 @@ class AgentLoopConfig:
     concurrency: int = 8
 
     @classmethod
-    def from_config(cls, cfg: Any) -> AgentLoopConfig:
+    def from_config(cls, cfg: Any) -> ToolLoopConfig:
         return cls(
             max_turns=cfg.max_turns,
             call_tags=tuple(cfg.call_tags),
@@ -101,11 +103,11 @@ class AgentLoopConfig:
         )
 
 
-class AgentLoop:
+class ToolLoop:
     """Runs multi-turn rollouts on `engine` with `tools`; `tokenizer` decodes turns (to find
     calls) and encodes observations (HF tokenizers and `rl3d.data` tokenizers alike)."""
 
-    def __init__(self, engine: RolloutEngine, tokenizer: Any, tools: ToolBox, config: AgentLoopConfig):
+    def __init__(self, engine: RolloutEngine, tokenizer: Any, tools: ToolBox, config: ToolLoopConfig):
         self.engine, self.tokenizer, self.tools, self.config = engine, tokenizer, tools, config
         open_tag, close_tag = config.call_tags
         self.parser = ToolCallParser(open_tag=open_tag, close_tag=close_tag)
@@ -256,7 +258,7 @@ class AgentLoop:
                     logger.warning("tool %r timed out after %.1fs", calls[row].name, timeout)
                     results[row] = ToolResult(
                         "",
-                        error=f"timed out after {timeout:g}s (rollout.multi_turn.tool_timeout_s)",
+                        error=f"timed out after {timeout:g}s (rollout.agent.tool_timeout_s)",
                         timed_out=True,
                     )
         return results
@@ -277,3 +279,26 @@ class AgentLoop:
         traj.mask += [0] * len(obs)
         if len(traj.response_ids) >= budget:
             traj.done, traj.finish_reason = True, FINISH_LENGTH
+
+
+class ToolLoopAgent:
+    """The tool loop as an agent (`rl3d.agents.base.Agent`): the tools `cfg` names, run on
+    `engine`; one row per trajectory, its prompt the prompt row's."""
+
+    def __init__(self, cfg: Any, engine: RolloutEngine, tokenizer: Any):
+        self.loop = ToolLoop(engine, tokenizer, cfg.build_tools(), ToolLoopConfig.from_config(cfg))
+
+    def rollout(self, prompts: Any, params: SamplingParams) -> list[AgentRow]:
+        trajectories = self.loop.generate(list(prompts["prompt_ids"]), params)  # prompt-major
+        return [
+            AgentRow(
+                t.prompt_index,
+                t.prompt_ids,
+                t.response_ids,
+                t.raw_logprobs,
+                t.mask,
+                t.finish_reason,
+                t.record(),
+            )
+            for t in trajectories
+        ]
