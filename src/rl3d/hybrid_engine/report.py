@@ -279,6 +279,8 @@ def _engine_push(args, recipe, plan: TransitionPlan, dtype: str) -> EnginePush:
         return NO_PUSH
     if not mb > 0:
         raise ValueError(f"--push-bucket-mb must be > 0, got {mb:g}")
+    if plan.gen.p_g != 1:  # as rl3d.rollout.factory refuses it
+        raise ValueError(f"p_g={plan.gen.p_g}: an engine that takes whole HF tensors generates with p_g = 1")
     return plan_engine_push(plan.spec, plan.params, plan.gen.t_g, dtype=dtype, bucket_bytes=int(mb * 2**20))
 
 

@@ -5,6 +5,7 @@ the other generation-TP ranks' shards; the executor counts the push into `reshar
 on a push that is not the plan; the torch engine pushes nothing and counts zeros."""
 
 import datetime
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -181,12 +182,13 @@ def _transition(spec, groups, **kwargs):
     full = full_model(params, seed=3, dtype=torch.float32)
     shards = training_shards(full, params, pp_rank=0, pp=1, tp_rank=0, tp=1, num_layers=spec.num_layers)
     resharder = Resharder(spec, groups, dtype=torch.float32, **kwargs)
-    return resharder, resharder.to_generation(shards)
+    return resharder, shards
 
 
 def test_the_push_is_counted_with_the_transition(hybrid_groups):
     spec = get_model_spec("tiny-llama")
-    resharder, weights = _transition(spec, hybrid_groups, push_bucket_mb=0.02)
+    resharder, shards = _transition(spec, hybrid_groups, push_bucket_mb=0.02)
+    weights = resharder.to_generation(shards)
     plan = resharder.push_plan
     assert plan == plan_engine_push(spec, resharder.params, 1, dtype="float32", bucket_bytes=int(0.02 * MiB))
     engine = HFEngine(spec, plan)
@@ -208,14 +210,17 @@ def test_the_torch_engine_pushes_nothing(hybrid_groups):
 
     assert push_bucket_mb(RolloutConfig(engine="torch")) is None
     assert push_bucket_mb(RolloutConfig(engine="sglang")) == RolloutConfig().sglang.bucket_mb
+    from rl3d.workers.colocated_rollout import FullTransition
+
     spec = get_model_spec("tiny-llama")
-    resharder, weights = _transition(spec, hybrid_groups)
+    resharder, shards = _transition(spec, hybrid_groups)
     assert resharder.push_plan == NO_PUSH
     engine = TorchRolloutEngine(spec)
-    resharder.push(engine, weights)
-    assert engine.weight_copy_bytes == 0  # in place
-    m = resharder.last_stats.metrics()
+    actor = SimpleNamespace(transition_shards=lambda: shards)
+    m = FullTransition(resharder).publish(actor, engine)  # the colocated actor's publish
+    assert engine.weight_copy_bytes == 0 and m["reshard/peak_bytes"] == 0  # in place
     assert [m[f"reshard/engine_{k}"] for k in ("bytes", "buckets", "gather_bytes", "seconds")] == [0] * 4
+    weights = resharder.to_generation(shards)
     # an engine that pushes without a plan is not the plan
     with pytest.raises(ReshardError, match="the plan has 0 bytes in 0"):
         resharder.push(HFEngine(spec, plan_engine_push(spec, resharder.params, 1, dtype="float32",

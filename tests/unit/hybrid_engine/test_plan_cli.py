@@ -180,6 +180,7 @@ def test_70b_plan_is_fast_and_never_imports_torch():
         (["--train", "1,8,2", "--auto", "--batch", "0"], "--batch must be > 0, got 0"),
         (["--train", "1,8,2", "--gen", "8,1", "--response-len", "0"], "--response-len must be >= 1, got 0"),
         (["--train", "1,8,2", "--gen", "8,1", "--push-bucket-mb", "0"], "--push-bucket-mb must be > 0"),
+        (["--train", "2,8,2", "--gen", "8,2", "--push-bucket-mb", "1"], "p_g=2: an engine that takes whole"),
     ],
 )
 def test_inputs_a_plan_cannot_mean_are_refused_at_once(capsys, args, message):
