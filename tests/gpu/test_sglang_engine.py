@@ -2,7 +2,7 @@
 
 Skipped without CUDA, and without SGLang (`pip install 'rl3d[gpu]'`, pinned sglang==0.5.23).
 It starts a tiny SGLang engine from a random HF checkpoint, pushes other weights from the
-3D-HybridEngine's `GenerationWeights` (flattened buckets over CUDA IPC) and checks that they land
+3D-HybridEngine's `GenerationWeights` (the planned flattened buckets over CUDA IPC) and checks that they land
 (`get_weights_by_name`), that greedy output matches rl3d's torch engine on the same weights, and
 that release / reload keeps the engine working with the same output (every memory tag resumed).
 """
@@ -19,6 +19,7 @@ pytestmark = [
 
 def test_sglang_adapter_push_generate_release(tmp_path):
     sglang = pytest.importorskip("sglang")
+    from rl3d.hybrid_engine.engine_push import plan_engine_push, push_mismatch
     from rl3d.hybrid_engine.weights import GenerationWeights
     from rl3d.rollout import SamplingParams, TorchRolloutEngine, make_rollout_engine
     from rl3d.rollout.sglang_weights import check_sglang, megatron_to_hf
@@ -35,15 +36,16 @@ def test_sglang_adapter_push_generate_release(tmp_path):
         gen_tp_rank=0,
         pieces={n: [t] for n, t in full.items()},
     )
+    push = plan_engine_push(spec, list(params.values()), 1, dtype="bfloat16", bucket_bytes=int(0.05 * 2**20))
     engine = make_rollout_engine(
-        "sglang", spec=spec, model_path=str(tmp_path), mem_fraction_static=0.2, bucket_mb=0.05,
+        "sglang", spec=spec, model_path=str(tmp_path), mem_fraction_static=0.2, push_plan=push,
         engine_kwargs=dict(disable_cuda_graph=True, random_seed=0),
     )  # fmt: skip
     try:
         assert "CUDA_DEVICE_MAX_CONNECTIONS" in engine.launch_env["set_by_sglang"]  # given back to rank 0
         with pytest.raises(RuntimeError, match="released"):  # the engine starts released
             engine.generate(PROMPTS, SamplingParams(max_new_tokens=2))
-        engine.load_weights(weights)
+        assert push_mismatch(push, engine.load_weights(weights)) is None  # the planned buckets
         engine.resume_memory()  # the KV cache, after every rank emptied its allocator cache
         fc2 = "decoder.layers.1.mlp.linear_fc2.weight"
         name, expect = megatron_to_hf(spec, fc2, [full[fc2]])[0]

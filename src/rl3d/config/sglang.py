@@ -14,7 +14,7 @@ class SGLangConfig:
     mem_fraction_static: float = 0.6
     enable_memory_saver: bool = True
     weight_update: Literal["tensor", "distributed"] = "tensor"  # CUDA IPC; "distributed": refused
-    bucket_mb: float = 512.0  # weights pushed to SGLang per bucket
+    bucket_mb: float = 512.0  # the push's buckets, planned with the transition (engine_push)
     deterministic: bool = False  # SGLang's deterministic inference: honours seeds, decodes slower
     base_gpu_id: int | None = None  # None: the rank's own GPU
     # The KV pool in tokens per rank (SGLang's max_total_tokens, a cap under mem_fraction_static's

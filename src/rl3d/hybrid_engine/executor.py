@@ -6,7 +6,10 @@ parameter names -> tensors). The strategy (looked up by name in the registry, se
 the plan's collectives: each group gathers exactly the pieces the plan lists for its members,
 so the bytes `CountedComm` counts are the planned bytes by construction. The engine offers
 the strategies its shared machinery: the bucketed all-gather into one generation buffer,
-the counted communicator, and the generation weights' bookkeeping.
+the counted communicator, and the generation weights' bookkeeping. `Resharder.push` runs the
+plan's last step, handing the generation weights to the rollout engine: an engine that takes
+whole HF tensors (SGLang) pushes the buckets planned with the transition (`engine_push`), and
+what it pushed is checked against them and counted with the transition.
 
 Training and generation weights share one dtype (the training parameters' own; Megatron's
 fp32 master copy stays in the optimizer), so the own shard can be reused in place.
@@ -16,11 +19,12 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
 from rl3d.hybrid_engine.comm import CountedComm, ReshardError
+from rl3d.hybrid_engine.engine_push import NO_PUSH, EnginePush, plan_engine_push, push_mismatch
 from rl3d.hybrid_engine.nodes import NodeMap
 from rl3d.hybrid_engine.p2p import run_phases
 from rl3d.hybrid_engine.params import ParamInfo, model_params, shard_shape, stages_of
@@ -54,16 +58,27 @@ class TransitionStats:
     # storage the transition allocated for the generation weights (the training tensors read
     # in place are not counted): 0 for an identity transition
     alloc_bytes: int = 0
+    # the push to an engine that keeps its own copy as HF tensors (`engine_push`): 0 without one
+    engine_bytes: int = 0
+    engine_buckets: int = 0
+    engine_gather_bytes: int = 0
+    engine_seconds: float = 0.0
 
     def metrics(self) -> dict[str, float]:
         """`reshard/peak_bytes` is the memory the transition adds on top of the training
-        weights; `reshard/gen_bytes` all of the generation weights, in-place pieces included."""
+        weights; `reshard/gen_bytes` all of the generation weights, in-place pieces included.
+        `reshard/engine_*` count the push (the plan's, checked): bytes handed to the engine, its
+        buckets, bytes received in the generation-TP group to make whole tensors, its seconds."""
         return {
             "reshard/bytes": self.recv_bytes,
             "reshard/send_bytes": self.send_bytes,
             "reshard/peak_bytes": self.alloc_bytes,
             "reshard/gen_bytes": self.peak_param_bytes,
             "reshard/seconds": self.seconds,
+            "reshard/engine_bytes": self.engine_bytes,
+            "reshard/engine_buckets": self.engine_buckets,
+            "reshard/engine_gather_bytes": self.engine_gather_bytes,
+            "reshard/engine_seconds": self.engine_seconds,
         }
 
 
@@ -81,6 +96,7 @@ class Resharder:
         device: torch.device | str = "cpu",
         kernel_backend: str | None = None,
         nodes: NodeMap | None = None,
+        push_bucket_mb: float | None = None,
     ):
         self.spec, self.groups, self.strategy = spec, groups, strategy
         self.impl = get_strategy(strategy)()
@@ -108,6 +124,12 @@ class Resharder:
             params=self.params,
             nodes=nodes,
         ).strategies[strategy]
+        # the last step, to an engine that takes whole HF tensors (`push_bucket_mb`, SGLang's)
+        self.push_plan: EnginePush = NO_PUSH
+        if push_bucket_mb is not None:
+            self.push_plan = plan_engine_push(
+                spec, self.params, self.gen.t_g, dtype=dtype_name, bucket_bytes=int(push_bucket_mb * 2**20)
+            )
 
     # -- what strategies build on --------------------------------------------------------------
     def stage_params(self, pp_rank: int, pp: int) -> list[ParamInfo]:
@@ -352,6 +374,29 @@ class Resharder:
             weights.storage_bytes(exclude=train.values()) if weights is not None else 0,
         )
         return weights
+
+    def push(self, engine, weights: GenerationWeights | None) -> None:
+        """The plan's last step: hand `weights` to the rollout engine (`engine.load_weights`).
+        An engine that takes whole HF tensors pushes `push_plan`'s buckets and returns what it
+        pushed; anything else than the plan raises `ReshardError`. The push is counted into
+        `last_stats` (`reshard/engine_*`); an engine that reads the weights in place pushes
+        nothing and returns None (the empty plan: every `engine_*` counter 0)."""
+        plan = self.push_plan
+        start = time.perf_counter()
+        pushed = engine.load_weights(weights)
+        if plan.buckets and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - start if plan.buckets else 0.0
+        problem = push_mismatch(plan, pushed)
+        if problem is not None:
+            raise ReshardError(f"rank {self.rank}: {problem}")
+        self.last_stats = replace(
+            self.last_stats,
+            engine_bytes=plan.nbytes,
+            engine_buckets=len(plan.buckets),
+            engine_gather_bytes=plan.gather_bytes,
+            engine_seconds=seconds,
+        )
 
     def _gather_full_model(self, train, zero_shards) -> dict[str, torch.Tensor]:
         """The full model on every rank via all_gather_object (slow; verification only)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rl3d.hybrid_engine.auto import HardwareModel, best_row, search_layouts
+from rl3d.hybrid_engine.engine_push import NO_PUSH, EnginePush, plan_engine_push
 from rl3d.hybrid_engine.lora_plan import LoraTransition, format_lora, plan_lora_transition
 from rl3d.hybrid_engine.moe_plan import format_moe, plan_moe_split
 from rl3d.hybrid_engine.plan import TransitionPlan, expert_parts, plan_transition
@@ -24,8 +25,9 @@ GB = 1e9
 class RecipeShapes:
     """What `rl3d plan RECIPE` takes from a recipe (`rl3d.planning.recipe.recipe_shapes` reads
     it): the model, the actor's training layout, the generation layout, the training dtype, the
-    engine as (rollout.engine, rollout.dtype, model.dtype) and the actor's `lora` section (None
-    without one)."""
+    engine as (rollout.engine, rollout.dtype, model.dtype), the actor's `lora` section (None
+    without one) and the bucket size of the push to an engine that takes whole HF tensors (None:
+    the engine reads the generation weights in place)."""
 
     spec: ModelSpec
     train: ParallelLayout
@@ -34,6 +36,7 @@ class RecipeShapes:
     dtype: str
     engine: tuple[str, str | None, str]
     lora: Any = None
+    push_bucket_mb: float | None = None
 
 
 def _ints(text: str, count: int, flag: str) -> list[int]:
@@ -65,6 +68,12 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--response-len", type=int, default=1024)
     parser.add_argument("--lora-rank", type=int, help="plan the adapters' transition (default: actor.lora)")
     parser.add_argument("--lora-targets", help="q_proj,v_proj,... (default: all seven, or actor.lora's)")
+    parser.add_argument(
+        "--push-bucket-mb",
+        type=float,
+        help="plan the push to an engine that takes whole HF tensors (SGLang) in buckets of MB "
+        "(default: a recipe's rollout.sglang.bucket_mb with rollout.engine: sglang)",
+    )
 
 
 def _inputs(args: argparse.Namespace, recipe: RecipeShapes | None):
@@ -171,6 +180,19 @@ def format_plan(plan: TransitionPlan, engine: tuple[str, str | None, str] | None
     return "\n".join(lines)
 
 
+def format_push(push: EnginePush) -> str:
+    """The transition's last step, the push to an engine that takes whole HF tensors."""
+    unit, size = _unit(push.nbytes)
+    bucket_unit, bucket_size = _unit(push.bucket_bytes)
+    gather_unit, gather_size = _unit(push.gather_bytes)
+    return (
+        f"engine push, per generation rank after the transition: {push.num_tensors} HF tensors, "
+        f"{push.nbytes / size:.3f} {unit} in {len(push.buckets)} buckets of <= "
+        f"{push.bucket_bytes / bucket_size:.3f} {bucket_unit}, made whole by receiving "
+        f"{push.gather_bytes / gather_size:.3f} {gather_unit} from its generation-TP group"
+    )
+
+
 def _reduction(value: float, baseline: float) -> str:
     return "n/a" if baseline == 0 else f"{100 * (1 - value / baseline):.1f}%"
 
@@ -238,13 +260,28 @@ def run_plan(args: argparse.Namespace, recipe: RecipeShapes | None = None) -> st
     plan = plan_transition(spec, train, t_g, p_g, dtype=dtype, strategies=strategies)
     lora = _lora_transition(args, recipe, spec, train, t_g, p_g, dtype)
     moe = plan_moe_split(spec, train, t_g, p_g, dtype=dtype) if spec.is_moe else None
+    push = _engine_push(args, recipe, plan, dtype)
     if args.json:
         extra = ({"lora": lora.summary()} if lora else {}) | ({"moe": moe} if moe else {})
-        return json.dumps(plan.to_json() | extra)
+        return json.dumps(plan.to_json() | {"engine_push": push.summary()} | extra)
     sections = [format_plan(plan, engine)]
+    sections += [format_push(push)] if push.buckets else []
     sections += [format_lora(lora)] if lora is not None else []
     sections += [format_moe(moe)] if moe is not None else []
     return "\n\n".join(sections)
+
+
+def _engine_push(args, recipe, plan: TransitionPlan, dtype: str) -> EnginePush:
+    """The transition's last step, the push to an engine that takes whole HF tensors, where
+    --push-bucket-mb or the recipe's engine asks for one; else the empty push."""
+    mb = args.push_bucket_mb if args.push_bucket_mb is not None else getattr(recipe, "push_bucket_mb", None)
+    if mb is None:
+        return NO_PUSH
+    if not mb > 0:
+        raise ValueError(f"--push-bucket-mb must be > 0, got {mb:g}")
+    if plan.gen.p_g != 1:  # as rl3d.rollout.factory refuses it
+        raise ValueError(f"p_g={plan.gen.p_g}: an engine that takes whole HF tensors generates with p_g = 1")
+    return plan_engine_push(plan.spec, plan.params, plan.gen.t_g, dtype=dtype, bucket_bytes=int(mb * 2**20))
 
 
 def _lora_transition(args, recipe, spec, train, t_g, p_g, dtype) -> LoraTransition | None:

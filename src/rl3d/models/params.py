@@ -186,6 +186,20 @@ class ParamInfo:
         return self.numel // self.shape[0]
 
 
+def hf_shapes(param: ParamInfo, vocab_size: int) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the whole HF tensors `param` is made of, in `param.hf`'s order: the fused
+    QKV's q, k and v; fc1's gate and up; a vocabulary's `vocab_size` rows, padding removed."""
+    rows, *rest = param.shape
+    if param.kind is ShardKind.QKV:
+        nq, ng, hd = param.heads
+        return ((nq * hd, *rest), (ng * hd, *rest), (ng * hd, *rest))
+    if param.kind is ShardKind.SWIGLU_FC1:
+        return ((rows // 2, *rest),) * 2
+    if param.kind is ShardKind.VOCAB:
+        return ((vocab_size, *rest),)
+    return (param.shape,)
+
+
 def layer_param_name(layer: int, suffix: str) -> str:
     return f"decoder.layers.{layer}.{suffix}"
 

@@ -13,6 +13,7 @@ from rl3d.config.roles import old_logp_source, role_table
 from rl3d.hybrid_engine.report import RecipeShapes
 from rl3d.models.spec import spec_of
 from rl3d.planning.workload import ROLE_MODEL, ROLLOUT, TRAINED, PoolLayout, RunLayout, Workload
+from rl3d.rollout.factory import push_bucket_mb
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 
@@ -67,8 +68,8 @@ def run_layout_of(cfg: RL3DConfig) -> RunLayout:
 
 
 def recipe_shapes(cfg: RL3DConfig) -> RecipeShapes:
-    """The model, the actor's layout, the generation layout, the dtypes and the actor's LoRA that
-    `rl3d plan RECIPE` plans."""
+    """The model, the actor's layout, the generation layout, the dtypes, the actor's LoRA and the
+    push to the engine that `rl3d plan RECIPE` plans."""
     return RecipeShapes(
         spec=spec_of(cfg.model),
         train=layout_of(cfg.actor.parallel),
@@ -77,4 +78,5 @@ def recipe_shapes(cfg: RL3DConfig) -> RecipeShapes:
         dtype=cfg.model.dtype,
         engine=(cfg.rollout.engine, cfg.rollout.dtype, cfg.model.dtype),
         lora=getattr(cfg.actor, "lora", None),
+        push_bucket_mb=push_bucket_mb(cfg.rollout),
     )

@@ -20,7 +20,7 @@ from rl3d.rollout.base import (
     RolloutEngine,
     SamplingParams,
 )
-from rl3d.rollout.factory import ENGINES, build_rollout_engine, engine_class, engine_kwargs
+from rl3d.rollout.factory import ENGINES, build_rollout_engine, engine_class, engine_kwargs, push_bucket_mb
 from rl3d.rollout.torch_engine import GenerationStats, TorchRolloutEngine
 
 
@@ -45,4 +45,5 @@ __all__ = [
     "engine_class",
     "engine_kwargs",
     "make_rollout_engine",
+    "push_bucket_mb",
 ]

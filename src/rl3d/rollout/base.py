@@ -184,8 +184,10 @@ class RolloutEngine(Protocol):
         """Sample `params.n` responses per prompt; every rank of the engine's TP group gets the batch."""
         ...
 
-    def load_weights(self, weights: Any) -> None:
-        """Point the engine at new weights (the 3D-HybridEngine's `GenerationWeights`)."""
+    def load_weights(self, weights: Any) -> Any:
+        """Point the engine at new weights (the 3D-HybridEngine's `GenerationWeights`). An engine
+        that reads them in place returns None; one that keeps its own copy pushes the buckets its
+        transition planned and returns what it pushed (`sglang_weights.Pushed`)."""
         ...
 
     def release_memory(self) -> None:

@@ -25,6 +25,13 @@ ENGINES = ("torch", "sglang")
 logger = logging.getLogger(__name__)
 
 
+def push_bucket_mb(rollout: Any) -> float | None:
+    """The bucket size of the push to `rollout.engine` where the engine keeps its own copy of
+    the weights as whole HF tensors (SGLang: `rollout.sglang.bucket_mb`); None where it reads the
+    generation weights in place (torch), which pushes nothing. The transition plans the push."""
+    return rollout.sglang.bucket_mb if rollout.engine == "sglang" else None
+
+
 def engine_class(name: str) -> type:
     """The class of engine `name`; importing the SGLang adapter does not import SGLang."""
     if name == "torch":
@@ -51,10 +58,12 @@ def engine_kwargs(
     seed: int | None = None,
     lora_mode: str | None = None,
     record_routing: bool = False,
+    push_plan: Any = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `engine_class(rollout.engine)` for this recipe and rank.
     `lora_mode`: how the torch engine uses the adapters it is given (`actor.lora.engine_mode`);
-    `record_routing`: the torch engine records a mixture of experts' routing per token."""
+    `record_routing`: the torch engine records a mixture of experts' routing per token;
+    `push_plan`: the transition's planned push (`Resharder.push_plan`), which SGLang follows."""
     name = rollout.engine
     engine_class(name)  # unknown names fail here
     if rollout.p_g != 1:
@@ -78,10 +87,10 @@ def engine_kwargs(
     kwargs.update(
         model_path=str(model_path),
         control_group=control_group,
+        push_plan=push_plan,
         update_mode=sg.weight_update,
         mem_fraction_static=sg.mem_fraction_static,
         enable_memory_saver=sg.enable_memory_saver,
-        bucket_mb=sg.bucket_mb,
         deterministic=sg.deterministic,
         max_total_tokens=_kv_tokens(sg.max_total_tokens),
         base_gpu_id=sg.base_gpu_id
@@ -108,5 +117,5 @@ def _kv_tokens(setting: int | str | None) -> int | None:
 def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:
     """Build the engine `rollout.engine` with the section's settings; `options` are
     `engine_kwargs`'s (spec, group, control_group, pad_token_id, model_path, device, dtype, seed,
-    lora_mode, record_routing)."""
+    lora_mode, record_routing, push_plan)."""
     return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))

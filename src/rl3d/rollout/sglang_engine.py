@@ -17,7 +17,9 @@ trainer that raises `SGLangSchedulerError` (rl3d's error path: logged, the run s
 where SGLang's own handler would kill the process tree. The engine loads no checkpoint
 (`load_format="dummy"`): every tensor is pushed before the first generation.
 
-Weights (`load_weights`), bucket by bucket, inside SGLang's begin/end_weight_update session:
+Weights (`load_weights`), in the buckets its transition planned (`push_plan`, the hybrid
+engine's `EnginePush`: the push is the transition's last step, checked and counted with it),
+inside SGLang's begin/end_weight_update session:
 - "tensor" (colocated, default): each rank all-gathers the generation-TP shards of the bucket's
   parameters, converts them to whole HF tensors with the resharding kernels, flattens them into
   one buffer on its own GPU, and sends a CUDA-IPC handle (device named by UUID, SGLang's
@@ -64,13 +66,13 @@ from rl3d.rollout.model import TPComm
 from rl3d.rollout.sglang_lora import check_lora_update, peft_config_dict, sglang_lora_server_args
 from rl3d.rollout.sglang_outputs import parse_output, top_tensors
 from rl3d.rollout.sglang_weights import (
+    Pushed,
     check_sglang,
     env_changes,
     flatten_bucket,
     hf_names,
-    hf_tensors,
     is_torchrun_var,
-    plan_buckets,
+    planned_buckets,
     sglang_launch_env,
     sglang_server_args,
     to_sglang_sampling,
@@ -161,11 +163,10 @@ class SGLangRolloutEngine:
         *,
         model_path: str,
         group: Any = None,
+        push_plan: Any = None,
         control_group: Any = None,
-        weights: Any = None,
         pad_token_id: int = 0,
         update_mode: str = "tensor",
-        bucket_mb: float = 512.0,
         mem_fraction_static: float = 0.5,
         enable_memory_saver: bool = True,
         deterministic: bool = False,
@@ -179,9 +180,14 @@ class SGLangRolloutEngine:
     ):
         if update_mode not in UPDATE_MODES:
             raise ValueError(f"rollout.sglang.update_mode={update_mode!r}; known: {', '.join(UPDATE_MODES)}")
-        sglang = _import_sglang()
+        sglang = _import_sglang()  # first: without SGLang, say how to install it
+        if not getattr(push_plan, "buckets", None):
+            raise ValueError(
+                "the SGLang engine pushes the buckets its transition planned: give push_plan "
+                "(`Resharder.push_plan`, or `rl3d.hybrid_engine.engine_push.plan_engine_push`)"
+            )
         self.spec, self.update_mode, self.pad_token_id = spec, update_mode, pad_token_id
-        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.push_plan = push_plan
         self.memory_saver = enable_memory_saver
         self.eos_token_ids = model_eos_token_ids(model_path)
         self.tp = TPComm(group)
@@ -219,8 +225,6 @@ class SGLangRolloutEngine:
             self.engine = self._launch(sglang, kwargs)
         self._barrier()
         self.release_memory()  # hold nothing until the first load_weights
-        if weights is not None:
-            self.load_weights(weights)
 
     def _launch(self, sglang: Any, kwargs: dict[str, Any]) -> Any:
         """sglang.Engine(**kwargs) in `sglang_launch_env`; this process's environment and start
@@ -258,25 +262,26 @@ class SGLangRolloutEngine:
         return box[0]
 
     # -- RolloutEngine -------------------------------------------------------------------------
-    def load_weights(self, weights: Any) -> None:
-        """Push `GenerationWeights` into SGLang, bucket by bucket (its weights memory resumed
-        first if released). The KV cache stays as it was: `resume_memory` brings it back."""
+    def load_weights(self, weights: Any) -> Pushed:
+        """Push `GenerationWeights` into SGLang in the planned buckets (`push_plan`), its weights
+        memory resumed first if released; returns what was pushed, which the hybrid engine checks
+        against the plan. The KV cache stays as it was: `resume_memory` brings it back."""
         if WEIGHTS in self._released:
             _empty_allocator_cache()
             self._resume([WEIGHTS])
         if self.engine is not None:
             _check_ok(self.engine.begin_weight_update(), "begin_weight_update")
-        count, pushed = 0, set()
-        for bucket in plan_buckets(hf_tensors(self.spec, weights, self.tp), self.bucket_bytes):
+        pushed = Pushed()
+        for bucket in planned_buckets(self.spec, weights, self.push_plan.buckets, self.tp, pushed):
             if self.update_mode == "tensor":
                 self._push_ipc(bucket)
             else:
                 self._push_distributed(bucket)
-            pushed.update(n for n, _ in bucket)
-            count += 1
+            pushed.add(bucket)
         if self.engine is not None:
             _check_ok(self.engine.end_weight_update(), "end_weight_update")
-        missing = sorted({n for names in hf_names(self.spec).values() for n in names} - pushed)
+        sent = {n for bucket, _ in pushed.buckets for n in bucket}
+        missing = sorted({n for names in hf_names(self.spec).values() for n in names} - sent)
         if missing:
             raise RuntimeError(
                 f"SGLang got no new values for {len(missing)} tensors ({', '.join(missing[:3])}, ...): "
@@ -285,7 +290,8 @@ class SGLangRolloutEngine:
         if self.engine is not None and KV_CACHE not in self._released:
             self.engine.flush_cache()  # the prefix cache holds the old weights' keys and values
         self._barrier()
-        logger.info("pushed weights to SGLang in %d buckets", count)
+        logger.info("pushed weights to SGLang in %d buckets", len(pushed.buckets))
+        return pushed
 
     def _resume(self, tags: list[str]) -> None:
         if not tags:

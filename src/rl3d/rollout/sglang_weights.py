@@ -6,7 +6,9 @@ wheel's source in tests/unit/rollout/test_sglang_wheel_contract.py). SGLang's we
 HF tensors (each SGLang TP rank slices its own part), so the generation-TP shards of a parameter
 are all-gathered and converted to HF names and layout by the resharding kernels
 (`rl3d.ops.gather_to_layout(target="hf")`), then flattened into buckets whose metadata has the
-fields of SGLang's `FlattenedTensorMetadata` (`load_format="flattened_bucket"`).
+fields of SGLang's `FlattenedTensorMetadata` (`load_format="flattened_bucket"`). Which tensors go
+in which bucket is planned with the transition (`rl3d.hybrid_engine.engine_push`); here the
+planned buckets are filled (`planned_buckets`) and what was pushed is counted (`Pushed`).
 
 A mixture of experts goes over as its HF checkpoint names, every expert under its global index
 (`model.layers.{i}.mlp.experts.{e}.{gate,up,down}_proj.weight`, the router as `mlp.gate.weight`):
@@ -19,14 +21,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from rl3d.models.builder import megatron_param_kinds
 from rl3d.models.hf_mapping import tensor_maps
-from rl3d.models.params import OUTPUT_LAYER
 from rl3d.models.spec import ModelSpec
 from rl3d.ops import ParamLayout, gather_to_layout, pack_bucket
 from rl3d.ops.layouts import ShardKind
@@ -203,25 +204,71 @@ def megatron_to_hf(spec: ModelSpec, name: str, shards: list[torch.Tensor]) -> li
     return list(zip(names, tensors))
 
 
-def hf_tensors(spec: ModelSpec, weights: Any, comm: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """Whole HF tensors of every parameter of a rank's `GenerationWeights`, one parameter at a
-    time. With a generation-TP group (`rl3d.rollout.model.TPComm`, size > 1) this is collective:
-    the group all-gathers each sharded parameter."""
+def gathered_shards(weights: Any, name: str, comm: Any = None) -> list[torch.Tensor]:
+    """Every generation-TP shard of parameter `name` of a rank's `GenerationWeights`, in TP
+    order: collective over the group of `comm` (`rl3d.rollout.model.TPComm`) when the parameter
+    is sharded and the group has more than one rank; else this rank's shard alone."""
+    shard = weights.materialize(name)  # this rank's Megatron generation shard
     size = 1 if comm is None else comm.size
-    for name in weights.names():
-        if name == OUTPUT_LAYER and spec.tied_embeddings:
-            continue  # SGLang ties lm_head to the embedding itself
-        shard = weights.materialize(name)  # this rank's Megatron generation shard
-        shards = [shard]
-        if size > 1 and weights.params[name].kind is not ShardKind.REPLICATED:
-            import torch.distributed as dist
+    if size == 1 or weights.params[name].kind is ShardKind.REPLICATED:
+        return [shard]
+    import torch.distributed as dist
 
-            shards = [torch.empty_like(shard) for _ in range(size)]
-            dist.all_gather(shards, shard.contiguous(), group=comm.handle)
-        yield from megatron_to_hf(spec, name, shards)
+    shards = [torch.empty_like(shard) for _ in range(size)]
+    dist.all_gather(shards, shard.contiguous(), group=comm.handle)
+    return shards
 
 
 # -- buckets -----------------------------------------------------------------------------------
+@dataclass
+class Pushed:
+    """What one push handed the engine: each bucket's tensor names and bytes, in order, and the
+    bytes received from the generation-TP group to make whole tensors. The hybrid engine checks
+    it against the planned push (`rl3d.hybrid_engine.engine_push`)."""
+
+    buckets: list[tuple[tuple[str, ...], int]] = field(default_factory=list)
+    gather_bytes: int = 0
+
+    def add(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        nbytes = sum(t.numel() * t.element_size() for _, t in bucket)
+        self.buckets.append((tuple(n for n, _ in bucket), nbytes))
+
+
+def planned_buckets(
+    spec: ModelSpec, weights: Any, buckets: Iterable[Any], comm: Any = None, pushed: Pushed | None = None
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The whole HF tensors of each planned bucket, in order (`buckets`: the transition's
+    `EnginePush.buckets`, whose tensors name themselves, their Megatron `source` and `shape`).
+    A parameter's shards are gathered (`gathered_shards`, collective) and converted when its
+    first tensor is due; a tensor that is not the plan's raises. Lazy: one bucket of tensors,
+    and the rest of one parameter's, are alive at a time. `pushed` counts the bytes gathered."""
+    pending: dict[str, torch.Tensor] = {}
+    for planned in buckets:
+        bucket = []
+        for entry in planned.tensors:
+            if entry.name not in pending:
+                if pending:
+                    raise RuntimeError(
+                        f"the planned push wants {entry.name} while {', '.join(pending)} of the "
+                        "previous parameter are still unpushed: the plan and the model's HF tensors differ"
+                    )
+                shards = gathered_shards(weights, entry.source, comm)
+                if pushed is not None:
+                    pushed.gather_bytes += sum(t.numel() * t.element_size() for t in shards[1:])
+                pending.update(megatron_to_hf(spec, entry.source, shards))
+            tensor = pending.pop(entry.name, None)
+            if tensor is None or tuple(tensor.shape) != tuple(entry.shape):
+                got = "nothing" if tensor is None else f"shape {tuple(tensor.shape)}"
+                raise RuntimeError(
+                    f"the planned push has {entry.name} of shape {tuple(entry.shape)} from {entry.source}, "
+                    f"whose conversion gave {got}: the plan and the model's HF tensors differ"
+                )
+            bucket.append((entry.name, tensor))
+        yield bucket
+    if pending:
+        raise RuntimeError(f"HF tensors {', '.join(pending)} are in no planned bucket")
+
+
 @dataclass(frozen=True)
 class BucketEntry:
     """Where one tensor lies in a flat bucket (the fields of SGLang's FlattenedTensorMetadata)."""
@@ -232,27 +279,6 @@ class BucketEntry:
     start_idx: int
     end_idx: int
     numel: int
-
-
-def plan_buckets(
-    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int
-) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Group a stream of tensors, in order, into buckets of at most `bucket_bytes` and one
-    dtype each (a tensor larger than the limit is a bucket alone). Lazy: a bucket is yielded as
-    soon as it is full, so only one bucket of tensors is alive at a time."""
-    if bucket_bytes < 1:
-        raise ValueError(f"rollout.sglang.bucket_mb must be > 0, got {bucket_bytes} bytes")
-    bucket: list[tuple[str, torch.Tensor]] = []
-    size = 0
-    for name, t in named_tensors:
-        nbytes = t.numel() * t.element_size()
-        if bucket and (size + nbytes > bucket_bytes or t.dtype != bucket[0][1].dtype):
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += nbytes
-    if bucket:
-        yield bucket
 
 
 def flatten_bucket(bucket: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[BucketEntry]]:

@@ -27,8 +27,9 @@ logger = logging.getLogger(__name__)
 
 class FullTransition:
     """Every publish reshards the whole model from the training layout to the generation
-    layout and loads it; an engine that holds its own copy (SGLang) gets it at once and the
-    resharded buffer is freed."""
+    layout and loads it; an engine that holds its own copy (SGLang) gets it pushed at once, the
+    plan's last step (`Resharder.push`, counted in `reshard/engine_*`), and the resharded buffer
+    is freed."""
 
     lora_mode = None  # the engine takes no adapters
 
@@ -38,7 +39,7 @@ class FullTransition:
 
     def publish(self, actor: MegatronEngine, engine: Any) -> dict[str, float]:
         self.weights = self.resharder.to_generation(actor.transition_shards())
-        engine.load_weights(self.weights)
+        self.resharder.push(engine, self.weights)
         metrics = self.resharder.last_stats.metrics()
         # an engine in another dtype than training (`rollout.dtype`) holds a cast copy
         metrics["reshard/peak_bytes"] += getattr(engine, "weight_copy_bytes", 0)
@@ -82,6 +83,7 @@ class AdapterTransition:
 def build_transition(cfg: RL3DConfig, spec: Any, hybrid_groups: Any, device: torch.device):
     """The transition of `cfg`'s colocated actor over `hybrid_groups`."""
     from rl3d.hybrid_engine.executor import Resharder
+    from rl3d.rollout import push_bucket_mb
     from rl3d.utils.dtypes import torch_dtype
 
     he = cfg.hybrid_engine
@@ -94,6 +96,7 @@ def build_transition(cfg: RL3DConfig, spec: Any, hybrid_groups: Any, device: tor
         dtype=torch_dtype(cfg.model.dtype),
         device=device,
         kernel_backend=he.kernel_backend,
+        push_bucket_mb=push_bucket_mb(cfg.rollout),
     )
     if not adapter_transition(cfg):
         return FullTransition(resharder)
@@ -163,6 +166,7 @@ class ColocatedRollout:
             seed=cfg.trainer.seed,
             lora_mode=self.transition.lora_mode,
             record_routing=cfg.algorithm.routing_replay == "rollout",
+            push_plan=self.resharder.push_plan,
         )
         # single- or multi-turn (rollout.agent), as a separate rollout pool generates
         self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)

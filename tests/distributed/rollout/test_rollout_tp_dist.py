@@ -5,7 +5,8 @@ generation weights for t_g=1 (each rank: both pieces of the whole model, one its
 tensor) and for t_g=2 (each rank: its own shard, a 2-rank generation-TP group). Generation at
 t_g=2 must give exactly the tokens of t_g=1 and the same log-probs within 1e-5, on both ranks,
 and both must equal the one-process engine on the unsharded model. The SGLang adapter's
-Megatron -> HF tensors, gathered over the generation-TP group, equal the full model's bit for bit.
+Megatron -> HF tensors, gathered over the generation-TP group into the planned buckets (the bytes
+gathered are the plan's), equal the full model's bit for bit.
 """
 
 import pytest
@@ -26,6 +27,7 @@ def _settings():
 
 
 def tp_worker(rank, world, models):
+    from rl3d.hybrid_engine.engine_push import plan_engine_push, push_mismatch
     from rl3d.hybrid_engine.executor import Resharder
     from rl3d.hybrid_engine.params import model_params
     from rl3d.hybrid_engine.weights import full_model, training_shards
@@ -34,7 +36,7 @@ def tp_worker(rank, world, models):
     from rl3d.parallel.groups import build_hybrid_groups
     from rl3d.rollout import SamplingParams, TorchRolloutEngine
     from rl3d.rollout.model import TPComm
-    from rl3d.rollout.sglang_weights import hf_tensors, megatron_to_hf
+    from rl3d.rollout.sglang_weights import Pushed, megatron_to_hf, planned_buckets
 
     train = ParallelLayout(1, 2, 1)
     groups = {
@@ -58,8 +60,14 @@ def tp_worker(rank, world, models):
             # no extra copy: the rank's own training tensors are pieces the engine computes from
             own = [n for n, ps in engines[t_g].weights.pieces.items() if any(p is shards[n] for p in ps)]
             assert len(own) == len(shards), (t_g, len(own), len(shards))
-            # the SGLang adapter's whole HF tensors (all-gathered over the group at t_g=2)
-            hf = dict(hf_tensors(spec, weights, TPComm(g.gen_tp)))
+            # the SGLang adapter's whole HF tensors in the planned buckets (all-gathered over the
+            # group at t_g=2: the gathered bytes are the plan's)
+            push = plan_engine_push(spec, params, t_g, dtype="float32", bucket_bytes=2**16)
+            pushed, hf = Pushed(), {}
+            for bucket in planned_buckets(spec, weights, push.buckets, TPComm(g.gen_tp), pushed):
+                pushed.add(bucket)
+                hf.update(bucket)
+            assert push_mismatch(push, pushed) is None and (push.gather_bytes > 0) == (t_g > 1), t_g
             ref = {k: v for name, t in full.items() for k, v in megatron_to_hf(spec, name, [t])}
             assert hf.keys() == ref.keys() and all(torch.equal(hf[k], ref[k]) for k in ref), t_g
         engines[0] = TorchRolloutEngine(spec, full)  # one process, unsharded

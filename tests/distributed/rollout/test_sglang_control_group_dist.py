@@ -3,7 +3,8 @@ broadcast of generated rows) go over the gloo twin of the generation-TP group, w
 `launch.timeout_s`, not over the generation-TP group itself (NCCL on a GPU, waiting
 `hybrid_engine.timeout_s`). Two gloo ranks, t_g = 2, the SGLang stand-in (tests/unit/rollout)
 taking longer to launch and to generate than the generation-TP group's 2 s timeout: rank 1 waits
-for rank 0 through both and gets rank 0's rows."""
+for rank 0 through both and gets rank 0's rows. The push before it gathers each parameter over
+the group as planned (`reshard/engine_gather_bytes`)."""
 
 import sys
 from pathlib import Path
@@ -47,7 +48,11 @@ def worker(rank, world, hf_dir):
     assert control is not None and control.ranks == (0, 1)
     worker.start_engine([])
     assert len(standin.engines) == (1 if rank == 0 else 0)  # group rank 0 launches SGLang
-    worker.reshard()
+    metrics = worker.reshard()
+    # the push, the plan's last step: each rank gathers its peer's shards (checked, then counted)
+    plan = worker.rollout.resharder.push_plan
+    pushed = [metrics[f"reshard/engine_{k}"] for k in ("gather_bytes", "bytes", "buckets")]
+    assert pushed == [plan.gather_bytes, plan.nbytes, len(plan.buckets)] and plan.gather_bytes > 0
     prompts = DataBatch(meta={"prompt_ids": [[3, 1, 4], [1, 5, 9, 2]], "uid": [0, 1]})
     out = worker.generate_sequences(prompts, step=0)
     worker.release_generation()

@@ -65,6 +65,33 @@ def test_plan_from_recipe(capsys):
     assert out["model"] == "tiny-llama" and out["train"] == {"p": 1, "t": 2, "d": 1} and out["d_g"] == 2
 
 
+def test_the_push_to_sglang_is_a_step_of_the_plan(capsys):
+    """With rollout.engine: sglang the plan ends with the push to the engine, in buckets of
+    rollout.sglang.bucket_mb (the table and the JSON); the torch engine's push is empty."""
+    from rl3d.hybrid_engine.engine_push import plan_engine_push
+    from rl3d.hybrid_engine.params import model_params
+    from rl3d.models.spec import get_model_spec
+
+    spec = get_model_spec("tiny-llama")
+    want = plan_engine_push(spec, model_params(spec, train_tp=2), 1, dtype="float32", bucket_bytes=104857)
+    recipe = str(ROOT / "recipes/quickstart_cpu_grpo.yaml")
+    sglang = ("rollout.engine=sglang", "launch.device=cuda", "model.hf_path=/hf")
+    sglang += ("rollout.sglang.bucket_mb=0.1",)
+    assert run_json(capsys, recipe, *sglang)["engine_push"] == want.summary() and len(want.buckets) > 1
+    assert run_json(capsys, recipe)["engine_push"] == {
+        "bytes": 0, "buckets": 0, "tensors": 0, "bucket_bytes": 0, "gather_bytes": 0,
+    }  # fmt: skip
+    flags = ("--model", "tiny-llama", "--train", "1,2,1", "--gen", "1,1", "--dtype", "float32")
+    assert run_json(capsys, *flags, "--push-bucket-mb", "0.1")["engine_push"] == want.summary()
+    assert main(["plan", recipe, *sglang, "--strategy", "hybridflow"]) == 0
+    assert (
+        "engine push, per generation rank after the transition: 21 HF tensors, 500.992 KB in "
+        f"{len(want.buckets)} buckets of <= 104.857 KB" in capsys.readouterr().out
+    )
+    assert main(["plan", recipe, "--strategy", "hybridflow"]) == 0
+    assert "engine push" not in capsys.readouterr().out
+
+
 def test_identity_transition_is_planned_and_shown(capsys):
     """t_g = t, p_g = p: no collective, 0 bytes, each rank's training shard is its generation
     shard, and the table says whether the torch engine then reads it in place."""
@@ -128,10 +155,12 @@ def test_bad_input_exits_2_with_reason(args, message, capsys):
 
 
 def test_70b_plan_is_fast_and_never_imports_torch():
-    """`rl3d plan` is pure Python over shapes: no torch import, so no tensor memory at all."""
+    """`rl3d plan` is pure Python over shapes, the push to SGLang included: no torch import, so
+    no tensor memory at all."""
     code = (
         "import sys, time; t = time.perf_counter(); from rl3d.cli import main; "
-        "main(['plan', '--model', 'llama2-70b', '--train', '4,8,4', '--gen', '8,1', '--json']); "
+        "main(['plan', '--model', 'llama2-70b', '--train', '4,8,4', '--gen', '8,1', '--json', "
+        "'--push-bucket-mb', '512']); "
         "print(time.perf_counter() - t); print('torch' in sys.modules)"
     )
     start = time.perf_counter()
@@ -150,6 +179,8 @@ def test_70b_plan_is_fast_and_never_imports_torch():
         (["--train", "1,8,2", "--auto", "--gpu-mem-gb", "-5"], "--gpu-mem-gb must be > 0, got -5"),
         (["--train", "1,8,2", "--auto", "--batch", "0"], "--batch must be > 0, got 0"),
         (["--train", "1,8,2", "--gen", "8,1", "--response-len", "0"], "--response-len must be >= 1, got 0"),
+        (["--train", "1,8,2", "--gen", "8,1", "--push-bucket-mb", "0"], "--push-bucket-mb must be > 0"),
+        (["--train", "2,8,2", "--gen", "8,2", "--push-bucket-mb", "1"], "p_g=2: an engine that takes whole"),
     ],
 )
 def test_inputs_a_plan_cannot_mean_are_refused_at_once(capsys, args, message):

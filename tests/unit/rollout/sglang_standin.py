@@ -189,6 +189,7 @@ class Engine:
                     self.weights[name] = torch.rand(piece.get_shape(), dtype=dtype)
         self.offload_tags: set[str] = set()
         self.session = False
+        self.pushed: list[tuple[tuple[str, ...], int]] = []  # each update's tensor names and bytes
         self.loras: dict[str, float] = {}  # adapter name -> its tensors' checksum
         standin.engines.append(self)
 
@@ -254,6 +255,7 @@ class Engine:
         ]
         own = safe_loads(payloads[0], self.standin.allowed)  # TP rank 0's payload
         flat = own["flattened_tensor"]
+        self.pushed.append((tuple(m.name for m in own["metadata"]), flat.numel() * flat.element_size()))
         for meta in own["metadata"]:
             tensor = flat[meta.start_idx : meta.end_idx].view(meta.dtype).reshape(meta.shape)
             if meta.name not in self.weights or self.weights[meta.name].shape != tensor.shape:

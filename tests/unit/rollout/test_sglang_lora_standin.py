@@ -9,6 +9,7 @@ import pytest
 from sglang_standin import install
 from sglang_wheel import wheel_or_skip
 
+from rl3d.hybrid_engine.engine_push import plan_engine_push
 from rl3d.hybrid_engine.params import model_params
 from rl3d.hybrid_engine.weights import GenerationWeights
 from rl3d.models.lora_names import LORA_TARGETS
@@ -36,14 +37,15 @@ def test_adapters_go_through_the_lora_api(tmp_path, monkeypatch, sigquit_restore
     full = megatron_from_hf(spec, model, params["embedding.word_embeddings.weight"].shape[0])
     weights = GenerationWeights(spec, params, 1, 1, 0, {n: [t] for n, t in full.items()})
     lora = {"r": 8, "lora_alpha": 16, "target_modules": list(LORA_TARGETS)}
+    push = plan_engine_push(spec, list(params.values()), 1, dtype="float32", bucket_bytes=2**20)
     engine = SGLangRolloutEngine(
-        spec, model_path=str(tmp_path / "hf"), lora=lora, deterministic=True, dtype="float32",
-        base_gpu_id=0, gpu_id_step=1,
+        spec, model_path=str(tmp_path / "hf"), push_plan=push, lora=lora, deterministic=True,
+        dtype="float32", base_gpu_id=0, gpu_id_step=1,
     )  # fmt: skip
     (sglang,) = standin.engines
     assert sglang.args["enable_lora"] and sglang.args["max_lora_rank"] == 8
     assert sglang.args["lora_target_modules"] == list(LORA_TARGETS)
-    engine.load_weights(weights)
+    assert [names for names, _ in engine.load_weights(weights).buckets] == [b.names for b in push.buckets]
     engine.resume_memory()
     params = SamplingParams(max_new_tokens=4, seed=1)
     base = engine.generate(PROMPTS, params)

@@ -83,7 +83,7 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
     overrides = [
         "rollout.engine=sglang", "launch.device=cuda", f"model.hf_path={hf}", "model.dtype=float32",
         "actor.parallel.tp=1", "launch.nproc_per_node=1", "rollout.n=2", "rollout.max_new_tokens=4",
-        "rollout.temperature=0.7", "rollout.sglang.deterministic=true",
+        "rollout.temperature=0.7", "rollout.sglang.deterministic=true", "rollout.sglang.bucket_mb=0.02",
     ]  # fmt: skip
     cfg = load_config(ROOT / "recipes/quickstart_cpu_grpo.yaml", overrides).config
     for name, value in TORCHRUN_ENV.items():
@@ -127,7 +127,14 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
                     t.add_(0.25)
             expected = {k: v + 0.25 for k, v in expected.items()}
         engine.events.clear()
-        worker.reshard()
+        engine.pushed.clear()
+        metrics = worker.reshard()
+        # the push is the plan's last step: exactly the planned buckets, counted in reshard/*
+        plan = worker.rollout.resharder.push_plan
+        assert engine.pushed == [(b.names, b.nbytes) for b in plan.buckets] and len(plan.buckets) > 1
+        assert metrics["reshard/engine_bytes"] == plan.nbytes == sum(t.numel() * 4 for t in expected.values())
+        assert metrics["reshard/engine_buckets"] == len(plan.buckets)
+        assert metrics["reshard/engine_gather_bytes"] == 0 and metrics["reshard/engine_seconds"] > 0
         assert worker.rollout.weights is None  # the resharded copy is freed once SGLang holds the weights
         assert engine.offload_tags == {"kv_cache", "cuda_graph"}  # resumed by the first generation
         assert set(engine.weights) == set(expected)
@@ -180,3 +187,13 @@ def test_actor_two_steps_on_the_sglang_standin(groups, tmp_path, monkeypatch, si
     assert all((r == "stop") == (2 in ids) for r, ids in zip(again[0].finish_reasons, again[0].responses()))
     assert torch.equal(again[0].response_ids, again[1].response_ids)  # seeded: deterministic inference
     assert torch.equal(again[0].raw_logprobs, again[0].logprobs)
+
+
+def test_the_engine_needs_its_planned_push(monkeypatch):
+    from rl3d.models.spec import get_model_spec
+    from rl3d.rollout.sglang_engine import SGLangRolloutEngine
+
+    standin = install(monkeypatch, wheel_or_skip())
+    with pytest.raises(ValueError, match="pushes the buckets its transition planned: give push_plan"):
+        SGLangRolloutEngine(get_model_spec("tiny-llama"), model_path="unused")
+    assert not standin.engines  # refused before the launch

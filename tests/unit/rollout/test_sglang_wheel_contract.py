@@ -197,14 +197,16 @@ def test_engine_factory_call_sites_bind():
         sites += 1
     assert sites >= 1  # the actor worker's
     spec = get_model_spec("tiny-llama")
+    push = object()  # the transition's planned push (Resharder.push_plan), handed through
     for name in ENGINES:
         kwargs = engine_kwargs(
             RolloutConfig(engine=name, sglang=SGLangConfig(bucket_mb=64)),
             spec=spec, group=None, control_group=None, pad_token_id=3, model_path="/hf", device="cuda:1",
+            push_plan=push,
         )  # fmt: skip
         bound = inspect.signature(engine_class(name)).bind(**kwargs)
         assert bound.arguments["pad_token_id"] == 3
-    assert kwargs["base_gpu_id"] == 1 and kwargs["bucket_mb"] == 64 and "control_group" in kwargs
+    assert kwargs["base_gpu_id"] == 1 and kwargs["push_plan"] is push and "control_group" in kwargs
     assert kwargs["max_total_tokens"] is None  # "plan" unresolved: SGLang sizes its own pool
     fixed = RolloutConfig(engine="sglang", sglang=SGLangConfig(max_total_tokens=5000))
     assert engine_kwargs(fixed, spec=spec, model_path="/hf")["max_total_tokens"] == 5000
