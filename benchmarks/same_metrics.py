@@ -17,6 +17,13 @@ their metric names; the same recipe at max_staleness 0 (`grpo_separate`) is comp
     python benchmarks/same_metrics.py run /work/wt/_baseline
     python benchmarks/same_metrics.py compare /work/wt/_baseline /tmp/after
     python benchmarks/same_metrics.py diff /work/wt/_baseline /tmp/after   # no re-run
+
+A change that renames or adds metrics on purpose says so, and only those keys are excused: the
+baseline's `OLD` is read as `NEW` (`--renamed OLD=NEW`), and a key matching `--added REGEX` that
+only the new run has is dropped; both are printed with the result.
+
+    python benchmarks/same_metrics.py diff BASE AFTER --renamed weight_sync/bytes=reshard/bytes \
+        --added '^reshard/engine_'
 """
 
 from __future__ import annotations
@@ -76,8 +83,9 @@ def train(config: Path, run_dir: Path, overrides: list[str]) -> float:
     return time.monotonic() - start
 
 
-def metric_rows(run_dir: Path) -> dict[tuple, dict]:
-    """metrics.jsonl's rows keyed by (step, worker, rank), timing keys dropped."""
+def metric_rows(run_dir: Path, renamed: dict[str, str] | None = None) -> dict[tuple, dict]:
+    """metrics.jsonl's rows keyed by (step, worker, rank), timing keys dropped, `renamed`'s keys
+    under their new names."""
     rows = {}
     for n, line in enumerate((run_dir / "metrics.jsonl").read_text().splitlines(), 1):
         if not line.strip():
@@ -86,16 +94,29 @@ def metric_rows(run_dir: Path) -> dict[tuple, dict]:
         key = (row.get("step"), row.get("worker"), row.get("rank"))
         if key in rows:
             raise SystemExit(f"{run_dir}/metrics.jsonl line {n}: a second row for {key}")
+        row = {(renamed or {}).get(k, k): v for k, v in row.items()}
         rows[key] = {k: v for k, v in row.items() if k not in IDENTITY and not TIMING.search(k)}
     if not rows:
         raise SystemExit(f"{run_dir}/metrics.jsonl has no rows")
     return rows
 
 
-def differences(before: Path, after: Path, *, exact_until: int | None = None, limit: int = 20) -> list[str]:
+def differences(
+    before: Path,
+    after: Path,
+    *,
+    exact_until: int | None = None,
+    limit: int = 20,
+    renamed: dict[str, str] | None = None,
+    added: re.Pattern | None = None,
+) -> list[str]:
     """What differs between two runs' metrics (timing aside): at most `limit` lines. Steps past
-    `exact_until` (when given) are compared by their metric names only."""
-    a, b = metric_rows(before), metric_rows(after)
+    `exact_until` (when given) are compared by their metric names only; `renamed` and `added`:
+    the change's own renamed and added keys (the module docstring)."""
+    a, b = metric_rows(before, renamed), metric_rows(after)
+    if added is not None:
+        for key, row in b.items():
+            b[key] = {k: v for k, v in row.items() if k in a.get(key, {}) or not added.search(k)}
     if exact_until is not None:
         for rows in (a, b):
             for key, row in rows.items():
@@ -130,7 +151,7 @@ def run_all(out: Path, names: list[str]) -> None:
         print(f"{name:16s} {wall:6.1f} s  {recipe} {' '.join(overrides)}", flush=True)
 
 
-def compare_all(baseline: Path, out: Path, names: list[str], rerun: bool) -> int:
+def compare_all(baseline: Path, out: Path, names: list[str], rerun: bool, **excused) -> int:
     failed = 0
     for name in names:
         if not (baseline / name / "resolved_config.yaml").exists():
@@ -139,7 +160,7 @@ def compare_all(baseline: Path, out: Path, names: list[str], rerun: bool) -> int
             prepare(name)
             train(baseline / name / "resolved_config.yaml", out / name, [])
         exact_until = 1 if name in TIMING_DEPENDENT else None
-        diff = differences(baseline / name, out / name, exact_until=exact_until)
+        diff = differences(baseline / name, out / name, exact_until=exact_until, **excused)
         same = "same (step 1; later steps' names)" if exact_until else "same"
         print(f"{name:16s} {same if not diff else 'DIFFERENT'}", flush=True)
         for line in diff:
@@ -153,7 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("mode", choices=["run", "compare", "diff"])
     ap.add_argument("dirs", nargs="+", type=Path, help="run: OUT; compare/diff: BASELINE OUT")
     ap.add_argument("--only", nargs="+", choices=sorted(RUNS), help="these runs only")
+    ap.add_argument("--renamed", nargs="+", default=[], metavar="OLD=NEW", help="metrics the change renamed")
+    ap.add_argument("--added", metavar="REGEX", help="metrics the change added (the new run's only)")
     args = ap.parse_args(argv)
+    renamed = dict(pair.split("=", 1) for pair in args.renamed)
+    added = re.compile(args.added) if args.added else None
+    if renamed or added:
+        print(f"excused: renamed {renamed or 'none'}; added {args.added or 'none'}", flush=True)
     if args.mode == "run":
         run_all(args.dirs[0], args.only or list(RUNS))
         return 0
@@ -161,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{args.mode} takes BASELINE OUT")
     baseline, out = args.dirs
     names = args.only or sorted(p.name for p in baseline.iterdir() if (p / "metrics.jsonl").exists())
-    return compare_all(baseline, out, names, rerun=args.mode == "compare")
+    return compare_all(baseline, out, names, rerun=args.mode == "compare", renamed=renamed, added=added)
 
 
 if __name__ == "__main__":
