@@ -8,7 +8,7 @@ import pytest
 
 import yaml
 from rl3d.config import ConfigError, load_config
-from rl3d.config.agent import AgentConfig, AgentKind
+from rl3d.config.agent import _KEYS, AgentConfig, AgentKind
 from rl3d.config.typed import to_dict
 from rl3d.tools import ToolBox
 
@@ -123,14 +123,7 @@ def test_an_old_resolved_config_loads_as_the_tool_loop(tmp_path, caplog):
     concurrency 4). It loads as the same tool loop (a re-run from it trains the same)."""
     data = to_dict(load_config(TOOL_RECIPE).config)
     agent = data["rollout"]["agent"]
-    loop_keys = (
-        "max_turns",
-        "tools",
-        "call_tags",
-        "observation_tags",
-        "tool_timeout_s",
-        "max_observation_tokens",
-    )
+    loop_keys = _KEYS["tool_loop"]  # the tool loop's own keys, as the config names them
     data["rollout"]["multi_turn"] = {"enabled": True, **{k: agent.pop(k) for k in loop_keys}}
     data["rollout"]["multi_turn"]["concurrency"] = agent["concurrency"]
     agent.pop("kind")
