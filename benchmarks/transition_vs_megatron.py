@@ -24,12 +24,14 @@ Megatron plans once (`build_centralized_reshard_plan`, cached on the target as
 `reshard_model_weights` caches it) and rl3d once (`Resharder(...)`); both plan times are
 reported, the timed runs execute only. Per side: bytes received and sent and messages received
 per rank (megatron's from its plan's remote operations, rl3d's counted by its executor), the
-slowest rank's seconds (median of the runs after warm-up), the memory each side allocates beyond
-the training weights (kept: rl3d's generation buffers, megatron's target model; peak: kept plus
-what the call allocates on its thread, `AllocationTracker`; the rise of the process's RSS
-high-water mark as a cross-check that also sees gloo's own buffers), and whether the generation
-weights are right: rl3d's equal the full model's slices, megatron's equal rl3d's bit for bit
-(default groups: the full model's slices for the ranks' own coordinates). rl3d's phases
+slowest rank's seconds (median of the runs after warm-up) and the CPU-seconds all ranks spent
+(user + system, gloo's threads too: on a shared, oversubscribed CPU the work, where the wall
+time also measures the scheduler), the memory each side allocates beyond the training weights
+(kept: rl3d's generation buffers, megatron's target model; peak: kept plus what the call
+allocates on its thread, `AllocationTracker`; the rise of the process's RSS high-water mark as a
+cross-check that also sees gloo's own buffers), and whether the generation weights are right:
+rl3d's equal the full model's slices, megatron's equal rl3d's bit for bit (default groups: the
+full model's slices for the ranks' own coordinates). rl3d's phases
 (`Resharder(time_phases=True)`, rank mean) and the cost of materializing one Megatron tensor per
 parameter (`GenerationWeights.materialize`, what megatron's target holds; rl3d's own engine
 reads the pieces in place) are reported too.
@@ -178,13 +180,26 @@ def _slowest(seconds: float) -> float:
     return float(t.item())
 
 
-def _timed(fn) -> float:
+def _cpu_seconds() -> float:
+    """This process's CPU time, all threads (gloo's too), user + system."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _timed(fn) -> tuple[float, float]:
+    """Wall seconds of `fn` on the slowest rank, and the CPU-seconds all ranks spent on it (on an
+    oversubscribed CPU the wall time measures the scheduler too, the CPU-seconds the work)."""
     import torch.distributed as dist
 
     dist.barrier()
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), _cpu_seconds()
     fn()
-    return _slowest(time.perf_counter() - start)
+    cpu = torch.tensor([_cpu_seconds() - start_cpu], dtype=torch.float64)
+    wall = _slowest(time.perf_counter() - start)
+    dist.all_reduce(cpu)
+    return wall, float(cpu.item())
 
 
 def _generation_groups(layout, rank: int, tp, pp, dp, self_group, *, tp_rank: int, pp_rank: int):
@@ -350,19 +365,21 @@ class Sides:
 
     def time(self, repeats: int, warmup: int) -> dict:
         runs = {side: [] for side in SIDES}
+        cpu = {side: [] for side in SIDES}
         phases, layout_s = [], []
         for k in range(warmup + repeats):
             for side in SIDES:  # alternating, so that the machine's moods fall on all three
-                seconds = _timed(lambda side=side: self.run(side))
+                seconds, cpu_s = _timed(lambda side=side: self.run(side))
                 if k >= warmup:
                     runs[side].append(seconds)
+                    cpu[side].append(cpu_s)
                 if k >= warmup and side == "rl3d":
                     stats = self.resharder.last_stats
                     phases.append({**stats.phases, "total": stats.seconds})
-            seconds = _timed(self.materialize)
+            seconds, _ = _timed(self.materialize)
             if k >= warmup:
                 layout_s.append(seconds)
-        return {"runs": runs, "phases": phases, "layout_s": layout_s}
+        return {"runs": runs, "cpu": cpu, "phases": phases, "layout_s": layout_s}
 
     def memory(self) -> dict:
         """One untimed run of each side under the tracker."""
@@ -451,10 +468,12 @@ def summarize(model: str, layout, t_g: int, p_g: int, ranks: list[dict]) -> list
     rl3d_recv = [r["traffic"]["rl3d"]["recv"] for r in ranks]
     rl3d_send = [r["traffic"]["rl3d"]["send"] for r in ranks]
     rl3d_s = statistics.median(first["runs"]["rl3d"])
+    rl3d_cpu = statistics.median(first["cpu"]["rl3d"])
     for side in SIDES:
         recv = [r["traffic"][side]["recv"] for r in ranks]
         send = [r["traffic"][side]["send"] for r in ranks]
         seconds = statistics.median(first["runs"][side])
+        cpu_s = statistics.median(first["cpu"][side])
         kept = [r["memory"][side]["kept"] for r in ranks]
         # megatron's target model exists before the call: its peak is the target plus the call's own
         extra = [
@@ -477,6 +496,8 @@ def summarize(model: str, layout, t_g: int, p_g: int, ranks: list[dict]) -> list
             "seconds": round(seconds, 5),
             "seconds_runs": ";".join(f"{s:.5f}" for s in first["runs"][side]),
             "rl3d_over_this": round(rl3d_s / seconds, 3) if seconds else None,
+            "cpu_s": round(cpu_s, 5),
+            "rl3d_over_this_cpu": round(rl3d_cpu / cpu_s, 3) if cpu_s else None,
             "plan_s": round(first["plan_s"][side], 4),
             "kept_mb_max": round(max(kept) / MB, 3),
             "peak_extra_mb_max": round(max(extra) / MB, 3),
@@ -518,24 +539,30 @@ def write_markdown(result: dict, path: Path) -> None:
         "",
         f"`{result['command']}`",
         "",
-        f"{result['date']}, {result['machine']}; load average before {result['load_before']}, "
+        ("" if result["finished"] else "**Cut off: the layouts that finished so far.** ")
+        + f"{result['date']}, {result['machine']}; load average before {result['load_before']}, "
         f"after {result['load_after']}. Seconds: slowest rank, median of {result['repeats']} runs after "
-        f"{result['warmup']} warm-up.",
+        f"{result['warmup']} warm-up; CPU s: user + system time of all ranks (gloo's threads too), median.",
         "",
         "| model | train -> gen | ranks | side | recv MB/rank (max) | sent MB/rank (max) "
-        "| msgs recv/rank | seconds | rl3d / this | plan s | kept MB | peak extra MB | RSS rise MB "
-        "| bit-equal | bytes = rl3d |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| msgs recv/rank | seconds | rl3d / this | CPU s | rl3d / this (CPU) | plan s | kept MB "
+        "| peak extra MB | RSS rise MB | bit-equal | bytes = rl3d |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         same = {True: "yes", False: "NO", None: "-"}[r["bytes_equal_rl3d"]]
         lines.append(
             f"| {r['model']} ({r['model_mb']} MB) | {r['train']} -> {r['gen']} | {r['ranks']} | {r['side']} "
             f"| {r['recv_mb_max']:.3f} | {r['send_mb_max']:.3f} | {r['messages_max']} | {r['seconds']:.4f} "
-            f"| {r['rl3d_over_this']:.2f} | {r['plan_s']:.3f} | {r['kept_mb_max']:.2f} "
+            f"| {r['rl3d_over_this']:.2f} | {r['cpu_s']:.4f} | {r['rl3d_over_this_cpu']:.2f} "
+            f"| {r['plan_s']:.3f} | {r['kept_mb_max']:.2f} "
             f"| {r['peak_extra_mb_max']:.2f} | {r['rss_rise_mb_max']:.1f} "
             f"| {'yes' if r['bit_equal'] else 'NO'} | {same} |"
         )
+    loads = dict.fromkeys(
+        f"{r['model']} on {r['ranks']} ranks: {r['load_before']}" for r in rows if "load_before" in r
+    )
+    lines += ["", "Load average (1, 5, 15 min) as each world started: " + "; ".join(loads) + "."]
     lines += [
         "",
         "rl3d's phases (seconds, rank mean, median over runs): `Resharder(time_phases=True)`; "
@@ -591,6 +618,18 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def write_results(out: Path, result: dict) -> None:
+    result = {**result, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_after": _load()}
+    rows = result["rows"]
+    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    with open(out / "transition_vs_megatron.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        writer.writeheader()
+        writer.writerows(rows)
+    write_markdown(result, out / "transition_vs_megatron.md")
+    plot(rows, out / "transition_vs_megatron.png")
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -609,16 +648,29 @@ def main(argv: list[str] | None = None) -> int:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    load_before = _load()
-    rows = []
-    for model in args.models.split(","):
-        cases = [parse_layout(text) for text in args.layouts.split(",")]
-        by_world: dict[int, list] = {}  # one spawned world per size, its layouts in turn
-        for case in cases:
-            by_world.setdefault(case[0][0] * case[0][1] * case[0][2], []).append(case)
-        done = {}
+    import megatron.core
+
+    command = "python benchmarks/transition_vs_megatron.py " + " ".join(
+        argv if argv is not None else sys.argv[1:]
+    )
+    result = {
+        "command": command.strip(),
+        "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}, "
+        f"megatron-core {megatron.core.__version__}, python {platform.python_version()}",
+        "load_before": _load(),
+        "repeats": args.repeats,
+        "warmup": args.warmup,
+        "finished": False,
+    }
+    models = args.models.split(",")
+    cases = [parse_layout(text) for text in args.layouts.split(",")]
+    by_world: dict[int, list] = {}  # one spawned world per size, its layouts in turn
+    for case in cases:
+        by_world.setdefault(case[0][0] * case[0][1] * case[0][2], []).append(case)
+    done: dict[tuple, list[dict]] = {}  # (model, case) -> its rows
+    for model in models:
         for world, mine in by_world.items():
-            start = time.perf_counter()
+            start, load = time.perf_counter(), _load()
             ranks = run_distributed(
                 worker,
                 world,
@@ -630,34 +682,15 @@ def main(argv: list[str] | None = None) -> int:
                 timeout_s=args.timeout_s,
             )
             for k, case in enumerate(mine):
-                done[case] = [r[k] for r in ranks]
+                done[(model, case)] = summarize(model, *case, [r[k] for r in ranks])
+                for row in done[(model, case)]:
+                    row["load_before"] = load  # 1, 5 and 15 minute load averages as the world started
             print(f"{model} on {world} ranks: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        for case in cases:
-            rows += summarize(model, *case, done[case])
-    import megatron.core
-
-    command = "python benchmarks/transition_vs_megatron.py " + " ".join(
-        argv if argv is not None else sys.argv[1:]
-    )
-    result = {
-        "command": command.strip(),
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "machine": f"{os.cpu_count()} CPUs, torch {torch.__version__}, "
-        f"megatron-core {megatron.core.__version__}, python {platform.python_version()}",
-        "load_before": load_before,
-        "load_after": _load(),
-        "repeats": args.repeats,
-        "warmup": args.warmup,
-        "rows": rows,
-    }
-    (out / "result.json").write_text(json.dumps(result, indent=1) + "\n")
-    with open(out / "transition_vs_megatron.csv", "w", newline="") as f:
-        fields = list(dict.fromkeys(k for r in rows for k in r))
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    write_markdown(result, out / "transition_vs_megatron.md")
-    plot(rows, out / "transition_vs_megatron.png")
+            # written after every world, so that a run cut off still reports what finished
+            rows = [row for m in models for case in cases for row in done.get((m, case), [])]
+            write_results(out, {**result, "rows": rows})
+    result.update(finished=True, rows=rows)
+    write_results(out, result)
     print((out / "transition_vs_megatron.md").read_text())
     failed = [
         f"{r['model']} {r['train']} -> {r['gen']} {r['side']}"
