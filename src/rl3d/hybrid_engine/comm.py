@@ -31,15 +31,17 @@ class CommCounter:
     calls: int = 0
     # logical bytes received from each sender: with the nodes, the bytes each link carried
     recv_from: dict[int, int] = field(default_factory=dict)
+    messages: int = 0  # chunks received with bytes in them: one per sender and call
 
     def reset(self) -> None:
-        self.recv_bytes = self.send_bytes = self.calls = 0
+        self.recv_bytes = self.send_bytes = self.calls = self.messages = 0
         self.recv_from = {}
 
     def received(self, src: int, nbytes: int) -> None:
         self.recv_bytes += nbytes
         if nbytes:
             self.recv_from[src] = self.recv_from.get(src, 0) + nbytes
+            self.messages += 1
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -58,6 +59,9 @@ class TransitionStats:
     # storage the transition allocated for the generation weights (the training tensors read
     # in place are not counted): 0 for an identity transition
     alloc_bytes: int = 0
+    messages: int = 0  # chunks received: one per sender and call that sent this rank bytes
+    # with `Resharder(time_phases=True)`: seconds per phase, summed over buckets (`PHASES`)
+    phases: dict[str, float] = field(default_factory=dict)
     # the push to an engine that keeps its own copy as HF tensors (`engine_push`): 0 without one
     engine_bytes: int = 0
     engine_buckets: int = 0
@@ -82,6 +86,14 @@ class TransitionStats:
         }
 
 
+# What `time_phases` times: the generation buffer's allocation and its views (the peers' shards
+# land in place, so this is all hybridflow's unpacking is), packing the rank's own shards, the
+# collectives (waits included), point-to-point phases (packing and unpacking included), and
+# assembling the generation weights from pieces. The plan is made once, at construction
+# (`Resharder.plan_seconds`).
+PHASES = ("buffer", "pack", "collective", "p2p", "assemble")
+
+
 class Resharder:
     def __init__(
         self,
@@ -97,7 +109,9 @@ class Resharder:
         kernel_backend: str | None = None,
         nodes: NodeMap | None = None,
         push_bucket_mb: float | None = None,
+        time_phases: bool = False,
     ):
+        start = time.perf_counter()
         self.spec, self.groups, self.strategy = spec, groups, strategy
         self.impl = get_strategy(strategy)()
         self.gen, self.train = groups.gen, groups.gen.train
@@ -130,6 +144,21 @@ class Resharder:
             self.push_plan = plan_engine_push(
                 spec, self.params, self.gen.t_g, dtype=dtype_name, bucket_bytes=int(push_bucket_mb * 2**20)
             )
+        self.plan_seconds = time.perf_counter() - start
+        self.time_phases = time_phases
+        self._phases: dict[str, float] | None = None  # this transition's, while it runs
+
+    @contextmanager
+    def phase(self, name: str):
+        """Time the block as phase `name` of the running transition (nothing unless `time_phases`)."""
+        if self._phases is None:
+            yield
+            return
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - start
 
     # -- what strategies build on --------------------------------------------------------------
     def stage_params(self, pp_rank: int, pp: int) -> list[ParamInfo]:
@@ -177,13 +206,14 @@ class Resharder:
         for m in stored:
             offsets[m] = total
             total += sum(numels[m])
-        buffer = torch.empty(total, dtype=dtype, device=device) if total else None
-        views: dict[tuple[int, str], torch.Tensor] = {}
-        for m in stored:
-            cursor = offsets[m]
-            for p, n in zip(lists[m], numels[m]):
-                views[(m, p.name)] = buffer[cursor : cursor + n].view(shard_shape(p, self.train_split(p)))
-                cursor += n
+        with self.phase("buffer"):
+            buffer = torch.empty(total, dtype=dtype, device=device) if total else None
+            views: dict[tuple[int, str], torch.Tensor] = {}
+            for m in stored:
+                cursor = offsets[m]
+                for p, n in zip(lists[m], numels[m]):
+                    views[(m, p.name)] = buffer[cursor : cursor + n].view(shard_shape(p, self.train_split(p)))
+                    cursor += n
         # Cut every member's list into buckets of at most bucket_bytes (a bigger tensor is alone).
         element = torch.empty((), dtype=dtype).element_size()
         cuts = {m: bucket_bounds(numels[m], self.bucket_bytes // element) for m in ranks}
@@ -205,17 +235,22 @@ class Resharder:
                 if m == self.rank and size:
                     from rl3d.ops import pack_bucket
 
-                    pack_bucket(
-                        [train[p.name] for p in lists[m][lo:hi]], out=chunks[m], backend=self.kernel_backend
-                    )
-            if self._on_bucket is None:
-                self.comm.all_gather_v(group, chunks)
-            else:
-                pending.append((self.comm.all_gather_v(group, chunks, async_op=True), chunks))
+                    with self.phase("pack"):
+                        pack_bucket(
+                            [train[p.name] for p in lists[m][lo:hi]],
+                            out=chunks[m],
+                            backend=self.kernel_backend,
+                        )
+            with self.phase("collective"):
+                if self._on_bucket is None:
+                    self.comm.all_gather_v(group, chunks)
+                else:
+                    pending.append((self.comm.all_gather_v(group, chunks, async_op=True), chunks))
         if last and self._on_bucket is not None:
             self._on_bucket(None)  # the rest of the step, while the last buckets move
-        for works, _ in pending:
-            self.comm.wait(works, group)
+        with self.phase("collective"):
+            for works, _ in pending:
+                self.comm.wait(works, group)
         return views, buffer
 
     def gather_all(self, plan: StrategyPlan, train, *, copy_own: bool):
@@ -241,17 +276,18 @@ class Resharder:
         """Run the plan's point-to-point phases in order (`p2p.run_phases`). Returns what this
         rank received, by piece key (param index, holder's TP rank or -1 when replicated; an
         expert's part index for a slice), and the buffers."""
-        return run_phases(
-            plan.phases,
-            comm=self.comm,
-            params=self.params,
-            train=self.train,
-            own=train,
-            gen=self.gen,
-            dtype=self.dtype,
-            device=self.device,
-            kernel_backend=self.kernel_backend,
-        )
+        with self.phase("p2p"):
+            return run_phases(
+                plan.phases,
+                comm=self.comm,
+                params=self.params,
+                train=self.train,
+                own=train,
+                gen=self.gen,
+                dtype=self.dtype,
+                device=self.device,
+                kernel_backend=self.kernel_backend,
+            )
 
     def weights(self, pieces, full, buffers, gen_tp_rank, gen_tp_as_train: bool = False) -> GenerationWeights:
         return GenerationWeights(
@@ -352,10 +388,14 @@ class Resharder:
             return None  # a rollout-only rank has no part in this strategy
         if self.impl.needs_zero_shards and zero_shards is None:
             raise ValueError(f"{self.strategy} needs zero_shards (the ZeRO-3 partition of the weights)")
+        self._phases = {} if self.time_phases else None
         start = time.perf_counter()
-        weights = self.impl.execute(self.plan, self, train, zero_shards)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+        try:
+            weights = self.impl.execute(self.plan, self, train, zero_shards)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        finally:
+            phases, self._phases = self._phases or {}, None
         seconds = time.perf_counter() - start
         recv, send = self.comm.counter.recv_bytes, self.comm.counter.send_bytes
         if self.verify:  # an independent path: whole tensors gathered as objects, then sliced
@@ -372,6 +412,8 @@ class Resharder:
             dict(self.comm.counter.recv_from),
             self.comm.counter.calls,
             weights.storage_bytes(exclude=train.values()) if weights is not None else 0,
+            self.comm.counter.messages,
+            phases,
         )
         return weights
 

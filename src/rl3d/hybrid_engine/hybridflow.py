@@ -133,7 +133,8 @@ class HybridFlow(Strategy):
     def execute(self, plan, engine, train, zero_shards):
         views, buffers = engine.gather_all(plan, train, copy_own=False)
         parts, part_buffers = engine.run_phases(plan, train) if plan.phases else ({}, [])
-        return assemble(engine, train, lambda h, p: views[(h, p.name)], buffers + part_buffers, parts)
+        with engine.phase("assemble"):
+            return assemble(engine, train, lambda h, p: views[(h, p.name)], buffers + part_buffers, parts)
 
 
 def _expert_slices(ctx: PlanContext) -> tuple[Transfer, ...]:
