@@ -30,14 +30,27 @@ LAYOUT, EP, ETP, T_G = (1, 4, 1), 2, 1, 2
 
 
 def record_batches() -> list:
-    """Each later `batch_isend_irecv` call's operations, sorted ("send"/"recv", peer), in order."""
-    real, batches = dist.batch_isend_irecv, []
+    """Each later `batch_isend_irecv` call's operations made by a point-to-point phase
+    (`CountedComm.exchange`; on gloo the all-gathers are batches too), sorted ("send"/"recv",
+    peer), in order."""
+    real, batches, inside = dist.batch_isend_irecv, [], []
+    real_exchange = CountedComm.exchange
 
     def recording(ops):
-        batches.append(sorted(("send" if op.op is dist.isend else "recv", op.peer) for op in ops))
+        if inside:
+            batches.append(sorted(("send" if op.op is dist.isend else "recv", op.peer) for op in ops))
         return real(ops)
 
-    dist.batch_isend_irecv = recording  # a spawned rank's own module: nothing to restore
+    def exchange(self, *args, **kwargs):
+        inside.append(True)
+        try:
+            return real_exchange(self, *args, **kwargs)
+        finally:
+            inside.pop()
+
+    # a spawned rank's own modules: nothing to restore
+    dist.batch_isend_irecv = recording
+    CountedComm.exchange = exchange
     return batches
 
 
@@ -117,3 +130,34 @@ def test_exchange_both_ways_is_one_call_over_the_world_and_a_bridge():
         # the world's exchange is one batch_isend_irecv holding both directions (the bridge's
         # goes to its backend directly: a P2POp cannot name a group outside the world)
         assert got["batches"] == [[("recv", peer), ("send", peer)]], rank
+
+
+def gather_worker(rank, world):
+    """`all_gather_v` both ways on gloo (point to point, and the collectives NCCL takes), equal
+    and unequal chunk sizes: the same chunks arrive; the point-to-point way is one batch."""
+    from rl3d.hybrid_engine import comm as comm_module
+    from rl3d.parallel.groups import Group
+
+    group = Group("all", tuple(range(world)), dist.group.WORLD)
+    out = {}
+    for sizes in ((5, 5, 5), (0, 7, 3)):
+        for by_p2p in (True, False):
+            comm_module.gather_by_p2p = lambda _group, by_p2p=by_p2p: by_p2p
+            chunks = {m: torch.full((n,), -1.0) for m, n in enumerate(sizes)}
+            chunks[rank] = torch.arange(sizes[rank], dtype=torch.float32) + 100 * rank
+            comm = CountedComm(rank, 60)
+            works = comm.all_gather_v(group, chunks, async_op=True)
+            comm.wait(works, group)
+            out[(sizes, by_p2p)] = ({m: t.tolist() for m, t in chunks.items()}, comm.counter.calls)
+    return out
+
+
+def test_all_gather_v_is_the_same_by_point_to_point_and_by_collectives():
+    results = run_distributed(gather_worker, 3, timeout_s=120)
+    for rank, out in enumerate(results):
+        for sizes in ((5, 5, 5), (0, 7, 3)):
+            want = {m: [float(i + 100 * m) for i in range(n)] for m, n in enumerate(sizes)}
+            p2p, calls_p2p = out[(sizes, True)]
+            coll, _ = out[(sizes, False)]
+            assert p2p == coll == want, (rank, sizes)
+            assert calls_p2p == 1, (rank, sizes)  # one batch, whatever the sizes
