@@ -62,13 +62,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from rl3d.hybrid_engine.stats import PHASES
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "benchmarks" / "transition_vs_megatron"
 MODELS = "tiny-llama,llama3-8b-shape-1/16"
 # t_g < t, t_g = t (identity), t_g < t with t = 4, PP folding into micro-DP, both folding with d = 2
 LAYOUTS = "1-2-2:1,1-2-2:2,1-4-1:2,2-2-1:2,2-2-2:1"
 SIDES = ("rl3d", "megatron_rl3d_groups", "megatron_default")
-PHASES = ("buffer", "pack", "collective", "p2p", "assemble")
+
 MB = 1e6
 
 

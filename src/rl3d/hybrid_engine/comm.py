@@ -67,7 +67,9 @@ class CountedComm:
             f"(waited for ranks {others}, timeout {self.timeout_s:g}s): {err}"
         )
 
-    def all_gather_v(self, group: Group, chunks: dict[int, torch.Tensor], async_op: bool = False) -> list:
+    def all_gather_v(
+        self, group: Group, chunks: dict[int, torch.Tensor | list[torch.Tensor]], async_op: bool = False
+    ) -> list:
         """Member m's chunk goes to every member's `chunks[m]` (the sender's own entry is its
         input). With `async_op` the calls are only started: pass the returned works to `wait`.
 
@@ -75,22 +77,30 @@ class CountedComm:
         all-gather and unequal sizes one broadcast per sender; on gloo, one batch of
         point-to-point messages, each member's chunk sent straight into its peers' `chunks`
         entries (gloo's all-gather runs a ring through a staging buffer of its own and took 6x
-        the time of the batch for 16 MB chunks on 4 ranks: docs/hybrid_engine.md)."""
-        sizes = {m: chunks[m].numel() for m in group.ranks}
-        mine = chunks[self.rank]
+        the time of the batch for 16 MB chunks on 4 ranks: docs/hybrid_engine.md). Only there
+        may a chunk be a list of tensors, one message each: the sender's own tensors unpacked,
+        the receivers' the matching consecutive views of their buffers."""
+        parts = {m: c if isinstance(c, list) else [c] for m, c in chunks.items()}
+        sizes = {m: sum(t.numel() for t in parts[m]) for m in group.ranks}
+        mine = parts[self.rank]
         works = []
         try:
             if gather_by_p2p(group):
                 others = [m for m in group.ranks if m != self.rank]
-                sends = {m: mine for m in others} if mine.numel() else {}
-                recvs = {m: chunks[m] for m in others if sizes[m]}
+                sends = {m: mine for m in others} if sizes[self.rank] else {}
+                recvs = {m: parts[m] for m in others if sizes[m]}
                 if sends or recvs:
                     works.extend(batch_p2p(sends, recvs, tag=0))
                     self.counter.calls += 1
-            elif len(set(sizes.values())) == 1 and mine.numel() > 0:
+            elif any(isinstance(c, list) for c in chunks.values()):
+                raise ValueError("all_gather_v: a chunk in pieces goes only point to point (gloo)")
+            elif len(set(sizes.values())) == 1 and sizes[self.rank] > 0:
                 works.append(
                     dist.all_gather(
-                        [chunks[m] for m in group.ranks], mine, group=group.handle, async_op=async_op
+                        [chunks[m] for m in group.ranks],
+                        chunks[self.rank],
+                        group=group.handle,
+                        async_op=async_op,
                     )
                 )
                 self.counter.calls += 1
@@ -109,8 +119,9 @@ class CountedComm:
             raise self._fail("all-gather", group, err) from err
         for m in group.ranks:
             if m != self.rank:
-                self.counter.received(m, _nbytes(chunks[m]))
-        self.counter.send_bytes += _nbytes(mine) * (group.size - 1)
+                for piece in parts[m]:
+                    self.counter.received(m, _nbytes(piece))
+        self.counter.send_bytes += sum(_nbytes(t) for t in mine) * (group.size - 1)
         return works if async_op else []
 
     def wait(self, works: list, group: Group) -> None:
@@ -177,8 +188,8 @@ def gather_by_p2p(group: Group) -> bool:
 
 
 def batch_p2p(
-    sends: dict[int, torch.Tensor],
-    recvs: dict[int, torch.Tensor],
+    sends: dict[int, torch.Tensor | list[torch.Tensor]],
+    recvs: dict[int, torch.Tensor | list[torch.Tensor]],
     *,
     tag: int,
     bridge: dist.ProcessGroup | None = None,
@@ -189,18 +200,27 @@ def batch_p2p(
     operations one by one on gloo, matched by `tag`. NCCL ignores tags; none are needed, since a
     batch holds at most one message per peer and direction (the dicts' keys) and a phase is
     waited for before the next one starts, so two ranks' messages pair up in the same order on
-    both sides. A bridge is a backend outside the default world, which a `P2POp` cannot name (it
+    both sides. A list under one peer is several messages to (or from) it, in list order, which
+    both sides list alike. A bridge is a backend outside the default world, which a `P2POp` cannot name (it
     looks a group's ranks up in the world's registry): its batch is the same coalescing that
     `batch_isend_irecv` does, called on the backend itself."""
+    recvs, sends = _messages(recvs), _messages(sends)
     if bridge is None:
-        ops = [dist.P2POp(dist.irecv, t, src, tag=tag) for src, t in recvs.items()]
-        ops += [dist.P2POp(dist.isend, t, dst, tag=tag) for dst, t in sends.items()]
+        ops = [dist.P2POp(dist.irecv, t, src, tag=tag) for src, t in recvs]
+        ops += [dist.P2POp(dist.isend, t, dst, tag=tag) for dst, t in sends]
         return dist.batch_isend_irecv(ops)
     fused = bridge.supports_coalescing  # NCCL: one group; gloo: one by one, by tag
     if fused:
         bridge._start_coalescing()
-    works = [bridge.recv([t], src, tag) for src, t in recvs.items()]
-    works += [bridge.send([t], dst, tag) for dst, t in sends.items()]
+    works = [bridge.recv([t], src, tag) for src, t in recvs]
+    works += [bridge.send([t], dst, tag) for dst, t in sends]
     if fused:
         works = [bridge._end_coalescing()]  # the operations inside a group return no work
     return [w for w in works if w is not None]
+
+
+def _messages(by_peer: dict[int, torch.Tensor | list[torch.Tensor]]) -> list[tuple[int, torch.Tensor]]:
+    """(peer, tensor) per message, in order."""
+    return [
+        (peer, t) for peer, ts in by_peer.items() for t in (ts if isinstance(ts, list) else [ts]) if t.numel()
+    ]

@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import torch
 
-from rl3d.hybrid_engine.comm import CountedComm, ReshardError
+from rl3d.hybrid_engine.comm import CountedComm, ReshardError, gather_by_p2p
 from rl3d.hybrid_engine.engine_push import NO_PUSH, EnginePush, plan_engine_push, push_mismatch
 from rl3d.hybrid_engine.nodes import NodeMap
 from rl3d.hybrid_engine.p2p import run_phases
@@ -38,6 +37,7 @@ from rl3d.hybrid_engine.plan import (
     slice_parts,
 )
 from rl3d.hybrid_engine.registry import get_strategy
+from rl3d.hybrid_engine.stats import PhaseClock, TransitionStats
 from rl3d.hybrid_engine.weights import GenerationWeights
 from rl3d.models.spec import ModelSpec
 from rl3d.ops.layouts import ShardKind, merge_tp_shards, shard_for_tp
@@ -46,52 +46,9 @@ from rl3d.parallel.groups import HybridGroups
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class TransitionStats:
-    strategy: str
-    recv_bytes: int
-    send_bytes: int
-    peak_param_bytes: int  # generation weights' distinct storage (buffers + reused shards)
-    seconds: float
-    verified: bool
-    recv_from: dict[int, int] = field(default_factory=dict)  # sender -> logical bytes received
-    calls: int = 0  # calls this rank issued (`CommCounter.calls`: a batched phase is one)
-    # storage the transition allocated for the generation weights (the training tensors read
-    # in place are not counted): 0 for an identity transition
-    alloc_bytes: int = 0
-    messages: int = 0  # chunks received: one per sender and call that sent this rank bytes
-    # with `Resharder(time_phases=True)`: seconds per phase, summed over buckets (`PHASES`)
-    phases: dict[str, float] = field(default_factory=dict)
-    # the push to an engine that keeps its own copy as HF tensors (`engine_push`): 0 without one
-    engine_bytes: int = 0
-    engine_buckets: int = 0
-    engine_gather_bytes: int = 0
-    engine_seconds: float = 0.0
-
-    def metrics(self) -> dict[str, float]:
-        """`reshard/peak_bytes` is the memory the transition adds on top of the training
-        weights; `reshard/gen_bytes` all of the generation weights, in-place pieces included.
-        `reshard/engine_*` count the push (the plan's, checked): bytes handed to the engine, its
-        buckets, bytes received in the generation-TP group to make whole tensors, its seconds."""
-        return {
-            "reshard/bytes": self.recv_bytes,
-            "reshard/send_bytes": self.send_bytes,
-            "reshard/peak_bytes": self.alloc_bytes,
-            "reshard/gen_bytes": self.peak_param_bytes,
-            "reshard/seconds": self.seconds,
-            "reshard/engine_bytes": self.engine_bytes,
-            "reshard/engine_buckets": self.engine_buckets,
-            "reshard/engine_gather_bytes": self.engine_gather_bytes,
-            "reshard/engine_seconds": self.engine_seconds,
-        }
-
-
-# What `time_phases` times: the generation buffer's allocation and its views (the peers' shards
-# land in place, so this is all hybridflow's unpacking is), packing the rank's own shards, the
-# collectives (waits included), point-to-point phases (packing and unpacking included), and
-# assembling the generation weights from pieces. The plan is made once, at construction
-# (`Resharder.plan_seconds`).
-PHASES = ("buffer", "pack", "collective", "p2p", "assemble")
+def as_message(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` flat in `dtype`: itself when it already is (a view, no copy)."""
+    return tensor.to(dtype).contiguous().view(-1)
 
 
 class Resharder:
@@ -145,20 +102,11 @@ class Resharder:
                 spec, self.params, self.gen.t_g, dtype=dtype_name, bucket_bytes=int(push_bucket_mb * 2**20)
             )
         self.plan_seconds = time.perf_counter() - start
-        self.time_phases = time_phases
-        self._phases: dict[str, float] | None = None  # this transition's, while it runs
+        self.clock = PhaseClock(time_phases)
 
-    @contextmanager
     def phase(self, name: str):
         """Time the block as phase `name` of the running transition (nothing unless `time_phases`)."""
-        if self._phases is None:
-            yield
-            return
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self._phases[name] = self._phases.get(name, 0.0) + time.perf_counter() - start
+        return self.clock.phase(name)
 
     # -- what strategies build on --------------------------------------------------------------
     def stage_params(self, pp_rank: int, pp: int) -> list[ParamInfo]:
@@ -218,6 +166,7 @@ class Resharder:
         element = torch.empty((), dtype=dtype).element_size()
         cuts = {m: bucket_bounds(numels[m], self.bucket_bytes // element) for m in ranks}
         rounds = max(len(c) for c in cuts.values())
+        unpacked = self.send_unpacked(group)
         pending = []  # with an update hook: (works, chunks) in flight while later buckets update
         for k in range(rounds):
             if self._on_bucket is not None:  # the optimizer updates this bucket, then it moves
@@ -228,6 +177,10 @@ class Resharder:
                 lo, hi = cuts[m][k] if k < len(cuts[m]) else (0, 0)
                 start = sum(numels[m][:lo])
                 size = sum(numels[m][lo:hi])
+                if m == self.rank and unpacked and m not in offsets:
+                    # sent as they are, a message each: no packed copy (`send_unpacked`)
+                    chunks[m] = [as_message(train[p.name], dtype) for p in lists[m][lo:hi]]
+                    continue
                 if m in offsets:
                     chunks[m] = buffer[offsets[m] + start : offsets[m] + start + size]
                 else:
@@ -241,6 +194,8 @@ class Resharder:
                             out=chunks[m],
                             backend=self.kernel_backend,
                         )
+                if unpacked:  # a message per tensor, the receivers' cut as the sender's
+                    chunks[m] = list(chunks[m].split(numels[m][lo:hi]))
             with self.phase("collective"):
                 if self._on_bucket is None:
                     self.comm.all_gather_v(group, chunks)
@@ -252,6 +207,14 @@ class Resharder:
             for works, _ in pending:
                 self.comm.wait(works, group)
         return views, buffer
+
+    def send_unpacked(self, group) -> bool:
+        """Whether a gather's chunks go as one message per tensor instead of packed: on gloo
+        (`gather_by_p2p`), where a message is cheap and the pack a copy of everything a rank
+        sends, unless an update is overlapped with the transition (it writes the tensors while
+        earlier buckets move, so those go as packed copies). The same answer on every member,
+        since the receivers cut their buffers to match."""
+        return self._on_bucket is None and gather_by_p2p(group)
 
     def gather_all(self, plan: StrategyPlan, train, *, copy_own: bool):
         """Every all-gather of `plan`, in order: the views of all of them and their buffers."""
@@ -388,14 +351,14 @@ class Resharder:
             return None  # a rollout-only rank has no part in this strategy
         if self.impl.needs_zero_shards and zero_shards is None:
             raise ValueError(f"{self.strategy} needs zero_shards (the ZeRO-3 partition of the weights)")
-        self._phases = {} if self.time_phases else None
+        self.clock.start()
         start = time.perf_counter()
         try:
             weights = self.impl.execute(self.plan, self, train, zero_shards)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         finally:
-            phases, self._phases = self._phases or {}, None
+            phases = self.clock.stop()
         seconds = time.perf_counter() - start
         recv, send = self.comm.counter.recv_bytes, self.comm.counter.send_bytes
         if self.verify:  # an independent path: whole tensors gathered as objects, then sliced

@@ -41,7 +41,7 @@ from rl3d.parallel.sharding import ShardKind
 from rl3d.utils.dtypes import DTYPE_BYTES
 
 if TYPE_CHECKING:  # the executor imports torch; planning a pool transition does not
-    from rl3d.hybrid_engine.executor import TransitionStats
+    from rl3d.hybrid_engine.stats import TransitionStats
 
 POOL = "pool"  # the strategy name of a transition to another pool
 
@@ -165,7 +165,7 @@ def publish_metrics(plan: PoolTransition, stats: TransitionStats | None) -> dict
 def check_sent(plan: PoolTransition, train_ranks: list[int], stats: list[TransitionStats]) -> TransitionStats:
     """The training ranks' send stats, each checked against what the plan has it send: one
     TransitionStats for them all (bytes summed, the slowest rank's seconds, calls summed)."""
-    from rl3d.hybrid_engine.executor import TransitionStats
+    from rl3d.hybrid_engine.stats import TransitionStats
 
     for rank, got in zip(train_ranks, stats, strict=True):
         want = plan.plan.ranks[rank].send_bytes

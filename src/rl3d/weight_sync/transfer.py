@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from rl3d.hybrid_engine.comm import CountedComm
-from rl3d.hybrid_engine.executor import TransitionStats
 from rl3d.hybrid_engine.p2p import generation_shards, run_phases
 from rl3d.hybrid_engine.pool import POOL, PoolTransition
+from rl3d.hybrid_engine.stats import TransitionStats
 from rl3d.utils.device import current_gpu, synchronize
 
 
