@@ -132,6 +132,7 @@ def placement_of(cfg, spec: Any) -> Placement:
         gen_dp=cfg.rollout.pool.dp,
         dtype=cfg.model.dtype,
         bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
+        delta=cfg.rollout.weight_update == "delta",
     )
     return SeparatePool(cfg, plan)
 

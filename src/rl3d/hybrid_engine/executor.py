@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from rl3d.hybrid_engine.comm import CountedComm, ReshardError
+from rl3d.hybrid_engine.comm import CountedComm, DeltaCounts, ReshardError
 from rl3d.hybrid_engine.engine_push import NO_PUSH, EnginePush, plan_engine_push, push_mismatch
 from rl3d.hybrid_engine.nodes import NodeMap
 from rl3d.hybrid_engine.p2p import run_phases
@@ -67,6 +67,7 @@ class TransitionStats:
     engine_buckets: int = 0
     engine_gather_bytes: int = 0
     engine_seconds: float = 0.0
+    delta: DeltaCounts | None = None  # a weight sync sent as deltas (rl3d.weight_sync.delta)
 
     def metrics(self) -> dict[str, float]:
         """`reshard/peak_bytes` is the memory the transition adds on top of the training
