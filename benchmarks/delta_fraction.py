@@ -6,11 +6,12 @@ backward on a small batch of text, and torch's Adam (betas 0.9/0.999, eps 1e-8, 
 decay) at each learning rate: two steps from the pretrained weights. After each step the bf16
 cast of the weights (what a sync sends) is compared bit for bit with the one before, bucket by
 bucket as the weight sync cuts them (`--bucket-mb`, every parameter in order), and each bucket
-is encoded by the sync's own codec (`encode`: bitmask, index list or full, the smallest), decoded
-and checked bit for bit. Note Adam's first step moves every element with a gradient by about
-lr (m/sqrt(v) = sign(g)), so step 1 is the densest; step 2 is what later steps look like.
+is encoded by the sync's own codec (`encode`: bitmask, index list or full, the smallest),
+decoded and checked bit for bit; the codec's seconds on the CPU are columns too. Adam's first
+step moves every element with a gradient by about lr (m/sqrt(v) = sign(g)), so step 1 is the
+densest; step 2 is what later steps look like.
 
-    python benchmarks/delta_fraction.py --out benchmarks/delta_fraction   # CPU, about 3 minutes
+    python benchmarks/delta_fraction.py --out benchmarks/delta_fraction   # CPU, 5 minutes on 2 busy cores
 
 Writes delta_fraction.csv and delta_fraction.md into --out.
 """
@@ -43,11 +44,15 @@ def _buckets(flat_bf16: torch.Tensor, bucket_elems: int) -> list[tuple[int, int]
 def measure(before: torch.Tensor, after: torch.Tensor, bucket_elems: int) -> dict[str, float]:
     """One sync of `after` to an engine holding `before` (both flat bf16)."""
     changed = wire = 0
+    encode_s = decode_s = 0.0
     kinds: dict[str, int] = {}
     for lo, hi in _buckets(after, bucket_elems):
+        t0 = time.perf_counter()
         enc = encode(after[lo:hi], before[lo:hi])
+        t1 = time.perf_counter()
         out = torch.empty_like(after[lo:hi])
         decode(enc.kind, enc.changed, enc.payload, before[lo:hi], out)
+        encode_s, decode_s = encode_s + t1 - t0, decode_s + time.perf_counter() - t1
         assert torch.equal(out.view(torch.int16), after[lo:hi].view(torch.int16))
         changed += enc.changed
         wire += enc.payload.numel() + HEADER_BYTES + VERSION_BYTES
@@ -61,6 +66,8 @@ def measure(before: torch.Tensor, after: torch.Tensor, bucket_elems: int) -> dic
         "delta_bytes": wire,
         "delta_over_full": wire / full,
         "buckets": " ".join(f"{k}:{n}" for k, n in sorted(kinds.items())),
+        "encode_s": round(encode_s, 3),
+        "decode_s": round(decode_s, 3),
     }
 
 
@@ -96,7 +103,7 @@ def main() -> None:
             loss.backward()
             opt.step()
             now = torch.cat([p.detach().reshape(-1).to(torch.bfloat16) for p in params])
-            row = {"model": args.model, "lr": lr, "step": step, "loss": round(float(loss), 4)}
+            row = {"model": args.model, "lr": lr, "step": step, "loss": round(loss.item(), 4)}
             rows.append(row | measure(cast, now, bucket_elems))
             cast = now
             print({k: v for k, v in rows[-1].items()}, flush=True)  # noqa: T201
@@ -111,14 +118,15 @@ def main() -> None:
         f"buckets of {args.bucket_mb:g} MiB; {time.monotonic() - start:.0f} s on {os.cpu_count()} CPUs "
         f"at load average {load:.1f}",
         "",
-        "| lr | step | changed elements | delta bytes / full bytes | delta MB | full MB | buckets |",
-        "|---|---|---|---|---|---|---|",
+        "| lr | step | changed elements | delta bytes / full bytes | delta MB | full MB | buckets "
+        "| encode s | decode s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['lr']:g} | {r['step']} | {100 * r['changed_fraction']:.2f}% | "
             f"{r['delta_over_full']:.3f} | {r['delta_bytes'] / 1e6:.1f} | {r['full_bytes'] / 1e6:.1f} | "
-            f"{r['buckets']} |"
+            f"{r['buckets']} | {r['encode_s']:.2f} | {r['decode_s']:.2f} |"
         )
     (args.out / "delta_fraction.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))  # noqa: T201
