@@ -16,8 +16,10 @@ import torch.distributed as dist
 
 from rl3d.config import ConfigError, load_config, run_dir_of, write_resolved_config
 from rl3d.utils.failures import report_rank_failure
+from rl3d.utils.lifetime import die_with_rank_if_spawned
 
 logger = logging.getLogger("rl3d.train")
+die_with_rank_if_spawned(__name__)  # a multiprocessing spawn child of a rank ends with it
 
 
 def main(argv: list[str] | None = None) -> int:

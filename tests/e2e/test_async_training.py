@@ -96,3 +96,33 @@ def check_staleness_within_one(metrics: dict, versions) -> list[dict]:
     assert any(m["async/staleness_max"] == 1.0 for m in metrics.values())  # it did run ahead
     assert all(metrics[s]["reshard/bytes"] == 500992.0 for s in range(1, 8))  # the plan's
     return rows
+
+
+@pytest.mark.slow
+def test_delta_weight_updates_train_exactly_as_full_ones(tmp_path):
+    """20 steps at max_staleness 0 on the separate rollout rank, with weight syncs sent whole
+    and as deltas (`rollout.weight_update`): the rollout engine samples from the trainer's exact
+    bits either way, so every step's metrics but timing and bytes agree exactly; the delta run
+    counts what it sent."""
+    common = (
+        "trainer.total_steps=20",
+        "checkpoint.save_every=0",
+        "algorithm.rollout_correction.mode=none",
+        "rollout.async.max_staleness=0",
+    )
+    full = run_train(ASYNC, tmp_path / "full", *common)
+    assert full.returncode == 0, full.stderr[-3000:]
+    delta = run_train(ASYNC, tmp_path / "delta", *common, "rollout.weight_update=delta")
+    assert delta.returncode == 0, delta.stderr[-3000:]
+    a, b = metrics_by_step(tmp_path / "full"), metrics_by_step(tmp_path / "delta")
+    assert sorted(a) == sorted(b) == list(range(1, 21))
+    for step in a:
+        for key, value in a[step].items():
+            if not key.startswith(ASYNC_KEYS) and key != "time":
+                assert b[step][key] == value, (step, key, value, b[step][key])
+    for step in range(1, 20):  # the last step's policy is used by nothing: not sent
+        m = b[step]
+        assert 0 < m["reshard/delta_bytes"] == m["reshard/bytes"], m
+        assert m["reshard/full_bytes"] == a[step]["reshard/bytes"]  # the plan's: one rollout rank
+        assert 0 < m["reshard/changed_fraction"] <= 1
+        assert m["reshard/delta_bytes"] <= m["reshard/full_bytes"] + 40 * 1024  # headers at most

@@ -1,6 +1,7 @@
 """A separate rollout pool at max_staleness 0 under the Ray backend gives the spmd backend's
 separate run metric for metric, bit for bit (and the spmd one equals the colocated run:
-tests/e2e/test_async_training.py), with one rollout rank and with a t_g = 2 pool."""
+tests/e2e/test_async_training.py), with one rollout rank and with a t_g = 2 pool, and with
+delta weight updates (the bytes each sync sent too)."""
 
 import pytest
 from test_ray_async import RAY, env_with, train
@@ -30,8 +31,11 @@ def assert_equal_but_timing(a: dict, b: dict) -> None:
             ("actor.parallel.tp=2", "rollout.t_g=2", "rollout.pool.tp=2", "launch.nproc_per_node=4"),
             marks=pytest.mark.slow,
         ),
+        pytest.param(  # delta weight updates: the rank actors keep the sender's state
+            ("launch.nproc_per_node=2", "rollout.weight_update=delta"), marks=pytest.mark.slow
+        ),
     ],
-    ids=["tp1", "tp2"],
+    ids=["tp1", "tp2", "tp1-delta"],
 )
 def test_ray_separate_pool_equals_the_spmd_one(tmp_path, layout):
     common = (

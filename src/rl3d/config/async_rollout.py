@@ -26,6 +26,7 @@ from typing import Any, Literal
 from rl3d.config.errors import FieldError
 
 Placement = Literal["colocated", "separate"]
+WeightUpdate = Literal["full", "delta"]
 ROLLOUT_POOL = "rollout"  # the name of the separate generation pool
 
 
@@ -70,6 +71,12 @@ def check_async_rollout(cfg: Any, fail: Callable[[str, str], Exception]) -> None
     """Cross-section checks (before any process group starts); `fail(key, message)`."""
     ro = cfg.rollout
     if not is_separate(cfg):
+        if ro.weight_update != "full":
+            raise fail(
+                "rollout.weight_update",
+                f"= {ro.weight_update} needs rollout.placement: separate (a colocated rollout "
+                "reshards the weights in place, nothing is sent)",
+            )
         if ro.async_.max_staleness > 0:
             raise fail(
                 "rollout.async.max_staleness",

@@ -22,7 +22,7 @@ from rl3d.config.schema import ParallelConfig, RL3DConfig
 from rl3d.parallel.layout import ParallelLayout
 from rl3d.single_controller.pools import Pool, hosting, pool_of
 
-__all__ = ["Pool", "hosting", "layout_of", "pool_of", "role_pools"]
+__all__ = ["Pool", "hosting", "layout_of", "pool_of", "role_pools", "weight_sync_plan"]
 
 
 def layout_of(par: ParallelConfig) -> ParallelLayout:
@@ -50,3 +50,19 @@ def role_pools(cfg: RL3DConfig) -> list[Pool]:
         end = pools[-1].offset + pools[-1].size
         pools.append(Pool(ROLLOUT_POOL, ParallelLayout(1, gen.tp, gen.dp), end, (ROLLOUT_POOL,)))
     return pools
+
+
+def weight_sync_plan(cfg: RL3DConfig, spec):
+    """A separate rollout pool's weight-sync plan (`rl3d.hybrid_engine.pool.PoolTransition`):
+    from the actor's pool (the first) to the rollout pool. `spec`: the model's `ModelSpec`."""
+    from rl3d.hybrid_engine.pool import plan_pool_transition
+
+    return plan_pool_transition(
+        spec,
+        role_pools(cfg)[0].layout,
+        gen_tp=cfg.rollout.pool.tp,
+        gen_dp=cfg.rollout.pool.dp,
+        dtype=cfg.model.dtype,
+        bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
+        delta=cfg.rollout.weight_update == "delta",
+    )

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from rl3d.config.agent import AgentConfig
-from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig
+from rl3d.config.async_rollout import AsyncRolloutConfig, Placement, RolloutPoolConfig, WeightUpdate
 from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - their home before config.data
 from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
@@ -228,6 +228,8 @@ class RolloutConfig:
     placement: Placement = "colocated"  # or separate: its own pool (rl3d.config.async_rollout)
     pool: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
     async_: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)  # YAML: `async`
+    # a separate pool's sync: whole buckets or only changed elements (rl3d.weight_sync.delta)
+    weight_update: WeightUpdate = "full"
 
     def __post_init__(self) -> None:
         _positive(self, "t_g", "p_g", "n", "max_new_tokens")

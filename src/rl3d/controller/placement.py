@@ -122,17 +122,9 @@ def placement_of(cfg, spec: Any) -> Placement:
     told apart. `spec`: the model's `ModelSpec` (a separate pool's weight-sync plan needs it)."""
     if not is_separate(cfg):
         return Colocated()
-    from rl3d.config.pools import role_pools
-    from rl3d.hybrid_engine.pool import plan_pool_transition
+    from rl3d.config.pools import weight_sync_plan
 
-    plan = plan_pool_transition(  # from the actor's pool (the first) to the rollout pool
-        spec,
-        role_pools(cfg)[0].layout,
-        gen_tp=cfg.rollout.pool.tp,
-        gen_dp=cfg.rollout.pool.dp,
-        dtype=cfg.model.dtype,
-        bucket_bytes=int(cfg.rollout.async_.bucket_mb * 2**20),
-    )
+    plan = weight_sync_plan(cfg, spec)
     return SeparatePool(cfg, plan)
 
 

@@ -31,6 +31,7 @@ from rl3d.config.rm_job import RMJobConfig
 from rl3d.data.tokenizer import pad_id_of
 from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.failures import report_rank_failure
+from rl3d.utils.lifetime import die_with_rank_if_spawned
 from rl3d.workers.reward_model import (
     bradley_terry_loss,
     last_token_scores,
@@ -41,6 +42,7 @@ from rl3d.workers.reward_model import (
 )
 
 logger = logging.getLogger("rl3d.rm_train")
+die_with_rank_if_spawned(__name__)  # a multiprocessing spawn child of a rank ends with it
 
 
 # -- data ----------------------------------------------------------------------------------------

@@ -44,6 +44,31 @@ class CommCounter:
             self.messages += 1
 
 
+@dataclass(frozen=True)
+class DeltaCounts:
+    """A weight sync sent as deltas (`rl3d.weight_sync.delta`), counted by its codec on one side:
+    elements and changed elements, what the full buckets hold, the bytes on the wire (the
+    encodings plus each message's version and header), and messages by encoding."""
+
+    numel: int = 0
+    changed: int = 0
+    full_bytes: int = 0
+    wire_bytes: int = 0
+    kinds: dict[str, int] = field(default_factory=dict)
+
+    def __add__(self, other: DeltaCounts) -> DeltaCounts:
+        kinds = dict(self.kinds)
+        for k, n in other.kinds.items():
+            kinds[k] = kinds.get(k, 0) + n
+        return DeltaCounts(
+            self.numel + other.numel,
+            self.changed + other.changed,
+            self.full_bytes + other.full_bytes,
+            self.wire_bytes + other.wire_bytes,
+            kinds,
+        )
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 

@@ -12,7 +12,7 @@ through a `CountedComm`, so what is counted is what the plan lists.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -37,9 +37,12 @@ def run_phases(
     device: torch.device,
     kernel_backend: str | None = None,
     gen: GenerationLayout | None = None,
+    exchange: Callable[[CountedComm, dict, dict, int], None] | None = None,
 ) -> tuple[dict[Key, torch.Tensor], list[torch.Tensor]]:
     """This rank's part (`comm.rank`) of every phase. `own`: its training shards by global name;
-    `gen`: the generation layout the ranks of the world take (slices only).
+    `gen`: the generation layout the ranks of the world take (slices only); `exchange(comm,
+    sends, recvs, k)`: moves a phase's packed buckets in place of `comm.exchange` (a weight
+    sync's delta encoding, `rl3d.weight_sync.delta`), filling the same receive buffers.
     Returns what it received, by piece key, and the buffers holding it."""
     from rl3d.ops import pack_bucket
 
@@ -71,7 +74,10 @@ def run_phases(
             else:
                 recvs[t.src] = buf
                 landed.append((buf, keys, shapes))
-        comm.exchange(sends, recvs, tag=k)
+        if exchange is None:
+            comm.exchange(sends, recvs, tag=k)
+        else:
+            exchange(comm, sends, recvs, k)
         for buf, keys, shapes in landed:
             cursor = 0
             for piece, shape in zip(keys, shapes):

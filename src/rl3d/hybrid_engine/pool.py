@@ -55,6 +55,9 @@ class PoolTransition:
     dtype_bytes: int
     params: tuple[ParamInfo, ...]  # what a Transfer's parameter indices index
     plan: StrategyPlan
+    # each sync sends only the changed elements of each bucket (rl3d.weight_sync.delta); the
+    # plan's bytes are then what a full send moves, the most a sync sends
+    delta: bool = False
 
     @property
     def num_train(self) -> int:
@@ -84,7 +87,7 @@ class PoolTransition:
         return (
             f"weight sync {t.p}-{t.t}-{t.d} -> rollout t_g={self.gen_tp} x {self.gen_dp}: "
             f"{self.total_bytes} bytes in {self.num_sends} sends "
-            f"({self.bytes_to(0)} bytes per rollout rank)"
+            f"({self.bytes_to(0)} bytes per rollout rank)" + (", as deltas" if self.delta else "")
         )
 
 
@@ -104,6 +107,7 @@ def plan_pool_transition(
     gen_dp: int,
     dtype: str,
     bucket_bytes: int,
+    delta: bool = False,
 ) -> PoolTransition:
     """Plan the move of the actor's training shards to a rollout pool of `gen_dp` engines of
     `gen_tp` ranks each. ValueError on layouts that do not nest or an unknown dtype."""
@@ -148,7 +152,7 @@ def plan_pool_transition(
     # a rollout rank holds what it received (its generation shards); training ranks add nothing
     ranks = [RankCost(r, recv[r], send[r], recv[r], 0) for r in range(len(recv))]
     plan = StrategyPlan(POOL, gen_dp, ranks, [], tuple(tuple(phase) for phase in phases))
-    return PoolTransition(spec, train, gen_tp, gen_dp, dtype_bytes, params, plan)
+    return PoolTransition(spec, train, gen_tp, gen_dp, dtype_bytes, params, plan, delta)
 
 
 def publish_metrics(plan: PoolTransition, stats: TransitionStats | None) -> dict[str, float]:
@@ -156,10 +160,26 @@ def publish_metrics(plan: PoolTransition, stats: TransitionStats | None) -> dict
     `reshard/bytes` the plan's total (what the pool's ranks receive; each training rank's sent
     bytes were checked against the plan, `check_sent`), `reshard/seconds` the send's time.
     Zeros when nothing was sent (`stats` None: no step or validation left to use the policy,
-    or a critic/reference rank, which sends nothing)."""
+    or a critic/reference rank, which sends nothing).
+
+    Sent as deltas (`stats.delta`), `reshard/bytes` is what went over the wire, counted by the
+    training ranks whose stats these are (all of them on Ray; this rank's own share with the
+    spmd backend), and so are `reshard/delta_bytes` (the same), `reshard/full_bytes` (what their
+    full buckets hold: the plan's) and `reshard/changed_fraction` (of their elements)."""
     if stats is None:
-        return {"reshard/bytes": 0.0, "reshard/seconds": 0.0}
-    return {"reshard/bytes": float(plan.total_bytes), "reshard/seconds": stats.seconds}
+        out = {"reshard/bytes": 0.0, "reshard/seconds": 0.0}
+        return out | ({"reshard/delta_bytes": 0.0, "reshard/full_bytes": 0.0} if plan.delta else {})
+    if stats.delta is None:
+        return {"reshard/bytes": float(plan.total_bytes), "reshard/seconds": stats.seconds}
+    d = stats.delta
+    return {
+        "reshard/bytes": float(d.wire_bytes),
+        "reshard/seconds": stats.seconds,
+        "reshard/delta_bytes": float(d.wire_bytes),
+        "reshard/full_bytes": float(d.full_bytes),
+        "reshard/changed_fraction": d.changed / d.numel if d.numel else 0.0,
+        "reshard/full_sends": float(d.kinds.get("full", 0)),
+    }
 
 
 def check_sent(plan: PoolTransition, train_ranks: list[int], stats: list[TransitionStats]) -> TransitionStats:
@@ -169,10 +189,10 @@ def check_sent(plan: PoolTransition, train_ranks: list[int], stats: list[Transit
 
     for rank, got in zip(train_ranks, stats, strict=True):
         want = plan.plan.ranks[rank].send_bytes
-        if got.send_bytes != want:
-            raise RuntimeError(
-                f"weight sync: training rank {rank} sent {got.send_bytes} bytes, the plan has {want}"
-            )
+        sent = got.send_bytes if got.delta is None else got.delta.full_bytes  # a delta's full buckets
+        if sent != want:
+            raise RuntimeError(f"weight sync: training rank {rank} sent {sent} bytes, the plan has {want}")
+    deltas = [s.delta for s in stats if s.delta is not None]
     return TransitionStats(
         POOL,
         recv_bytes=sum(s.recv_bytes for s in stats),
@@ -181,4 +201,5 @@ def check_sent(plan: PoolTransition, train_ranks: list[int], stats: list[Transit
         seconds=max((s.seconds for s in stats), default=0.0),
         verified=False,
         calls=sum(s.calls for s in stats),
+        delta=sum(deltas[1:], deltas[0]) if deltas else None,
     )

@@ -7,6 +7,8 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from rl3d.hybrid_engine.comm import DeltaCounts
+
 
 @dataclass(frozen=True)
 class TransitionStats:
@@ -29,6 +31,7 @@ class TransitionStats:
     engine_buckets: int = 0
     engine_gather_bytes: int = 0
     engine_seconds: float = 0.0
+    delta: DeltaCounts | None = None  # a weight sync sent as deltas (rl3d.weight_sync.delta)
 
     def metrics(self) -> dict[str, float]:
         """`reshard/peak_bytes` is the memory the transition adds on top of the training

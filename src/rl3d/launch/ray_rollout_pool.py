@@ -46,7 +46,7 @@ def join_bridge(state, host: str, port: int, plan, num_rollout: int, device: str
     rollout ranks, which join theirs in `run_rollout_rank`), kept in its `RankWorkers`."""
     import torch.distributed as dist
 
-    from rl3d.weight_sync import WeightBridge
+    from rl3d.weight_sync import DeltaSender, WeightBridge
 
     store = _client_store(host, port, timeout_s)
     rank = dist.get_rank()
@@ -58,7 +58,7 @@ def join_bridge(state, host: str, port: int, plan, num_rollout: int, device: str
         device=device,
         timeout_s=timeout_s,
     )
-    state.weight_sync = (bridge, plan)
+    state.weight_sync = (bridge, plan, DeltaSender() if plan.delta else None)
     return rank
 
 
@@ -68,9 +68,9 @@ def send_actor_weights(state) -> Any:
 
     from rl3d.weight_sync import send_weights
 
-    bridge, plan = state.weight_sync
+    bridge, plan, delta = state.weight_sync
     shards = state.workers[ACTOR].role.transition_shards()
-    return send_weights(bridge, plan, shards, dist.get_rank())
+    return send_weights(bridge, plan, shards, dist.get_rank(), delta=delta)
 
 
 def run_rollout_rank(

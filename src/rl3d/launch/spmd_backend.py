@@ -123,7 +123,7 @@ class SPMDPoolHost:
     def start_rollout_pool(self, rollout: Any, plan: Any) -> PoolConnection | None:
         from rl3d.controller.rollout_pool import rollout_runner
         from rl3d.single_controller.spmd_pools import ControllerChannel
-        from rl3d.weight_sync import WeightBridge, send_weights
+        from rl3d.weight_sync import DeltaSender, WeightBridge, send_weights
 
         cfg, channel, actor = self.cfg, self.channel, self.pools[0]
         ro, device = cfg.rollout.async_, resolve_device(cfg.launch.device)
@@ -150,6 +150,7 @@ class SPMDPoolHost:
                 device=device,
                 timeout_s=ro.timeout_s,
             )
+        delta = DeltaSender() if plan.delta and bridge is not None else None
         world_rank = channel.rank
         if len(self.pools) > 2:  # critic/reference pools too: the controllers' channel, the pool's out
             self.channel = ControllerChannel(
@@ -163,7 +164,9 @@ class SPMDPoolHost:
                 return None
             shards = self.actor_worker.role.transition_shards()
             train_rank = world_rank - actor.offset
-            return check_sent(plan, [train_rank], [send_weights(bridge, plan, shards, train_rank)])
+            return check_sent(
+                plan, [train_rank], [send_weights(bridge, plan, shards, train_rank, delta=delta)]
+            )
 
         logger.info("%s", plan.describe())
         link = AsyncLink(channel.store, timeout_s=ro.timeout_s, who=f"training rank {world_rank}")

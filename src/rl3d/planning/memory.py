@@ -11,7 +11,8 @@ For every rank of every pool (`rl3d.config.pools.role_pools`), bytes by phase:
   Adam states (`rl3d.planning.memory_train`); the roles run one at a time, so the phase's peak
   is their static bytes plus the largest one's activations and buffers
   (`rl3d.planning.memory_activations`), each role's micro-batch as its features shape it
-  (`rl3d.planning.memory_roles.role_footprint`);
+  (`rl3d.planning.memory_roles.role_footprint`); with delta weight updates to a separate
+  rollout pool a sending rank also keeps the buckets it last sent (`weight_sync`);
 - reshard: the static bytes, the generation weights the 3D-HybridEngine builds, the engine's
   own copy and the transfer buckets (`rl3d.planning.memory_generate`);
 - generate: what the roles keep resident (less what `<role>.offload` moves to the host) plus
@@ -31,7 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl3d.config.async_rollout import ROLLOUT_POOL, is_separate
-from rl3d.config.pools import Pool, role_pools
+from rl3d.config.pools import Pool, role_pools, weight_sync_plan
+from rl3d.config.roles import ACTOR
 from rl3d.config.schema import RL3DConfig
 from rl3d.models.spec import ModelSpec, spec_of
 from rl3d.parallel import GenerationLayout
@@ -39,6 +41,7 @@ from rl3d.planning.memory_generate import (
     DeviceBytes,
     EngineBytes,
     GenShape,
+    SyncBytes,
     device_beside,
     engine_bytes,
     sequence_kv_bytes,
@@ -57,8 +60,9 @@ from rl3d.utils.dtypes import DTYPE_BYTES
 PHASES = ("train", "reshard", "generate")
 ENGINE = "engine"  # the rollout engine's entry in a phase
 DEVICE = "device"  # what a GPU holds besides the planned tensors (a plan with a device size)
+WEIGHT_SYNC = "weight_sync"  # a training rank's copy of what it last sent (delta weight updates)
 
-Entry = RoleBytes | EngineBytes | DeviceBytes
+Entry = RoleBytes | EngineBytes | DeviceBytes | SyncBytes
 
 
 @dataclass(frozen=True)
@@ -167,6 +171,7 @@ def _rank_plan(
     resharded: list[int],
     device_bytes: int | None,
     transformer_engine: bool,
+    kept: int = 0,
 ) -> RankPlan:
     world_rank = pool.offset + rank
     node = world_rank // max(cfg.launch.nproc_per_node, 1)
@@ -178,6 +183,8 @@ def _rank_plan(
     train: dict[str, Entry] = {
         r.name: role_train_bytes(cfg, spec, r, pool.layout, rank, prints[r.name]) for r in roles
     }
+    if kept:
+        train[WEIGHT_SYNC] = SyncBytes(previous=kept)
     phases: dict[str, dict[str, Entry]] = {"train": train}
     problems: list[str] = []
     sglang = cfg.rollout.engine == "sglang"
@@ -216,6 +223,15 @@ def _rank_plan(
     return RankPlan(world_rank, node, pool.name, phases, peaks, tuple(problems))
 
 
+def _delta_kept_bytes(cfg: RL3DConfig, spec: ModelSpec, pool: Pool) -> list[int]:
+    """Per rank of `pool`: what it keeps of its last weight sync to a separate rollout pool
+    (`rollout.weight_update: delta`: the bytes the plan has it send), else 0."""
+    if pool.name != ACTOR or not is_separate(cfg) or cfg.rollout.weight_update != "delta":
+        return [0] * pool.size
+    plan = weight_sync_plan(cfg, spec)
+    return [plan.plan.ranks[rank].send_bytes for rank in range(pool.size)]
+
+
 def _phase_peak(phase: str, entries: dict[str, Entry]) -> int:
     return _train_peak(entries) if phase == "train" else sum(e.total for e in entries.values())
 
@@ -241,8 +257,9 @@ def plan_memory(
             elif name != ROLLOUT_POOL:
                 unknown.append(name)
         resharded = _resharded_bytes(cfg, spec, pool) if "actor" in pool.roles else []
+        kept = _delta_kept_bytes(cfg, spec, pool)
         ranks += [
-            _rank_plan(cfg, spec, pool, rank, roles, resharded, device_bytes, transformer_engine)
+            _rank_plan(cfg, spec, pool, rank, roles, resharded, device_bytes, transformer_engine, kept[rank])
             for rank in range(pool.size)
         ]
     return MemoryPlan(device_bytes, ranks, tuple(unknown))

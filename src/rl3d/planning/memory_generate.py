@@ -66,6 +66,15 @@ class EngineBytes(ByteItems):
 
 
 @dataclass(frozen=True)
+class SyncBytes(ByteItems):
+    """A training rank's weight-sync state for a separate rollout pool, held through the run:
+    with `rollout.weight_update: delta` the buckets it last sent, to diff the next sync against
+    (what the plan has it send per sync, `rl3d.weight_sync.delta`)."""
+
+    previous: int = 0
+
+
+@dataclass(frozen=True)
 class DeviceBytes(ByteItems):
     """What a GPU holds in a phase besides the planned tensors (see the module docstring)."""
 

@@ -5,10 +5,14 @@ cleanup, so without help torchrun and its ranks outlive it: on a GPU an orphaned
 memory and blocks the next job. Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG)`) makes
 the kernel kill a process when its parent ends, whatever the cause: `rl3d train` asks it for the
 torchrun it starts (`die_with_parent` as its `preexec_fn`), and every rank torchrun starts asks
-it for itself (`die_with_launcher`), so the chain goes down link by link. What a rank starts
-in turn ends on its own: multiprocessing's resource tracker when its pipe closes, SGLang's
-processes by their own parent watchdog. `tests/e2e/test_no_orphans.py` kills `rl3d train` and
-finds no process of the run left.
+it for itself (`die_with_launcher`), so the chain goes down link by link. A multiprocessing
+spawn child of a rank (megatron-core's checkpoint writer starts a `Manager` server on the first
+save, and it would otherwise outlive the rank for good) imports the rank's main module as
+`__mp_main__` before it runs anything else; that module calls `die_with_rank_if_spawned`, so
+the child asks the signal for itself too. Multiprocessing's resource tracker ends on its own
+when the last process holding its pipe is gone, SGLang's processes by their own parent watchdog.
+`tests/e2e/test_no_orphans.py` kills `rl3d train`, before and after a checkpoint, and finds no
+process of the run left.
 """
 
 from __future__ import annotations
@@ -40,3 +44,10 @@ def die_with_launcher() -> None:
     """In a rank that torchrun started: end with torchrun (see the module docstring)."""
     if TORCHRUN_ENV in os.environ:
         die_with_parent()
+
+
+def die_with_rank_if_spawned(module_name: str) -> None:
+    """Call at the top level of a rank's main module with its `__name__`: in a multiprocessing
+    spawn child of the rank (which imports that module as `__mp_main__`) end with the rank."""
+    if module_name == "__mp_main__":
+        die_with_launcher()

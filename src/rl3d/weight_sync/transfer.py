@@ -15,6 +15,11 @@ in-place transition does.
 Both kinds of group wait `rollout.async.timeout_s` for the other side (NCCL's own default is
 10 minutes). `reshard/seconds` stops once the transfer is complete: on NCCL `wait()` only
 orders the device stream, so the clock stops after the device is synchronized too.
+
+With `rollout.weight_update: delta` each end keeps its side of the routes' last buckets
+(`DeltaSender`, `DeltaReceiver`, `rl3d.weight_sync.delta`) and the buckets travel as deltas
+against them; the stats then carry the codec's counts (`TransitionStats.delta`), checked against
+the bytes the communicator counted.
 """
 
 from __future__ import annotations
@@ -26,11 +31,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from rl3d.hybrid_engine.comm import CountedComm
+from rl3d.hybrid_engine.comm import CountedComm, DeltaCounts
 from rl3d.hybrid_engine.p2p import generation_shards, run_phases
 from rl3d.hybrid_engine.pool import POOL, PoolTransition
 from rl3d.hybrid_engine.stats import TransitionStats
 from rl3d.utils.device import current_gpu, synchronize
+from rl3d.weight_sync.delta import DeltaReceiver, DeltaSender
 
 
 class WeightBridge:
@@ -64,12 +70,20 @@ class WeightBridge:
 
 
 def send_weights(
-    bridge: WeightBridge, plan: PoolTransition, shards: dict[str, torch.Tensor], pool_rank: int
+    bridge: WeightBridge,
+    plan: PoolTransition,
+    shards: dict[str, torch.Tensor],
+    pool_rank: int,
+    *,
+    delta: DeltaSender | None = None,
 ) -> TransitionStats:
     """On a training rank: send every bucket the plan lists from this rank (blocking until all
-    are taken). `shards`: the rank's training shards by global name (`transition_shards()`)."""
+    are taken). `shards`: the rank's training shards by global name (`transition_shards()`);
+    `delta`: send each bucket as a delta against what its receiver holds."""
     dtype = next(iter(shards.values())).dtype if shards else torch.float32
     comm, start = _comm(bridge, bridge.train_rank(pool_rank)), time.perf_counter()
+    if delta is not None:
+        delta.begin()
     run_phases(
         plan.plan.phases,
         comm=comm,
@@ -78,17 +92,26 @@ def send_weights(
         own=shards,
         dtype=dtype,
         device=bridge.device,
+        exchange=None if delta is None else delta.exchange,
     )
     synchronize(bridge.device)  # NCCL's wait() only orders the stream: the clock stops when done
-    return _stats(comm, time.perf_counter() - start)
+    return _stats(comm, time.perf_counter() - start, None if delta is None else delta.counts())
 
 
 def receive_weights(
-    bridge: WeightBridge, plan: PoolTransition, pool_rank: int, *, dtype: torch.dtype
+    bridge: WeightBridge,
+    plan: PoolTransition,
+    pool_rank: int,
+    *,
+    dtype: torch.dtype,
+    delta: DeltaReceiver | None = None,
 ) -> tuple[dict[str, torch.Tensor], TransitionStats]:
     """On a rollout rank: receive this rank's buckets into fresh buffers and build its
-    generation-TP shard of every parameter (name -> tensor, what the torch engine loads)."""
+    generation-TP shard of every parameter (name -> tensor, what the torch engine loads).
+    `delta`: the buckets come as deltas against the ones it holds."""
     comm, start = _comm(bridge, bridge.rollout_rank(pool_rank)), time.perf_counter()
+    if delta is not None:
+        delta.begin()
     got, _ = run_phases(
         plan.plan.phases,
         comm=comm,
@@ -97,9 +120,10 @@ def receive_weights(
         own={},
         dtype=dtype,
         device=bridge.device,
+        exchange=None if delta is None else delta.exchange,
     )
     synchronize(bridge.device)
-    stats = _stats(comm, time.perf_counter() - start)
+    stats = _stats(comm, time.perf_counter() - start, None if delta is None else delta.counts())
     weights = generation_shards(
         got, plan.params, train_tp=plan.train.t, gen_tp=plan.gen_tp, gen_tp_rank=pool_rank % plan.gen_tp
     )
@@ -110,8 +134,21 @@ def _comm(bridge: WeightBridge, rank: int) -> CountedComm:
     return CountedComm(rank, bridge.timeout_s, bridge=bridge.pg)
 
 
-def _stats(comm: CountedComm, seconds: float) -> TransitionStats:
+def _stats(comm: CountedComm, seconds: float, delta: DeltaCounts | None) -> TransitionStats:
     c = comm.counter
+    if delta is not None and c.recv_bytes + c.send_bytes != delta.wire_bytes:
+        raise RuntimeError(
+            f"weight sync: rank {comm.rank}'s delta codec counted {delta.wire_bytes} bytes, "
+            f"its communicator {c.recv_bytes + c.send_bytes}"
+        )
     return TransitionStats(
-        POOL, c.recv_bytes, c.send_bytes, c.recv_bytes, seconds, False, dict(c.recv_from), c.calls
+        POOL,
+        c.recv_bytes,
+        c.send_bytes,
+        c.recv_bytes,
+        seconds,
+        False,
+        dict(c.recv_from),
+        c.calls,
+        delta=delta,
     )

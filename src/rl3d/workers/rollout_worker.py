@@ -24,7 +24,7 @@ from rl3d.hybrid_engine.pool import PoolTransition
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.dtypes import torch_dtype
-from rl3d.weight_sync import WeightBridge, receive_weights
+from rl3d.weight_sync import DeltaReceiver, WeightBridge, receive_weights
 from rl3d.workers.generation import Generation
 
 logger = logging.getLogger(__name__)
@@ -76,6 +76,7 @@ class RolloutWorker:
         self.partial = cfg.rollout.async_.partial_rollouts and not self.generation.multi_turn
         self.engine.before_forward = self._before_forward
         self.version = -1
+        self.delta = DeltaReceiver() if plan.delta else None  # the buckets it holds, to apply deltas to
         self.sync_seconds = 0.0
         self._chunk_versions: list[list[int]] = []
 
@@ -103,7 +104,9 @@ class RolloutWorker:
         """Receive the next version if the trainer announced it; True if weights changed."""
         if not self._announced(self.version + 1):
             return False
-        weights, stats = receive_weights(self.bridge, self.plan, self.pool_rank, dtype=self.dtype)
+        weights, stats = receive_weights(
+            self.bridge, self.plan, self.pool_rank, dtype=self.dtype, delta=self.delta
+        )
         self.engine.load_weights(weights)
         self.version += 1
         self.sync_seconds += stats.seconds

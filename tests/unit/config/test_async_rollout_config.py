@@ -72,3 +72,19 @@ def test_extra_rounds_and_validation_run_on_a_separate_pool(overrides, backend):
     """DAPO's refill rounds, ReMax's greedy round and validation are requests to the pool."""
     cfg = load_config(ASYNC, [*overrides, f"launch.backend={backend}"]).config
     assert cfg.rollout.placement == "separate"
+
+
+def test_weight_update_is_full_or_delta_on_a_separate_pool():
+    assert load_config(ASYNC, []).config.rollout.weight_update == "full"
+    cfg = load_config(ASYNC, ["rollout.weight_update=delta"]).config
+    assert cfg.rollout.weight_update == "delta"
+    from rl3d.config.pools import weight_sync_plan
+    from rl3d.models.spec import spec_of
+
+    assert weight_sync_plan(cfg, spec_of(cfg.model)).delta is True
+    with pytest.raises(ConfigError) as err:
+        load_config(ASYNC, ["rollout.weight_update=deltas"])
+    assert err.value.key == "rollout.weight_update" and "did you mean 'delta'" in str(err.value)
+    with pytest.raises(ConfigError) as err:  # a colocated rollout sends nothing
+        load_config(SYNC, ["rollout.weight_update=delta"])
+    assert err.value.key == "rollout.weight_update" and "placement: separate" in str(err.value)

@@ -127,6 +127,22 @@ def test_pools_every_rank_and_separate_rollout():
     assert set(critic.phases) == {"train"} and set(critic.phases["train"]) == {"critic"}
 
 
+def test_delta_weight_updates_keep_what_the_sender_last_sent():
+    recipe = "recipes/quickstart_cpu_grpo_async.yaml"
+    full = plan_memory(load_config(recipe, []).config)
+    cfg = load_config(recipe, ["rollout.weight_update=delta"]).config
+    delta = plan_memory(cfg)
+    from rl3d.config.pools import weight_sync_plan
+    from rl3d.models.spec import spec_of
+
+    sent = weight_sync_plan(cfg, spec_of(cfg.model)).plan.ranks[0].send_bytes
+    trainer = delta.ranks[0]
+    assert trainer.pool == "actor" and trainer.phases["train"]["weight_sync"].previous == sent > 0
+    assert trainer.peaks["train"] == full.ranks[0].peaks["train"] + sent
+    assert "weight_sync" not in full.ranks[0].phases["train"]
+    assert delta.ranks[1].peaks == full.ranks[1].peaks  # the rollout rank's engine holds its own
+
+
 GPU_RECIPES = ("gpu_llama2_7b_grpo", "gpu_llama2_7b_ppo", "gpu_llama2_70b_grpo", "gpu_llama2_70b_ppo")
 
 
