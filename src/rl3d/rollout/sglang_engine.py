@@ -30,10 +30,11 @@ inside SGLang's begin/end_weight_update session:
 
 Memory (with `enable_memory_saver`): `release_memory()` releases every tag SGLang has
 (kv_cache, weights, cuda_graph); the engine is launched once every colocated role exists and
-starts released. `load_weights` empties the allocator's cache, resumes "weights" and pushes; the
-caller then frees what it no longer needs (its resharded copy, offloaded training state) and
-`resume_memory` has every rank of the group empty its allocator cache, meet at a barrier, and
-resumes the KV cache and CUDA graphs; `pause` releases those two again and keeps the weights.
+starts released. SGLang resumes a tag on every GPU of the group at once, so before each resume
+every rank of the group empties its allocator's cache and they meet at a barrier. `load_weights`
+resumes "weights" that way and pushes; the caller then frees what it no longer needs (its
+resharded copy, offloaded training state) and `resume_memory` resumes the KV cache and CUDA
+graphs; `pause` releases those two again and keeps the weights.
 `generate` refuses while any tag is released.
 
 Control messages (barriers, the gather of IPC handles, the broadcast of results) wait on SGLang
@@ -267,8 +268,7 @@ class SGLangRolloutEngine:
         memory resumed first if released; returns what was pushed, which the hybrid engine checks
         against the plan. The KV cache stays as it was: `resume_memory` brings it back."""
         if WEIGHTS in self._released:
-            _empty_allocator_cache()
-            self._resume([WEIGHTS])
+            self._resume_after_empty_caches([WEIGHTS])
         if self.engine is not None:
             _check_ok(self.engine.begin_weight_update(), "begin_weight_update")
         pushed = Pushed()
@@ -292,6 +292,14 @@ class SGLangRolloutEngine:
         self._barrier()
         logger.info("pushed weights to SGLang in %d buckets", len(pushed.buckets))
         return pushed
+
+    def _resume_after_empty_caches(self, tags: list[str]) -> None:
+        """SGLang resumes `tags` on every GPU of the group at once: every rank first hands its
+        allocator's free blocks back to the driver, and all wait for the slowest before rank 0
+        asks SGLang to map memory on their GPUs."""
+        _empty_allocator_cache()
+        self._barrier()
+        self._resume(tags)
 
     def _resume(self, tags: list[str]) -> None:
         if not tags:
@@ -394,15 +402,12 @@ class SGLangRolloutEngine:
         self.release_memory([t for t in GPU_MEMORY_ALL_TYPES if t != WEIGHTS])
 
     def resume_memory(self) -> None:
-        """Resume what is released but the weights, which `load_weights` resumes and fills.
-        SGLang resumes on every GPU of the group at once, so every rank first hands its
-        allocator's free blocks back to the driver, and waits for the others."""
+        """Resume what is released but the weights, which `load_weights` resumes and fills
+        (each after every rank of the group emptied its allocator's cache)."""
         if WEIGHTS in self._released:
             raise RuntimeError("SGLang's weights are released: load_weights() first")
-        _empty_allocator_cache()
-        self._barrier()
         resumed = list(self._released)
-        self._resume(resumed)
+        self._resume_after_empty_caches(resumed)
         if self.engine is not None and KV_CACHE in resumed:
             self.engine.flush_cache()
         self._barrier()
