@@ -80,6 +80,7 @@ def test_the_push_to_sglang_is_a_step_of_the_plan(capsys):
     assert run_json(capsys, recipe, *sglang)["engine_push"] == want.summary() and len(want.buckets) > 1
     assert run_json(capsys, recipe)["engine_push"] == {
         "bytes": 0, "buckets": 0, "tensors": 0, "bucket_bytes": 0, "gather_bytes": 0,
+        "largest_bucket_bytes": 0, "peak_bytes": 0,
     }  # fmt: skip
     flags = ("--model", "tiny-llama", "--train", "1,2,1", "--gen", "1,1", "--dtype", "float32")
     assert run_json(capsys, *flags, "--push-bucket-mb", "0.1")["engine_push"] == want.summary()
