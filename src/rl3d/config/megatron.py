@@ -6,10 +6,11 @@
         gradient_accumulation_fusion: null  # weight gradients accumulate into DDP's fp32 buffer (apex)
         overlap_grad_reduce: null           # DDP reduces gradient buckets during the backward
 
-`null` (the default) turns each on where the run can take it (CUDA, and the package it needs:
-`rl3d.models.fusions`) and off elsewhere, so CPU runs stay unfused; `true` asks for it and is
-refused at validation where it cannot run (on CPU, without the package, or
-gradient_accumulation_fusion with `actor.lora`'s frozen base), naming the key; `false` turns it off.
+`null` (the default) turns each on where the run can take it on CUDA (with the package it needs:
+`rl3d.models.fusions`) and off elsewhere, so CPU runs stay as they were; `true` asks for it and
+is refused at validation where it cannot run (the two kernel fusions on CPU or without their
+package, gradient_accumulation_fusion with `actor.lora`'s frozen base), naming the key;
+`overlap_grad_reduce: true` runs on CPU too (gloo). `false` turns it off.
 """
 
 from __future__ import annotations

@@ -9,10 +9,12 @@ whether this host has it (megatron-core 0.16.1):
   apex's extension, and every linear's weight trained: a frozen weight (LoRA's base) has no
   `main_grad` and megatron's backward would fail on it.
 - `overlap_grad_reduce`: megatron's DDP reduces each bucket of gradients while the backward is
-  still running (NCCL's asynchronous collectives on their own stream). Needs CUDA.
+  still running (asynchronous collectives). Needs nothing more: it runs on gloo too, and gives
+  the unoverlapped losses bit for bit there (tests/distributed/models/test_models_training_dist.py).
 
-`None` (a recipe's default) turns a fusion on where the run can take it and off elsewhere;
-`true` where it cannot is refused (`missing`), naming the setting.
+`None` (a recipe's default) turns a fusion on where the run can take it on CUDA and off
+elsewhere (a CPU run stays as it was); `true` where it cannot run is refused (`missing`),
+naming the setting.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ NEEDS: dict[str, tuple[str, Callable[[], bool]] | None] = {
         "apex's fused_weight_gradient_mlp_cuda extension",
         apex_grad_accum_importable,
     ),
-    "overlap_grad_reduce": None,  # CUDA alone
+    "overlap_grad_reduce": None,  # any device
 }
 
 
@@ -52,6 +54,8 @@ def missing(name: str, *, device_type: str, frozen_weights: bool = False) -> str
     """Why a run on `device_type` cannot take fusion `name` (None: it can). `frozen_weights`:
     the role trains adapters over a frozen base (LoRA)."""
     assert name in FUSIONS, name
+    if name == "overlap_grad_reduce":
+        return None
     if device_type != "cuda":
         return f"needs CUDA (launch.device is {device_type!r})"
     if name == "gradient_accumulation_fusion" and frozen_weights:
@@ -64,8 +68,9 @@ def missing(name: str, *, device_type: str, frozen_weights: bool = False) -> str
 
 def resolve_fusions(settings: Any, *, device_type: str, frozen_weights: bool = False) -> dict[str, bool]:
     """Each fusion on or off for a role whose `<role>.megatron` section is `settings` (None: all
-    defaults): a setting of None is on where `missing` finds nothing; `true` where something is
-    missing raises ValueError naming the setting (the recipe check refuses it before a run)."""
+    defaults): a setting of None is on on CUDA where `missing` finds nothing, off elsewhere;
+    `true` where something is missing raises ValueError naming the setting (the recipe check
+    refuses it before a run)."""
     out = {}
     for name in FUSIONS:
         asked = getattr(settings, name, None)
@@ -76,5 +81,5 @@ def resolve_fusions(settings: Any, *, device_type: str, frozen_weights: bool = F
         )
         if asked and why:
             raise ValueError(f"megatron.{name}: true {why}; set it to false or leave it unset")
-        out[name] = bool(asked) if asked is not None else why is None
+        out[name] = bool(asked) if asked is not None else (device_type == "cuda" and why is None)
     return out

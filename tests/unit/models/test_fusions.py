@@ -75,7 +75,6 @@ def test_false_turns_off_lora_and_forward_only_roles_take_less(packages):
     ("recipe", "setting", "overrides", "reason"),
     [
         (GRPO, "actor.megatron.apply_rope_fusion", [], "needs CUDA"),
-        (GRPO, "actor.megatron.overlap_grad_reduce", [], "needs CUDA"),
         (PPO, "critic.megatron.gradient_accumulation_fusion", [], "needs CUDA"),
         (GRPO, "actor.megatron.apply_rope_fusion", CUDA, "needs Transformer Engine"),
         (GRPO, "actor.megatron.gradient_accumulation_fusion", CUDA, "needs apex"),
@@ -98,6 +97,11 @@ def test_asked_for_where_it_cannot_run_is_refused_naming_the_key(
 def test_asked_for_where_it_runs_loads(packages):
     cfg = load_config(GRPO, [*CUDA, "actor.megatron.apply_rope_fusion=true"]).config
     assert cfg.actor.megatron.apply_rope_fusion is True and cfg.actor.megatron.overlap_grad_reduce is None
+    # the overlapped reduction runs on gloo too: asked for on CPU it is on; by default, off
+    cpu = load_config(GRPO, ["actor.megatron.overlap_grad_reduce=true"]).config
+    feature = Fusions(cpu.actor.megatron)
+    feature.model_options(_engine("cpu"))
+    assert feature.ddp_options(_engine("cpu")) == {"overlap_grad_reduce": True}
     with pytest.raises(ConfigError, match="actor.megatron.overlap_grad_reduce: expected true or false"):
         load_config(GRPO, ["actor.megatron.overlap_grad_reduce=fast"])
 
