@@ -1,13 +1,16 @@
-"""Checks of the GPU path that span sections: offload around generation and what the SGLang
-engine cannot do yet. They run with the other cross-section checks (`rl3d.config.checks`)."""
+"""Checks of the GPU path that span sections: offload around generation, the megatron fusions a
+run asks for (`rl3d.config.megatron`) and what the SGLang engine cannot do yet. They run with the
+other cross-section checks (`rl3d.config.checks`)."""
 
 from __future__ import annotations
 
+from rl3d.config.megatron import check_megatron
 from rl3d.config.schema import RL3DConfig
 
 
 def check_gpu_path(cfg: RL3DConfig, fail) -> None:
     _check_offload(cfg, fail)
+    check_megatron(cfg, fail)
     ro = cfg.rollout
     if ro.engine == "sglang" and cfg.launch.backend == "ray" and ro.t_g > 1:
         # SGLang puts its TP rank i on GPU base_gpu_id + i * gpu_id_step; a Ray rank actor sees

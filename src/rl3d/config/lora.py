@@ -17,12 +17,12 @@ PEFT) adapts the untied output layer: a frozen output layer bounds the logits th
 can reach (docs/lora.md). With a reference enabled, the reference log-probs come from the
 actor with its adapters switched off: no reference model is built. Off by default (`null`).
 
-`transition`: `adapters` resharding the base into the torch engine once and then moving only the
-adapters each step (the 3D-HybridEngine plans and moves them as parameters of their own; the engine
-merges them into its own copy of the base, or applies them beside it: `engine_mode`); `merged`
-moving base + scale * B @ A every step, as for a full model (what SGLang and a separate rollout
-pool get); `auto` takes `adapters` where it runs (the colocated torch engine) and `merged`
-elsewhere. See docs/lora.md.
+`transition`: `adapters` resharding the base into the engine once and then moving only the
+adapters each step (the 3D-HybridEngine plans and moves them as parameters of their own; the torch
+engine merges them into its own copy of the base, or applies them beside it: `engine_mode`;
+SGLang keeps the base it was pushed once and loads the adapters through its LoRA API); `merged`
+moving base + scale * B @ A every step, as for a full model (what a separate rollout pool gets);
+`auto` takes `adapters` on the colocated torch engine and `merged` elsewhere. See docs/lora.md.
 """
 
 from __future__ import annotations
@@ -91,9 +91,13 @@ class LoraConfig:
 
 def adapter_transition(cfg: Any) -> bool:
     """Whether a run with `actor.lora` moves only the adapters to its rollout engine (see the
-    module's docstring for `transition`)."""
+    module's docstring for `transition`). `auto` keeps SGLang on merged weights: it decodes
+    through its LoRA kernels beside the base, slower than on merged weights, and asks for
+    `adapters` by name."""
     lora = cfg.actor.lora
     if lora is None or lora.transition == "merged":
+        return False
+    if lora.transition == "auto" and cfg.rollout.engine != "torch":
         return False
     return not _adapters_refused(cfg)
 
@@ -102,10 +106,12 @@ def _adapters_refused(cfg: Any) -> str | None:
     """Why this run's engine cannot keep the base and take only adapters (None: it can)."""
     if cfg.actor.lora.lm_head:
         return "an adapted lm_head reaches the engine merged into the output layer"
-    if cfg.rollout.engine != "torch":
-        return f"rollout.engine {cfg.rollout.engine!r} gets merged weights (the torch engine takes adapters)"
     if cfg.rollout.placement != "colocated":
         return "a separate rollout pool gets merged weights (rollout.placement: separate)"
+    if cfg.rollout.engine == "sglang" and not cfg.rollout.sglang.enable_memory_saver:
+        return (
+            "SGLang keeps the base in its memory saver's CPU backup (set rollout.sglang.enable_memory_saver)"
+        )
     return None
 
 

@@ -23,6 +23,7 @@ from rl3d.config.data import DataConfig, SyntheticDataConfig  # noqa: F401 - the
 from rl3d.config.distill import DistillConfig, check_distill
 from rl3d.config.errors import FieldError
 from rl3d.config.lora import LoraConfig
+from rl3d.config.megatron import MegatronConfig
 from rl3d.config.moe import MoeConfig
 from rl3d.config.parallel import ParallelConfig
 from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
@@ -131,6 +132,7 @@ class TrainedRoleConfig:
     # (rl3d.models.offload): params, grads (DDP's buffer), optimizer (fp32 masters, Adam states)
     offload: list[OffloadKind] = field(default_factory=list)
     moe: MoeConfig = field(default_factory=MoeConfig)  # router losses (rl3d.config.moe)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)  # fused paths (rl3d.config.megatron)
 
     def __post_init__(self) -> None:
         _positive(self, "ppo_epochs", "mini_batch_size", "micro_batch_size", "max_tokens_per_micro_batch")

@@ -6,6 +6,8 @@ The hooks, each a no-op on `Feature`:
 
 - `model_options(engine)`: keyword arguments for `rl3d.models.builder.build_gpt` (the builder's
   own switches, or overrides of megatron's TransformerConfig);
+- `ddp_options(engine)`: keyword arguments for `rl3d.models.training.wrap_ddp` (megatron's
+  DistributedDataParallelConfig) of a trained role;
 - `attach(engine)`: once the model holds its initial weights, before DDP wraps it;
 - `ready(engine)`: once the optimizer exists (or would: a forward-only role calls it too);
 - `session(batch, record=...)`: a context around the forwards over one batch, yielding the batch
@@ -82,6 +84,9 @@ class Feature:
     def model_options(self, engine: Any) -> dict[str, Any]:
         return {}
 
+    def ddp_options(self, engine: Any) -> dict[str, Any]:
+        return {}
+
     def attach(self, engine: Any) -> None:
         pass
 
@@ -127,6 +132,12 @@ class Features:
             clash = {k for k in mine.keys() & options.keys() if mine[k] != options[k]}
             assert not clash, f"{feature.name} sets {sorted(clash)} another feature set otherwise"
             options |= mine
+        return options
+
+    def ddp_options(self, engine: Any) -> dict[str, Any]:
+        options: dict[str, Any] = {}
+        for feature in self.items:
+            options |= feature.ddp_options(engine)
         return options
 
     def attach(self, engine: Any) -> None:

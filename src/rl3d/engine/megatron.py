@@ -116,7 +116,12 @@ class MegatronEngine:
             from rl3d.models.training import build_optimizer, build_scheduler, wrap_ddp
 
             optim = training.optim
-            self.ddp = wrap_ddp(self.model, groups, use_distributed_optimizer=optim.distributed_optimizer)
+            self.ddp = wrap_ddp(
+                self.model,
+                groups,
+                use_distributed_optimizer=optim.distributed_optimizer,
+                **features.ddp_options(self),
+            )
             self.optimizer = build_optimizer(self.ddp, groups, optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_steps=training.total_steps)
         features.ready(self)

@@ -239,6 +239,44 @@ class Offload(Feature):
         return replace(plain, offload=self.kinds)
 
 
+class Fusions(Feature):
+    """`<role>.megatron`: megatron-core's fused paths (rope, gradient accumulation, overlapped
+    gradient reduction), each on where the run can take it unless the section says otherwise
+    (`rl3d.models.fusions`). Roles without the section (the reference, a reward model) take the
+    defaults; a forward-only engine takes the rope fusion alone."""
+
+    name = "fusions"
+
+    def __init__(self, settings: Any = None, *, frozen_weights: bool = False, key: str = "actor"):
+        self.settings, self.frozen_weights, self.key = settings, frozen_weights, key
+        self.on: dict[str, bool] = {}  # each fusion on or off, once the engine's device is known
+
+    @classmethod
+    def from_source(cls, source: FeatureSource) -> Fusions:
+        # a section without one (the reference, a reward model) takes the defaults, so that the
+        # reference's rope is computed as the actor's
+        settings = source.setting("megatron", None)
+        return cls(settings, frozen_weights=source.lora is not None, key=source.key)
+
+    def model_options(self, engine: Any) -> dict[str, Any]:
+        from rl3d.models.fusions import DDP_FUSIONS, resolve_fusions
+
+        try:
+            self.on = resolve_fusions(
+                self.settings, device_type=engine.groups.device.type, frozen_weights=self.frozen_weights
+            )
+        except ValueError as err:
+            raise ValueError(f"{self.key}.{err}") from None
+        if not engine.trainable:  # no backward: nothing to accumulate or reduce
+            self.on = {name: on and name == "apply_rope_fusion" for name, on in self.on.items()}
+        return {name: on for name, on in self.on.items() if name not in DDP_FUSIONS}
+
+    def ddp_options(self, engine: Any) -> dict[str, Any]:
+        from rl3d.models.fusions import DDP_FUSIONS
+
+        return {name: self.on[name] for name in DDP_FUSIONS}
+
+
 # The order the engine applies them in: sequence parallelism's multiple is known before packing
 # pads each sequence to it (`Footprint`s follow the same order); replay's routers are set before
 # the expert-load hooks count what they route.
@@ -250,6 +288,7 @@ TECHNIQUES: tuple[type[Feature], ...] = (
     Lora,
     MoE,
     Offload,
+    Fusions,
 )
 
 

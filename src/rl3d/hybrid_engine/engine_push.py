@@ -63,10 +63,24 @@ class EnginePush:
     gather_bytes: int = 0
     bucket_bytes: int = 0
     dtype: str = ""
+    largest_gathered_bytes: int = 0  # one sharded parameter's t_g gathered shards (t_g > 1)
 
     @property
     def nbytes(self) -> int:
         return sum(b.nbytes for b in self.buckets)
+
+    @property
+    def largest_bucket_bytes(self) -> int:
+        """The largest bucket: `bucket_bytes`, or more where one tensor alone exceeds it."""
+        return max((b.nbytes for b in self.buckets), default=0)
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most a rank holds for the push beside its generation shards (what the memory
+        plan charges): the largest bucket's whole HF tensors (new memory where they are gathered
+        or converted) and its flat copy handed to the engine, plus one parameter's gathered
+        shards while it is converted (t_g > 1)."""
+        return 2 * self.largest_bucket_bytes + self.largest_gathered_bytes
 
     @property
     def num_tensors(self) -> int:
@@ -80,6 +94,8 @@ class EnginePush:
             "tensors": self.num_tensors,
             "bucket_bytes": self.bucket_bytes,
             "gather_bytes": self.gather_bytes,
+            "largest_bucket_bytes": self.largest_bucket_bytes,
+            "peak_bytes": self.peak_bytes,
         }
 
 
@@ -98,11 +114,13 @@ def plan_engine_push(
     element = DTYPE_BYTES[dtype]
     pushed = [p for p in params if not p.tied_copy]
     table = SegmentTable(pushed, t_g)
-    gather = 0
+    gather = largest_gathered = 0
     tensors: list[HFTensor] = []
     for i, p in enumerate(pushed):
         if p.kind is not ShardKind.REPLICATED and t_g > 1:  # every other member's shard
-            gather += (t_g - 1) * sum(table.sizes[s] for s in table.shard(i, 0, t_g)) * element
+            shard = sum(table.sizes[s] for s in table.shard(i, 0, t_g)) * element
+            gather += (t_g - 1) * shard
+            largest_gathered = max(largest_gathered, t_g * shard)
         shapes = hf_shapes(p, spec.vocab_size)
         assert len(shapes) == len(p.hf), (p.name, p.hf)
         for name, shape in zip(p.hf, shapes):
@@ -112,7 +130,7 @@ def plan_engine_push(
             tensors.append(HFTensor(name, p.name, shape, numel * element))
     bounds = bucket_bounds([t.nbytes for t in tensors], bucket_bytes)
     buckets = tuple(PushBucket(tuple(tensors[lo:hi])) for lo, hi in bounds)
-    return EnginePush(buckets, gather, bucket_bytes, dtype)
+    return EnginePush(buckets, gather, bucket_bytes, dtype, largest_gathered)
 
 
 def push_mismatch(plan: EnginePush, pushed: Any) -> str | None:

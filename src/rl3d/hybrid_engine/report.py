@@ -185,11 +185,15 @@ def format_push(push: EnginePush) -> str:
     unit, size = _unit(push.nbytes)
     bucket_unit, bucket_size = _unit(push.bucket_bytes)
     gather_unit, gather_size = _unit(push.gather_bytes)
+    peak_unit, peak_size = _unit(push.peak_bytes)
+    largest_unit, largest_size = _unit(push.largest_bucket_bytes)
     return (
         f"engine push, per generation rank after the transition: {push.num_tensors} HF tensors, "
         f"{push.nbytes / size:.3f} {unit} in {len(push.buckets)} buckets of <= "
-        f"{push.bucket_bytes / bucket_size:.3f} {bucket_unit}, made whole by receiving "
-        f"{push.gather_bytes / gather_size:.3f} {gather_unit} from its generation-TP group"
+        f"{push.bucket_bytes / bucket_size:.3f} {bucket_unit} (a larger tensor alone; the largest "
+        f"{push.largest_bucket_bytes / largest_size:.3f} {largest_unit}), made whole by receiving "
+        f"{push.gather_bytes / gather_size:.3f} {gather_unit} from its generation-TP group; "
+        f"{push.peak_bytes / peak_size:.3f} {peak_unit} held at its peak"
     )
 
 

@@ -25,14 +25,22 @@ from rl3d.models.bootstrap import MegatronGroups
 MIN_LR = 0.0  # where a decaying schedule ends
 
 
-def wrap_ddp(model: Any, groups: MegatronGroups, *, use_distributed_optimizer: bool = False) -> Any:
-    """megatron DistributedDataParallel over `groups`, with the grad-finalize hook installed."""
+def wrap_ddp(
+    model: Any,
+    groups: MegatronGroups,
+    *,
+    use_distributed_optimizer: bool = False,
+    overlap_grad_reduce: bool = False,
+) -> Any:
+    """megatron DistributedDataParallel over `groups`, with the grad-finalize hook installed.
+    `overlap_grad_reduce`: reduce each bucket of gradients while the backward runs (CUDA;
+    `rl3d.models.fusions`); the schedules' `no_sync_func` keeps it to the last micro-batch."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.distributed.finalize_model_grads import finalize_model_grads
 
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=overlap_grad_reduce,
         use_distributed_optimizer=use_distributed_optimizer,
     )
     ddp = DistributedDataParallel(

@@ -15,8 +15,10 @@
 - workspace: one layer's forward over a prefill (the torch engine's chunk of prompts, or
   SGLang's `CHUNKED_PREFILL_TOKENS`) plus fp32 logits of the decoded rows; for SGLang also
   `SGLANG_GRAPH_BYTES`, the CUDA graphs it captures before it sizes its pool.
-- buffers: the resharding bucket (`hybrid_engine.bucket_mb`) and SGLang's push bucket
-  (`rollout.sglang.bucket_mb`), held only while weights move (the reshard phase).
+- buffers: the resharding bucket (`hybrid_engine.bucket_mb`) and what SGLang's push holds at
+  its peak (`EnginePush.peak_bytes` of the planned push: its largest bucket, which is more than
+  `rollout.sglang.bucket_mb` where one tensor, e.g. the embedding, exceeds it, twice, plus one
+  parameter's gathered shards at t_g > 1), held only while weights move (the reshard phase).
 
 On a GPU (a plan with a device size) every phase also holds what no tensor counts
 (`DeviceBytes`): a CUDA context per process on the device (the trainer's, and SGLang's
@@ -40,7 +42,8 @@ from dataclasses import dataclass, replace
 
 from rl3d.config.schema import RL3DConfig
 from rl3d.costs.micro_batch import MicroBatchShape
-from rl3d.models.params import stages_of
+from rl3d.hybrid_engine.engine_push import EnginePush, plan_engine_push
+from rl3d.models.params import model_params, stages_of
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
 from rl3d.planning.memory_activations import layer_bytes
@@ -150,6 +153,14 @@ def workspace_bytes(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, dtype_byt
     return layer_bytes(spec, shape.tp, prefill, dtype_bytes) + rows * vocab * FP32 + reserved
 
 
+def sglang_push(cfg: RL3DConfig, spec: ModelSpec, shape: GenShape) -> EnginePush:
+    """The push to SGLang the transition plans for this generation layout (the model's dtype,
+    `rollout.sglang.bucket_mb`): the same planner as `Resharder.push_plan`."""
+    params = model_params(spec, train_tp=shape.train_tp)
+    bucket_bytes = int(cfg.rollout.sglang.bucket_mb * MB)
+    return plan_engine_push(spec, params, shape.tp, dtype=cfg.model.dtype, bucket_bytes=bucket_bytes)
+
+
 def engine_bytes(
     cfg: RL3DConfig, spec: ModelSpec, shape: GenShape, *, resharded: int, colocated: bool
 ) -> tuple[EngineBytes, EngineBytes]:
@@ -162,7 +173,7 @@ def engine_bytes(
     weights = gen_numel * dtype_bytes if own_copy else 0
     buffers = int(cfg.hybrid_engine.bucket_mb * MB) if colocated and resharded else 0
     if sglang:
-        buffers += int(rollout.sglang.bucket_mb * MB)
+        buffers += sglang_push(cfg, spec, shape).peak_bytes
     reshard = EngineBytes(weights=weights, resharded=resharded, buffers=buffers)
     generate = EngineBytes(
         weights=weights,

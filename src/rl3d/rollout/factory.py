@@ -57,11 +57,14 @@ def engine_kwargs(
     dtype: str = "bfloat16",
     seed: int | None = None,
     lora_mode: str | None = None,
+    lora: Any = None,
     record_routing: bool = False,
     push_plan: Any = None,
 ) -> dict[str, Any]:
     """The keyword arguments of `engine_class(rollout.engine)` for this recipe and rank.
     `lora_mode`: how the torch engine uses the adapters it is given (`actor.lora.engine_mode`);
+    `lora`: the adapters' config where the engine receives adapters (the adapter transition),
+    which SGLang is launched for (None: merged weights, or no LoRA);
     `record_routing`: the torch engine records a mixture of experts' routing per token;
     `push_plan`: the transition's planned push (`Resharder.push_plan`), which SGLang follows."""
     name = rollout.engine
@@ -99,7 +102,7 @@ def engine_kwargs(
         dtype=rollout.dtype or dtype,
         seed=seed,
     )
-    return kwargs
+    return kwargs if lora is None else kwargs | {"lora": lora}
 
 
 def _kv_tokens(setting: int | str | None) -> int | None:
@@ -117,5 +120,5 @@ def _kv_tokens(setting: int | str | None) -> int | None:
 def build_rollout_engine(rollout: Any, **options: Any) -> RolloutEngine:
     """Build the engine `rollout.engine` with the section's settings; `options` are
     `engine_kwargs`'s (spec, group, control_group, pad_token_id, model_path, device, dtype, seed,
-    lora_mode, record_routing, push_plan)."""
+    lora_mode, lora, record_routing, push_plan)."""
     return engine_class(rollout.engine)(**engine_kwargs(rollout, **options))

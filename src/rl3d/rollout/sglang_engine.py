@@ -14,8 +14,9 @@ engine's `raw_logprobs`. SGLang writes process-wide settings into rank 0's envir
 signal handlers; rank 0 gets its own back after the launch, so it runs what its peers run, and
 `launch_env` records what SGLang set. SGLang's children signal a failure with SIGQUIT: in the
 trainer that raises `SGLangSchedulerError` (rl3d's error path: logged, the run stopped cleanly),
-where SGLang's own handler would kill the process tree. The engine loads no checkpoint
-(`load_format="dummy"`): every tensor is pushed before the first generation.
+where SGLang's own handler would kill the process tree (`rl3d.rollout.sglang_launch`). The
+engine loads no checkpoint (`load_format="dummy"`): every tensor is pushed before the first
+generation.
 
 Weights (`load_weights`), in the buckets its transition planned (`push_plan`, the hybrid
 engine's `EnginePush`: the push is the transition's last step, checked and counted with it),
@@ -30,10 +31,11 @@ inside SGLang's begin/end_weight_update session:
 
 Memory (with `enable_memory_saver`): `release_memory()` releases every tag SGLang has
 (kv_cache, weights, cuda_graph); the engine is launched once every colocated role exists and
-starts released. `load_weights` empties the allocator's cache, resumes "weights" and pushes; the
-caller then frees what it no longer needs (its resharded copy, offloaded training state) and
-`resume_memory` has every rank of the group empty its allocator cache, meet at a barrier, and
-resumes the KV cache and CUDA graphs; `pause` releases those two again and keeps the weights.
+starts released. SGLang resumes a tag on every GPU of the group at once, so before each resume
+every rank of the group empties its allocator's cache and they meet at a barrier. `load_weights`
+resumes "weights" that way and pushes; the caller then frees what it no longer needs (its
+resharded copy, offloaded training state) and `resume_memory` resumes the KV cache and CUDA
+graphs; `pause` releases those two again and keeps the weights.
 `generate` refuses while any tag is released.
 
 Control messages (barriers, the gather of IPC handles, the broadcast of results) wait on SGLang
@@ -50,10 +52,8 @@ from __future__ import annotations
 import logging
 import multiprocessing
 import os
-import signal
 import threading
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -63,7 +63,13 @@ import torch.distributed as dist
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.model import TPComm
-from rl3d.rollout.sglang_lora import check_lora_update, peft_config_dict, sglang_lora_server_args
+from rl3d.rollout.sglang_launch import scoped_environ, trainer_signal_handlers
+from rl3d.rollout.sglang_lora import (
+    check_lora_update,
+    peft_config_dict,
+    sglang_lora_server_args,
+    whole_adapters,
+)
 from rl3d.rollout.sglang_outputs import parse_output, top_tensors
 from rl3d.rollout.sglang_weights import (
     Pushed,
@@ -81,43 +87,8 @@ from rl3d.rollout.stops import model_eos_token_ids
 from rl3d.utils.device import current_gpu, empty_cache
 
 logger = logging.getLogger(__name__)
-# Handlers SGLang's launch may install in the trainer's process; rl3d puts its own back
-TRAINER_SIGNALS = ("SIGQUIT", "SIGTERM", "SIGINT", "SIGCHLD", "SIGUSR1")
 UPDATE_MODES = ("tensor", "distributed")
 WEIGHTS, KV_CACHE = "weights", "kv_cache"
-
-
-class SGLangSchedulerError(RuntimeError):
-    """An SGLang scheduler process failed (it signals the launching process with SIGQUIT)."""
-
-
-def _scheduler_failed(signum: int, _frame: Any) -> None:
-    raise SGLangSchedulerError(
-        f"an SGLang scheduler process failed (it sent signal {signum} to this trainer rank); "
-        "its own error is in the log above"
-    )
-
-
-@contextmanager
-def trainer_signal_handlers() -> Iterator[dict[str, str]]:
-    """Inside, SGLang may install what it likes; afterwards this process's handlers are what they
-    were, except SIGQUIT, which SGLang's children send when one fails: it raises
-    `SGLangSchedulerError` in the trainer, so the run ends through rl3d's own error path. Yields
-    the names of the signals SGLang had changed (filled in on exit)."""
-    changed: dict[str, str] = {}
-    if threading.current_thread() is not threading.main_thread():
-        yield changed  # handlers are the main thread's to set (SGLang sets none either)
-        return
-    signals = [getattr(signal, name) for name in TRAINER_SIGNALS if hasattr(signal, name)]
-    before = {s: signal.getsignal(s) for s in signals}
-    try:
-        yield changed
-    finally:
-        for s, handler in before.items():
-            if signal.getsignal(s) is not handler:
-                changed[signal.Signals(s).name] = repr(signal.getsignal(s))
-                signal.signal(s, handler)
-        signal.signal(signal.SIGQUIT, _scheduler_failed)
 
 
 def _import_sglang() -> Any:
@@ -129,19 +100,6 @@ def _import_sglang() -> Any:
         ) from err
     check_sglang(sglang)
     return sglang
-
-
-@contextmanager
-def scoped_environ(env: Mapping[str, str]) -> Iterator[None]:
-    """os.environ is `env` inside, and exactly what it was before afterwards."""
-    before = dict(os.environ)
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        os.environ.clear()
-        os.environ.update(before)
 
 
 def _current_gpu() -> int:
@@ -156,6 +114,8 @@ def _empty_allocator_cache() -> None:
 class SGLangRolloutEngine:
     name = "sglang"
     holds_weights = True  # its own copy: the caller may free what it pushed from
+    # copies the trainer's process holds beyond what it pushed: none (SGLang's are its own)
+    weight_copy_bytes = lora_copy_bytes = 0
 
     def __init__(
         self,
@@ -197,6 +157,7 @@ class SGLangRolloutEngine:
         self._released: list[str] = []
         self._update_group: Any = None
         self._update_group_name = ""
+        self.lora_config = lora  # the adapters' config it was launched for (None: no LoRA)
         self._lora_name: str | None = None  # the adapter requests use (None: the base alone)
         self._lora_version = 0
         self.engine = None
@@ -267,8 +228,7 @@ class SGLangRolloutEngine:
         memory resumed first if released; returns what was pushed, which the hybrid engine checks
         against the plan. The KV cache stays as it was: `resume_memory` brings it back."""
         if WEIGHTS in self._released:
-            _empty_allocator_cache()
-            self._resume([WEIGHTS])
+            self._resume_after_empty_caches([WEIGHTS])
         if self.engine is not None:
             _check_ok(self.engine.begin_weight_update(), "begin_weight_update")
         pushed = Pushed()
@@ -287,11 +247,19 @@ class SGLangRolloutEngine:
                 f"SGLang got no new values for {len(missing)} tensors ({', '.join(missing[:3])}, ...): "
                 "its engine holds the whole model, so every tensor must be pushed (rollout.p_g = 1)"
             )
-        if self.engine is not None and KV_CACHE not in self._released:
-            self.engine.flush_cache()  # the prefix cache holds the old weights' keys and values
+        if self.engine is not None:
+            self._flush_cache()  # the prefix cache holds the old weights' keys and values
         self._barrier()
         logger.info("pushed weights to SGLang in %d buckets", len(pushed.buckets))
         return pushed
+
+    def _resume_after_empty_caches(self, tags: list[str]) -> None:
+        """SGLang resumes `tags` on every GPU of the group at once: every rank first hands its
+        allocator's free blocks back to the driver, and all wait for the slowest before rank 0
+        asks SGLang to map memory on their GPUs."""
+        _empty_allocator_cache()
+        self._barrier()
+        self._resume(tags)
 
     def _resume(self, tags: list[str]) -> None:
         if not tags:
@@ -394,43 +362,57 @@ class SGLangRolloutEngine:
         self.release_memory([t for t in GPU_MEMORY_ALL_TYPES if t != WEIGHTS])
 
     def resume_memory(self) -> None:
-        """Resume what is released but the weights, which `load_weights` resumes and fills.
-        SGLang resumes on every GPU of the group at once, so every rank first hands its
-        allocator's free blocks back to the driver, and waits for the others."""
+        """Resume what is released but the weights, which `load_weights` resumes and fills
+        (each after every rank of the group emptied its allocator's cache)."""
         if WEIGHTS in self._released:
             raise RuntimeError("SGLang's weights are released: load_weights() first")
-        _empty_allocator_cache()
-        self._barrier()
         resumed = list(self._released)
-        self._resume(resumed)
+        self._resume_after_empty_caches(resumed)
         if self.engine is not None and KV_CACHE in resumed:
             self.engine.flush_cache()
         self._barrier()
 
-    def load_lora(self, tensors: Mapping[str, torch.Tensor], config: Any) -> None:
-        """Use these LoRA adapters (PEFT's names -> whole tensors, from rank 0 of the group)
-        over the base weights SGLang holds; the previous adapters are unloaded. The engine must
-        have been built with `lora=` (see `rl3d.rollout.sglang_lora`)."""
-        if not isinstance(tensors, Mapping):
-            raise TypeError("the SGLang engine takes whole PEFT adapter tensors (a name -> tensor mapping)")
+    def resume_weights(self) -> None:
+        """Bring back the weights SGLang was pushed before, as they were: the adapter transition
+        pushes the base once and resumes it every step. Needs the engine built with `lora=`,
+        whose released weights SGLang keeps in host memory (`enable_weights_cpu_backup`)."""
+        if WEIGHTS not in self._released:
+            return
+        if self.lora_config is None:
+            raise RuntimeError("SGLang's released weights lost their values (no CPU backup): load_weights()")
+        self._resume_after_empty_caches([WEIGHTS])
+
+    def load_lora(self, tensors: Any, config: Any) -> None:
+        """Use these LoRA adapters over the base weights SGLang holds; the previous adapters are
+        unloaded. `tensors`: PEFT's names -> whole tensors (rank 0's are used), or the
+        `GenerationWeights` the adapter transition gave this rank, gathered whole over the group
+        (collective). The engine must have been built with `lora=` (`rl3d.rollout.sglang_lora`)."""
+        if self.lora_config is None:
+            raise RuntimeError("the SGLang engine was launched without LoRA: build it with lora=")
+        whole = whole_adapters(tensors, self.tp)
         if self.engine is not None:
             self._unload_lora()
             self._lora_version += 1
             name = f"rl3d-lora-{self._lora_version}"
             ret = self.engine.load_lora_adapter_from_tensors(
-                lora_name=name, tensors=dict(tensors), config_dict=peft_config_dict(config)
+                lora_name=name, tensors=whole, config_dict=peft_config_dict(config)
             )
             check_lora_update(ret, "load_lora_adapter_from_tensors")
             self._lora_name = name
-            self.engine.flush_cache()  # cached prefixes were computed without these adapters
+            self._flush_cache()  # cached prefixes were computed without these adapters
         self._barrier()
 
     def clear_lora(self) -> None:
         """Generate with the base weights alone again."""
         if self.engine is not None:
             self._unload_lora()
-            self.engine.flush_cache()
+            self._flush_cache()
         self._barrier()
+
+    def _flush_cache(self) -> None:
+        """Drop cached prefixes; a released KV cache holds none (`resume_memory` flushes)."""
+        if KV_CACHE not in self._released:
+            self.engine.flush_cache()
 
     def _unload_lora(self) -> None:
         if self._lora_name is not None:

@@ -141,6 +141,11 @@ class TorchRolloutEngine:
             self.cache = KVCache(self.spec.num_layers, w.kv_heads(), self.spec.head_dim,
                                  dtype=w.dtype, device=w.device)  # fmt: skip
 
+    @property
+    def lora_copy_bytes(self) -> int:
+        """Bytes of the weights its adapters made (merge mode's merged copy; 0 applied)."""
+        return self.lora.copy_bytes
+
     def load_lora(self, tensors: Any, config: Any) -> None:
         """Use these LoRA adapters from now on, over the base weights already loaded.
         `tensors`: PEFT's saved names -> whole (t=1) lora_A / lora_B tensors, which every rank of

@@ -31,7 +31,7 @@ class FullTransition:
     plan's last step (`Resharder.push`, counted in `reshard/engine_*`), and the resharded buffer
     is freed."""
 
-    lora_mode = None  # the engine takes no adapters
+    lora_mode = lora = None  # the engine takes no adapters
 
     def __init__(self, resharder: Any):
         self.resharder = resharder
@@ -55,25 +55,34 @@ class FullTransition:
 
 class AdapterTransition:
     """LoRA, the engine keeping the base: the frozen base is resharded once, at the first
-    publish, and kept (its buffer is not released between steps); every publish moves only the
-    adapters, and `reshard/*` count them."""
+    publish, and kept: the torch engine reads its buffer (not released between steps); SGLang
+    gets it pushed (the plan's last step) and keeps its own copy, resumed every step. Every
+    publish moves only the adapters, and `reshard/*` count them."""
 
     def __init__(self, resharder: Any, adapter_resharder: Any, lora: Any):
         self.resharder, self.adapter_resharder, self.lora = resharder, adapter_resharder, lora
-        self.lora_mode = lora.engine_mode  # how the engine uses the adapters it is given
+        self.lora_mode = lora.engine_mode  # how the torch engine uses the adapters it is given
         self.weights = None  # the base's generation buffer, kept from the first publish on
+        self.pushed = False  # an engine that holds its own copy has the base
 
     def publish(self, actor: MegatronEngine, engine: Any) -> dict[str, float]:
-        if self.weights is None:
+        if self.weights is None and not self.pushed:
             self.weights = self.resharder.to_generation(actor.transition_shards(merged=False))
             base = self.resharder.last_stats
             logger.info("LoRA: the base moved once to the engine: %d bytes received", base.recv_bytes)
-        engine.load_weights(self.weights)  # in place: no copy unless rollout.dtype differs
+            if getattr(engine, "holds_weights", False):
+                self.resharder.push(engine, self.weights)
+                self.weights.release()
+                self.weights, self.pushed = None, True
+        if self.pushed:
+            engine.resume_weights()  # the base as it was pushed
+        else:
+            engine.load_weights(self.weights)  # in place: no copy unless rollout.dtype differs
         adapters = self.adapter_resharder.to_generation(actor.adapter_shards())
         engine.load_lora(adapters, self.lora)  # apply mode may read them in place
         metrics = self.adapter_resharder.last_stats.metrics()
         # the engine's own copies: a cast base (rollout.dtype), the merged weights (merge mode)
-        metrics["reshard/peak_bytes"] += engine.weight_copy_bytes + engine.lora.copy_bytes
+        metrics["reshard/peak_bytes"] += engine.weight_copy_bytes + engine.lora_copy_bytes
         return metrics
 
     def release(self) -> None:
@@ -165,6 +174,7 @@ class ColocatedRollout:
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
             lora_mode=self.transition.lora_mode,
+            lora=self.transition.lora,
             record_routing=cfg.algorithm.routing_replay == "rollout",
             push_plan=self.resharder.push_plan,
         )

@@ -70,3 +70,12 @@ def test_adapter_transition_where_the_engine_keeps_the_base():
         load_config(RECIPE, [*head, "actor.lora.transition=adapters"])
     with pytest.raises(ConfigError, match="actor.lora.engine_mode"):
         load_config(RECIPE, ["actor.lora.engine_mode=fuse"])
+    # SGLang: merged unless asked (it decodes adapters through its LoRA kernels), and its base
+    # survives the memory saver's release only with the CPU backup the memory saver gives
+    sglang = ["actor.lora.rank=4", "rollout.engine=sglang", "launch.device=cuda", "model.hf_path=/hf"]
+    sglang += ["actor.packing=false"]
+    assert not adapter_transition(load_config(RECIPE, sglang).config)
+    assert adapter_transition(load_config(RECIPE, [*sglang, "actor.lora.transition=adapters"]).config)
+    with pytest.raises(ConfigError, match="'adapters' does not run here: SGLang keeps the base"):
+        no_saver = "rollout.sglang.enable_memory_saver=false"
+        load_config(RECIPE, [*sglang, "actor.lora.transition=adapters", no_saver])

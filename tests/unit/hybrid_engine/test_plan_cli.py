@@ -80,14 +80,18 @@ def test_the_push_to_sglang_is_a_step_of_the_plan(capsys):
     assert run_json(capsys, recipe, *sglang)["engine_push"] == want.summary() and len(want.buckets) > 1
     assert run_json(capsys, recipe)["engine_push"] == {
         "bytes": 0, "buckets": 0, "tensors": 0, "bucket_bytes": 0, "gather_bytes": 0,
+        "largest_bucket_bytes": 0, "peak_bytes": 0,
     }  # fmt: skip
     flags = ("--model", "tiny-llama", "--train", "1,2,1", "--gen", "1,1", "--dtype", "float32")
     assert run_json(capsys, *flags, "--push-bucket-mb", "0.1")["engine_push"] == want.summary()
     assert main(["plan", recipe, *sglang, "--strategy", "hybridflow"]) == 0
+    out = capsys.readouterr().out
     assert (
         "engine push, per generation rank after the transition: 21 HF tensors, 500.992 KB in "
-        f"{len(want.buckets)} buckets of <= 104.857 KB" in capsys.readouterr().out
+        f"{len(want.buckets)} buckets of <= 104.857 KB (a larger tensor alone; the largest "
+        f"{want.largest_bucket_bytes / 1e3:.3f} KB)" in out
     )
+    assert f"; {want.peak_bytes / 1e3:.3f} KB held at its peak" in out
     assert main(["plan", recipe, "--strategy", "hybridflow"]) == 0
     assert "engine push" not in capsys.readouterr().out
 

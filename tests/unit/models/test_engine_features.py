@@ -46,16 +46,19 @@ def test_a_section_turns_on_exactly_its_techniques_in_table_order():
     )
     lora = LoraConfig(rank=4, alpha=8)
     every = features_from(FeatureSource("actor", section, MOE, 2, lora=lora, routing_replay=True))
-    assert names(every) == [t.name for t in TECHNIQUES]  # all seven, in the table's order
+    assert names(every) == [t.name for t in TECHNIQUES]  # all eight, in the table's order
     assert every.get(MoE).overrides == {"moe_aux_loss_coeff": 0.01}
-    assert names(features_from(FeatureSource("critic", CriticConfig(), DENSE, 1))) == []
-    assert names(features_from(FeatureSource("reference", None, DENSE, 1))) == []  # padded, nothing on
+    # a trained role's megatron fusions decide on its device (off on CPU)
+    assert names(features_from(FeatureSource("critic", CriticConfig(), DENSE, 1))) == ["fusions"]
+    # padded, nothing on but the fusions' defaults (off on CPU)
+    assert names(features_from(FeatureSource("reference", None, DENSE, 1))) == ["fusions"]
     # sequence parallelism: auto turns it on for a mixture of experts at tp > 1 only
     assert names(features_from(FeatureSource("critic", CriticConfig(), MOE, 2))) == [
         "sequence_parallel",
         "moe",
+        "fusions",
     ]
-    assert names(features_from(FeatureSource("critic", CriticConfig(), MOE, 1))) == ["moe"]
+    assert names(features_from(FeatureSource("critic", CriticConfig(), MOE, 1))) == ["moe", "fusions"]
 
 
 def test_a_token_budget_without_packing_is_refused_naming_the_key():
@@ -103,7 +106,7 @@ def test_the_features_reach_the_model_through_their_hooks(groups_1x1):
     frozen = _engine(groups_1x1, MOE, section, trained=False)
     assert not frozen.model.config.moe_z_loss_coeff and frozen.features.get(MoE).load is None
     plain = _engine(groups_1x1, DENSE, ActorConfig(), trained=True)
-    assert plain.model.config.recompute_granularity is None and names(plain.features) == []
+    assert plain.model.config.recompute_granularity is None and names(plain.features) == ["fusions"]
     assert (plain.lora, plain.replay, plain.offload, plain.to_host()) == (None, None, None, 0)
 
 

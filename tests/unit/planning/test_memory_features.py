@@ -36,32 +36,34 @@ CASES = {
         PPO_RM,
         EVERY_TECHNIQUE,
         {
-            "actor": ["sequence_parallel", "packing", "recompute", "offload"],
-            "critic": ["sequence_parallel", "packing", "recompute", "offload"],
-            "reference": ["sequence_parallel", "packing", "offload"],
-            "reward_model": ["packing"],
+            "actor": ["sequence_parallel", "packing", "recompute", "offload", "fusions"],
+            "critic": ["sequence_parallel", "packing", "recompute", "offload", "fusions"],
+            "reference": ["sequence_parallel", "packing", "offload", "fusions"],
+            "reward_model": ["packing", "fusions"],
         },
     ),
     "lora": (
         LORA,
         [f"actor.{k}" for k in TRAINED],
-        {"actor": ["packing", "recompute", "lora", "offload"]},  # the reference is the actor's base
+        {
+            "actor": ["packing", "recompute", "lora", "offload", "fusions"]
+        },  # the reference is the actor's base
     ),
     "safe_rlhf_cm": (
         SAFE_CM,
         ["critic.packing=true", "critic.recompute=full", "reward.cost_model.packing=true"],
         {
-            "actor": [],
-            "critic": ["packing", "recompute"],
-            "cost_critic": ["packing", "recompute"],
-            "reference": [],
-            "cost_model": ["packing"],
+            "actor": ["fusions"],
+            "critic": ["packing", "recompute", "fusions"],
+            "cost_critic": ["packing", "recompute", "fusions"],
+            "reference": ["fusions"],
+            "cost_model": ["packing", "fusions"],
         },
     ),
     "moe": (
         MOE,
         ["algorithm.routing_replay=old"],
-        {"actor": ["routing_replay", "moe"], "reference": ["moe"]},  # tp 1: no split
+        {"actor": ["routing_replay", "moe", "fusions"], "reference": ["moe", "fusions"]},  # tp 1: no split
     ),
 }
 

@@ -8,8 +8,9 @@
   shapes only and starts from random values. A scheduler that inherits
   TORCHELASTIC_USE_AGENT_STORE=True hangs in torch's tcp:// rendezvous, and one that inherits
   MASTER_ADDR/MASTER_PORT uses the trainer's (`setdefault` in sglang's bootstrap): both raise.
-- Memory tags: release adds to `offload_tags` (released weights lose their values: memory saver
-  without CPU backup); resume removes and raises KeyError for a tag that was not released
+- Memory tags: release adds to `offload_tags` (released weights lose their values unless the
+  engine was launched with `enable_weights_cpu_backup`, which keeps a host copy); resume
+  removes and raises KeyError for a tag that was not released
   (`self.offload_tags.remove(tag)`); generation and weight writes refuse while a tag they need is
   released.
 - Weight updates fail (success False) outside begin/end_weight_update; payloads are decoded as
@@ -202,7 +203,7 @@ class Engine:
             if tag in self.offload_tags:
                 raise RuntimeError(f"{tag} is already released")
             self.offload_tags.add(tag)
-        if "weights" in tags:
+        if "weights" in tags and not self.args.get("enable_weights_cpu_backup"):
             for t in self.weights.values():
                 t.fill_(float("nan"))  # the memory saver drops what it pauses
 

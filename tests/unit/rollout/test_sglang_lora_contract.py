@@ -61,3 +61,20 @@ def test_sglang_reads_peft_names_and_the_config_dict(wheel):
     config = peft_config_dict(AdapterConfig(8, 16.0, ("q_proj",)))
     assert config["r"] == 8 and config["lora_alpha"] == 16.0 and config["target_modules"] == ["q_proj"]
     assert config["peft_type"] == "LORA"  # what SGLang's LoRAConfig reads from adapter_config.json
+
+
+def test_released_weights_keep_their_values_with_the_cpu_backup(wheel):
+    """The adapter transition pushes the base once and resumes it every step: the wheel puts the
+    weights in the memory saver's "weights" region with a CPU backup when
+    `enable_weights_cpu_backup` is set (the LoRA server args set it), unless the weights are
+    IPC-mapped from a weight-cache daemon (`weight_cache_mode`, "off" by default; rl3d never
+    sets it)."""
+    args = sglang_lora_server_args({"r": 8, "target_modules": ["q_proj"]})
+    assert args["enable_weights_cpu_backup"] is True
+    load = wheel.text("sglang/srt/model_executor/model_runner_components/load_model_utils.py")
+    assert "enable_cpu_backup = get_exec().features.enable_weights_cpu_backup" in load
+    assert "GPU_MEMORY_TYPE_WEIGHTS,\n        enable_cpu_backup=enable_cpu_backup," in load
+    assert 'is_ipc_zero_copy = get_model().weight_cache_mode != "off"' in load
+    model_fields = wheel.text("sglang/srt/arg_groups/fields/model.py")
+    assert '"daemon", "client"],\n        ),\n    ] = "off"' in model_fields
+    assert "weight_cache_mode" not in args

@@ -19,7 +19,7 @@ from sglang_wheel import wheel_or_skip
 
 from rl3d.config import load_config
 from rl3d.rollout import SamplingParams
-from rl3d.rollout.sglang_engine import SGLangSchedulerError
+from rl3d.rollout.sglang_launch import SGLangSchedulerError
 from rl3d.rollout.sglang_weights import SGLANG_CHILD_ENV, TORCHRUN_VARS
 from rl3d.single_controller.batch import DataBatch
 from rl3d.testing.spawn import free_port

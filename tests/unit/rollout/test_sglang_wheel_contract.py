@@ -157,6 +157,26 @@ def test_memory_tags_and_their_rules(wheel):
         assert "if self._session is None:" in body[update]  # begin/end_weight_update around it
 
 
+def test_releasing_the_kv_cache_empties_sglangs_allocator_cache(wheel):
+    """The colocated engine releases every tag after each rollout (`release_memory()`, the
+    memory saver on by default): releasing the KV cache also flushes SGLang's pools and empties
+    its scheduler's allocator cache, so none of SGLang's runtime memory stays reserved while
+    the trainer trains."""
+    assert SGLangConfig().enable_memory_saver
+    manager = wheel.class_node("sglang/srt/managers/scheduler_components/weight_updater.py",
+                               "SchedulerWeightUpdaterManager")  # fmt: skip
+    body = {n.name: ast.unparse(n) for n in manager.body if isinstance(n, ast.FunctionDef)}
+    release = body["release_memory_occupation"]
+    kv = release.index("self.memory_saver_adapter.pause(GPU_MEMORY_TYPE_KV_CACHE)")
+    assert release.index("self.flush_cache()", kv) > kv
+    # the updater's flush_cache is the scheduler's
+    assert "flush_cache=self.flush_cache," in wheel.text("sglang/srt/managers/scheduler.py")
+    scheduler = wheel.class_node("sglang/srt/managers/scheduler.py", "Scheduler")
+    flush = next(n for n in scheduler.body if isinstance(n, ast.FunctionDef) and n.name == "flush_cache")
+    assert ast.unparse(flush.args) == "self, empty_cache: bool=True"
+    assert "current_platform.empty_cache()" in ast.unparse(flush)
+
+
 def test_bucket_payload_is_what_sglang_decodes(wheel):
     path = "sglang/srt/weight_sync/tensor_bucket.py"
     assert wheel.dataclass_fields(path, "FlattenedTensorMetadata") == list(BucketEntry.__dataclass_fields__)
