@@ -77,6 +77,11 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
                 f"{section}.parallel.etp",
                 f"etp={etp} must divide the experts' width {spec.moe_ffn_hidden_size} ({spec.name})",
             )
+    if cfg.actor.moe.expert_bias_update_rate and not spec.moe_expert_bias:
+        raise fail(
+            f"{ACTOR}.moe.expert_bias_update_rate",
+            f"{spec.name} has no router expert bias to update (a sigmoid router's, GLM-4.5's)",
+        )
     _check_expert_tp_transition(cfg, fail)
     try:
         GenerationLayout.from_training(

@@ -45,7 +45,7 @@ from rl3d.engine.techniques import Lora, Offload, RoutingReplay, features_from
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
 from rl3d.models.packing import PACKED
-from rl3d.models.params import OUTPUT_LAYER, local_param
+from rl3d.models.params import OUTPUT_LAYER, local_param, model_tensors
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import SkippedSteps, unwrap_model
 from rl3d.single_controller.batch import DataBatch, mini_batch_rows
@@ -423,7 +423,7 @@ class MegatronEngine:
 
     def _shards_by_global(self) -> dict[str, torch.Tensor]:
         layout = self.groups.layout
-        local = dict(self.unwrapped().named_parameters())
+        local = model_tensors(self.unwrapped())
         names = rank_param_names(self.spec, self.groups, role=self.role)
         shards = {g: local_param(local, n).data for g, n in names.items()}
         if self.spec.tied_embeddings and layout.p > 1 and self.groups.is_last_stage:

@@ -190,7 +190,9 @@ def moe_config(spec: ModelSpec) -> dict[str, Any]:
     Qwen's router takes a softmax over all experts, then the top k; with `norm_topk_prob` the k
     probabilities are renormalised to sum 1, which is a softmax over the k largest logits:
     megatron's default order (top-k, then softmax). Without it the probabilities stay the full
-    softmax's: megatron's `moe_router_pre_softmax`. Every token reaches its experts (no capacity,
+    softmax's: megatron's `moe_router_pre_softmax`. GLM-4.5's sigmoid router with its expert bias
+    is megatron's `moe_router_score_function="sigmoid"` with `moe_router_enable_expert_bias`, and
+    its dense first layers a `moe_layer_freq` list. Every token reaches its experts (no capacity,
     nothing dropped); experts run one after another (SequentialMLP: no grouped GEMM, no TE).
     No router loss: `moe_aux_loss_coeff` / `moe_z_loss_coeff` overrides add them (training).
     """
@@ -213,8 +215,20 @@ def moe_config(spec: ModelSpec) -> dict[str, Any]:
     if spec.shared_expert_ffn_hidden_size:
         out.update(
             moe_shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size,
-            moe_shared_expert_gate=True,
+            moe_shared_expert_gate=spec.shared_expert_gate,
         )
+    if spec.moe_score_function == "sigmoid":
+        # sigmoid scores, top k of scores + expert_bias, their sigmoids renormalised (megatron
+        # always does for k > 1), times the scaling factor: GLM-4.5's Glm4MoeTopkRouter
+        out.update(
+            moe_router_score_function="sigmoid",
+            moe_router_pre_softmax=False,
+            moe_router_enable_expert_bias=spec.moe_expert_bias,
+            moe_router_bias_update_rate=0.0,  # frozen unless <role>.moe.expert_bias_update_rate
+            moe_router_topk_scaling_factor=spec.moe_routed_scaling,
+        )
+    if spec.moe_first_dense_layers:
+        out["moe_layer_freq"] = [int(spec.is_moe_layer(i)) for i in range(spec.num_layers)]
     return out
 
 
@@ -255,19 +269,29 @@ def build_gpt(
         sequence_parallel=sequence_parallel,
         **config_overrides,
     )
-    if use_transformer_engine(groups.device, packed=packed):
-        layer_spec = specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=spec.num_experts or None, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm
-        )
-    else:
-        layer_spec = specs.get_gpt_layer_local_spec(
-            num_experts=spec.num_experts or None,
+    te = use_transformer_engine(groups.device, packed=packed)
+
+    def one_layer(num_experts: int | None) -> Any:
+        if te:
+            return specs.get_gpt_layer_with_transformer_engine_spec(
+                num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm
+            )
+        return specs.get_gpt_layer_local_spec(
+            num_experts=num_experts,
             moe_grouped_gemm=False,
             qk_layernorm=spec.qk_norm,
             normalization="RMSNorm",
         )
-        if sequence_parallel:  # torch's norm module, which megatron's local spec uses, refuses it
-            layer_spec = sp_block_spec(layer_spec, layers_per_stage(spec, layout.p))
+
+    layer_spec = one_layer(spec.num_experts or None)
+    per_stage = layers_per_stage(spec, layout.p)
+    if spec.moe_first_dense_layers:  # this stage's layers, each dense or a mixture of experts
+        dense, first = one_layer(None), groups.pp_rank * per_stage
+        layer_spec = [layer_spec if spec.is_moe_layer(first + i) else dense for i in range(per_stage)]
+    if sequence_parallel and not te:  # torch's norm module, which megatron's local spec uses, refuses it
+        layer_spec = sp_block_spec(layer_spec, per_stage)
+    elif isinstance(layer_spec, list):
+        layer_spec = block_spec(layer_spec)
     vocab = padded_vocab or padded_vocab_size(spec.vocab_size, layout.t)
     assert vocab >= spec.vocab_size and vocab % layout.t == 0, (vocab, spec.vocab_size, layout.t)
     tied = spec.tied_embeddings and role != "critic"
@@ -282,6 +306,7 @@ def build_gpt(
         share_embeddings_and_output_weights=tied,
         position_embedding_type="rope",
         rotary_base=int(spec.rope_theta),
+        rotary_percent=spec.rotary_fraction,
         pg_collection=groups.pg_collection,
     )
     offset = groups.pp_rank * layers_per_stage(spec, layout.p)
@@ -298,16 +323,24 @@ def build_gpt(
     return model
 
 
+def block_spec(layer_specs: list[Any], layer_norm: Any = None) -> Any:
+    """The decoder block's spec of a stage whose layers differ (dense first layers); the final
+    norm megatron's default for a block built from one layer spec."""
+    from megatron.core.transformer.transformer_block import LayerNormImpl, TransformerBlockSubmodules
+
+    return TransformerBlockSubmodules(layer_specs=layer_specs, layer_norm=layer_norm or LayerNormImpl)
+
+
 def sp_block_spec(layer_spec: Any, num_layers: int) -> Any:
     """The decoder block's spec for sequence parallelism on the local spec: every norm (the
-    layers' and the final one) `rl3d.models.sequence_parallel.RMSNorm`."""
+    layers' and the final one) `rl3d.models.sequence_parallel.RMSNorm`. `layer_spec` is one
+    layer's spec for all, or a list of this stage's."""
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     from rl3d.models.sequence_parallel import RMSNorm, swap_module
 
-    layer_spec = swap_module(layer_spec, WrappedTorchNorm, RMSNorm)
-    return TransformerBlockSubmodules(layer_specs=[layer_spec] * num_layers, layer_norm=RMSNorm)
+    layers = layer_spec if isinstance(layer_spec, list) else [layer_spec] * num_layers
+    return block_spec([swap_module(spec, WrappedTorchNorm, RMSNorm) for spec in layers], RMSNorm)
 
 
 class ValueHead(torch.nn.Module):

@@ -5,7 +5,8 @@
 The checkpoint is megatron's dist checkpoint (`rl3d.models.dist_checkpoint`, torch_dist format):
 every parameter is stored as one global tensor (TP shards at their offsets, the layers stacked
 along a leading axis, a mixture of experts' expert weights along a second one by global expert
-index, whatever the expert parallelism that saved them), so torch.distributed.checkpoint reads
+index, whatever the expert parallelism that saved them; a model whose layers differ, GLM-4.5's
+dense first layers, keeps one key per layer instead of the layer axis), so torch.distributed.checkpoint reads
 it with no process group and no knowledge of the (t, p, d) that wrote it.
 `DistCheckpointReader` reads one layer's (and expert's) slice of
 one parameter at a time (peak memory: the largest single tensor), and the HF writer of
@@ -109,6 +110,9 @@ class DistCheckpointReader:
                         f"{self.spec.num_layers}"
                     )
                 return key, (int(index), *expert)
+            # layers that differ (dense first layers) are saved one key per layer, unstacked
+            if (key := f"decoder.layers.{index}.{candidate}") in self._tensors:
+                return key, expert
         raise ValueError(f"{self.directory}: no tensor for {name} in the checkpoint (another model?)")
 
     def dtype(self, name: str) -> torch.dtype:

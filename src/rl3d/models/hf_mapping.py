@@ -1,4 +1,5 @@
-"""HF <-> Megatron parameter mapping for Llama, Qwen2 and Mistral (plain torch, per tensor).
+"""HF <-> Megatron parameter mapping for Llama, Qwen2, Mistral, Qwen3, Qwen3-MoE, Qwen2-MoE and
+GLM-4.5 (plain torch, per tensor).
 
 Each `TensorMap` ties one global Megatron parameter (t=1, p=1, vocab padded) to the HF tensors
 it is made of, with the two conversions. Nothing here needs process groups or megatron-core;
@@ -43,8 +44,16 @@ class TensorMap:
 
 def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
     """A `transformers` config of `spec`'s family (`hf_model_type`): LlamaConfig, Qwen2Config,
-    Qwen3Config, Qwen3MoeConfig or Qwen2MoeConfig."""
-    from transformers import LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+    Qwen3Config, Qwen3MoeConfig, Qwen2MoeConfig or Glm4MoeConfig (without the MTP layer, which
+    rl3d does not hold)."""
+    from transformers import (
+        Glm4MoeConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     common = dict(
         vocab_size=spec.vocab_size,
@@ -72,6 +81,24 @@ def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
         )
     if model_type == "qwen2_moe":
         common.update(shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size)
+    if model_type == "glm4_moe":
+        shared, rest = divmod(spec.shared_expert_ffn_hidden_size, spec.moe_ffn_hidden_size)
+        assert not rest, "GLM's shared experts are whole multiples of a routed expert's width"
+        for key in ("num_experts", "decoder_sparse_step", "mlp_only_layers"):
+            common.pop(key)
+        common.update(
+            head_dim=spec.head_dim,
+            attention_bias=spec.qkv_bias,
+            use_qk_norm=spec.qk_norm,
+            n_routed_experts=spec.num_experts,
+            n_shared_experts=shared,
+            routed_scaling_factor=spec.moe_routed_scaling,
+            first_k_dense_replace=spec.moe_first_dense_layers,
+            n_group=1,
+            topk_group=1,
+            partial_rotary_factor=spec.rotary_fraction,
+            num_nextn_predict_layers=0,
+        )
     common.update(extra)
     configs = {
         "llama": LlamaConfig,
@@ -79,6 +106,7 @@ def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
         "qwen3": Qwen3Config,
         "qwen3_moe": Qwen3MoeConfig,
         "qwen2_moe": Qwen2MoeConfig,
+        "glm4_moe": Glm4MoeConfig,
     }
     return configs[model_type](**common)
 

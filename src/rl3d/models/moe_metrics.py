@@ -12,6 +12,11 @@ step's metrics, identical on every rank:
     moe/load_max_over_mean          the busiest expert's tokens over the mean, worst layer
     moe/layer_{i}/load_max_over_mean  the same for global layer i (1 = perfectly balanced)
     moe/dropped_tokens              routed slots short of top_k per token: 0 without a capacity
+    moe/expert_bias_abs_max         a sigmoid router's largest |expert bias| after the step, over
+                                    all layers (GLM-4.5; moves by `<role>.moe.expert_bias_update_rate`)
+
+The counts are the routing map's, so they read the same for a softmax or a sigmoid router (the
+bias steers which experts a token gets, and the map records that choice).
 """
 
 from __future__ import annotations
@@ -35,10 +40,13 @@ class ExpertLoad:
         self.counts_LE = torch.zeros(spec.num_layers, spec.num_experts, dtype=torch.float64)
         self.slots = torch.zeros(spec.num_layers, dtype=torch.float64)  # tokens x top_k routed to
         self._handles = []
+        self._biases = []  # this rank's routers' expert biases (a sigmoid router's)
         for layer in model.decoder.layers:
             router = getattr(layer.mlp, "router", None)
             if router is not None:
                 self._handles.append(router.register_forward_hook(self._hook(layer.layer_number - 1)))
+                if getattr(router, "expert_bias", None) is not None:
+                    self._biases.append(router.expert_bias)
 
     def _hook(self, index: int):
         def record(_module: Any, _args: Any, output: Any) -> None:
@@ -86,6 +94,11 @@ class ExpertLoad:
         out = {f"moe/layer_{i}/load_max_over_mean": float(ratio[i]) for i in range(self.spec.num_layers)}
         out["moe/load_max_over_mean"] = float(ratio.max())
         out["moe/dropped_tokens"] = float((slots - counts_LE.sum(1)).sum())
+        if self.spec.moe_expert_bias:  # every stage joins, with or without a MoE layer of its own
+            biggest = max((float(b.abs().max()) for b in self._biases), default=0.0)
+            top = torch.tensor([biggest], dtype=torch.float64, device=groups.device)
+            dist.all_reduce(top, op=dist.ReduceOp.MAX, group=groups.mp_group)
+            out["moe/expert_bias_abs_max"] = float(top)
         return out
 
     def remove(self) -> None:

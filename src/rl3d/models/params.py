@@ -17,13 +17,14 @@ name uses the PP-global layer index; on a rank, `decoder.layers.{i}` uses the st
     decoder.layers.{i}.mlp.linear_fc1.weight                   SWIGLU_FC1 [2 f, h]   (dense)
     decoder.layers.{i}.mlp.linear_fc2.weight                   ROW        [h, f]     (dense)
     decoder.layers.{i}.mlp.router.weight                       REPLICATED [E, h]     (MoE)
+    decoder.layers.{i}.mlp.router.expert_bias                  REPLICATED [E] fp32   (GLM-4.5: a buffer)
     decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc1.weight
                                                                SWIGLU_FC1 [2 fe, h]  (MoE)
     decoder.layers.{i}.mlp.experts.local_experts.{e}.linear_fc2.weight
                                                                ROW        [h, fe]    (MoE)
     decoder.layers.{i}.mlp.shared_experts.gate_weight          REPLICATED [1, h]     (Qwen2-MoE)
-    decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight    SWIGLU_FC1 [2 fs, h]  (Qwen2-MoE)
-    decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight    ROW        [h, fs]    (Qwen2-MoE)
+    decoder.layers.{i}.mlp.shared_experts.linear_fc1.weight    SWIGLU_FC1 [2 fs, h]  (Qwen2-MoE, GLM)
+    decoder.layers.{i}.mlp.shared_experts.linear_fc2.weight    ROW        [h, fs]    (Qwen2-MoE, GLM)
     decoder.final_layernorm.weight                             REPLICATED [h]
     output_layer.weight                                        VOCAB      [V_pad, h] (untied only;
                                                                critic: REPLICATED [1, h])
@@ -33,8 +34,17 @@ Each parameter also names the Hugging Face (Llama/Qwen2/Mistral) tensors it is m
 (one fused QKV), `model.layers.{i}.mlp.{gate,up}_proj.weight` (one fused fc1), ...,
 `model.norm.weight`, `lm_head.weight`; a mixture of experts' `mlp.gate.weight` (router),
 `mlp.experts.{e}.{gate,up,down}_proj.weight` and Qwen2-MoE's `mlp.shared_expert.*_proj.weight`
-and `mlp.shared_expert_gate.weight` (the hub's per-expert layout, which `save_pretrained` writes).
-`rl3d.models.hf_mapping` converts between the two.
+and `mlp.shared_expert_gate.weight` (the hub's per-expert layout, which `save_pretrained` writes);
+GLM-4.5's ungated `mlp.shared_experts.*_proj.weight` and its router's
+`mlp.gate.e_score_correction_bias`. `rl3d.models.hf_mapping` converts between the two.
+
+A model whose first layers are dense (GLM-4.5's `first_k_dense_replace`) lists the dense MLP in
+those layers and the experts in the others (`ModelSpec.is_moe_layer`).
+
+The router's expert bias is a buffer in megatron-core (not trained by gradients; megatron's
+`finalize_model_grads` moves it after each step), listed here like a parameter because it is
+part of the weights: loaded, saved, exported and moved to the rollout engine like the others.
+`model_tensors(model)` is a built model's parameters with these buffers, in the inventory's order.
 
 Experts (megatron's SequentialMLP, `moe_grouped_gemm: false`): a global name uses the global
 expert index `e`; with expert parallelism of size `ep`, EP rank `k` holds experts
@@ -52,7 +62,7 @@ model's `named_parameters()` yields them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rl3d.models.spec import ModelSpec
@@ -81,6 +91,7 @@ FC2_WEIGHT = "mlp.linear_fc2.weight"
 Q_NORM = "self_attention.q_layernorm.weight"
 K_NORM = "self_attention.k_layernorm.weight"
 ROUTER = "mlp.router.weight"
+EXPERT_BIAS = "mlp.router.expert_bias"
 EXPERT_FC1 = "mlp.experts.local_experts.{e}.linear_fc1.weight"
 EXPERT_FC2 = "mlp.experts.local_experts.{e}.linear_fc2.weight"
 SHARED_GATE = "mlp.shared_experts.gate_weight"
@@ -126,6 +137,7 @@ LAYER_PARAMS = (
     LayerParam(FC2_WEIGHT, ShardKind.ROW, 8, ("mlp.down_proj.weight",)),
     # A mixture of experts' MLP; each expert template ("{e}") stands for num_experts parameters.
     LayerParam(ROUTER, ShardKind.REPLICATED, 7, ("mlp.gate.weight",)),
+    LayerParam(EXPERT_BIAS, ShardKind.REPLICATED, 7, ("mlp.gate.e_score_correction_bias",)),
     LayerParam(
         EXPERT_FC1,
         ShardKind.SWIGLU_FC1,
@@ -144,9 +156,27 @@ LAYER_PARAMS = (
     LayerParam(SHARED_FC2, ShardKind.ROW, 11, ("mlp.shared_expert.down_proj.weight",)),
 )
 _DENSE_MLP = (FC1_WEIGHT, FC2_WEIGHT)
-_MOE_MLP = (ROUTER, EXPERT_FC1, EXPERT_FC2)
+_MOE_MLP = (ROUTER, EXPERT_BIAS, EXPERT_FC1, EXPERT_FC2)
 _SHARED_EXPERT = (SHARED_GATE, SHARED_FC1, SHARED_FC2)
+# GLM-4.5 (DeepSeek's naming): the shared expert without a gate, under `shared_experts`
+_UNGATED_SHARED_HF = {
+    SHARED_FC1: ("mlp.shared_experts.gate_proj.weight", "mlp.shared_experts.up_proj.weight"),
+    SHARED_FC2: ("mlp.shared_experts.down_proj.weight",),
+}
+BUFFERS = (EXPERT_BIAS,)  # megatron-core buffers that are part of the weights
 TE_NAMES = {p.suffix: p.te_suffix for p in LAYER_PARAMS if p.te_suffix}
+
+
+def model_tensors(model: Any) -> dict[str, Any]:
+    """A built model's `named_parameters()` with, after each router's weight, its expert bias
+    (a buffer): every tensor the inventory lists, in its order."""
+    buffers = {n: b for n, b in model.named_buffers() if n.endswith(BUFFERS)}
+    out = {}
+    for name, param in model.named_parameters():
+        out[name] = param
+        if name.endswith(ROUTER) and (bias := name[: -len(ROUTER)] + EXPERT_BIAS) in buffers:
+            out[bias] = buffers[bias]
+    return out
 
 
 def local_param(params: dict[str, Any], local: str) -> Any:
@@ -204,17 +234,24 @@ def layer_param_name(layer: int, suffix: str) -> str:
     return f"decoder.layers.{layer}.{suffix}"
 
 
-def layer_suffixes(spec: ModelSpec, *, registered_order: bool = False) -> tuple[LayerParam, ...]:
-    """The parameters every decoder layer of `spec` has, in forward (or megatron's) order; an
+def layer_suffixes(spec: ModelSpec, layer: int, *, registered_order: bool = False) -> tuple[LayerParam, ...]:
+    """The parameters decoder layer `layer` of `spec` has, in forward (or megatron's) order; an
     expert template ("{e}") stands for each of the layer's experts."""
-    absent = set(_DENSE_MLP if spec.is_moe else _MOE_MLP)
-    if not spec.shared_expert_ffn_hidden_size:
+    moe = spec.is_moe_layer(layer)
+    absent = set(_DENSE_MLP if moe else _MOE_MLP)
+    if not (moe and spec.shared_expert_ffn_hidden_size):
         absent |= set(_SHARED_EXPERT)
+    if not spec.shared_expert_gate:
+        absent.add(SHARED_GATE)
+    if not spec.moe_expert_bias:
+        absent.add(EXPERT_BIAS)
     if not spec.qkv_bias:
         absent.add(QKV_BIAS)
     if not spec.qk_norm:
         absent |= {Q_NORM, K_NORM}
     params = [p for p in LAYER_PARAMS if p.suffix not in absent]
+    if not spec.shared_expert_gate:
+        params = [replace(p, hf=_UNGATED_SHARED_HF.get(p.suffix, p.hf)) for p in params]
     if registered_order:
         params.sort(key=lambda p: p.registered)
     return tuple(params)
@@ -236,6 +273,7 @@ def _layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         FC1_WEIGHT: (2 * f, h),
         FC2_WEIGHT: (h, f),
         ROUTER: (spec.num_experts, h),
+        EXPERT_BIAS: (spec.num_experts,),
         EXPERT_FC1: (2 * fe, h),
         EXPERT_FC2: (h, fe),
         SHARED_GATE: (1, h),
@@ -264,7 +302,7 @@ def layer_params(spec: ModelSpec, layer: int, *, registered_order: bool = False)
         )
 
     out = []
-    suffixes = layer_suffixes(spec, registered_order=registered_order)
+    suffixes = layer_suffixes(spec, layer, registered_order=registered_order)
     experts = [p for p in suffixes if p.suffix in (EXPERT_FC1, EXPERT_FC2)]
     for p in suffixes:
         if p.suffix == EXPERT_FC1:

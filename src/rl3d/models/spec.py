@@ -6,7 +6,7 @@ scaled-down shapes such as `llama2-70b-shape-1/64`, which keep a model's layer p
 
 A run's spec is `spec_of(cfg.model)`: the registry's for `model.name`, or the shapes in
 `model.hf_path`'s config.json when the name is unset (a user's own Llama, Qwen2, Mistral, Qwen3,
-Qwen3-MoE or Qwen2-MoE); with both, they must agree.
+Qwen3-MoE, Qwen2-MoE or GLM-4.5); with both, they must agree.
 """
 
 from __future__ import annotations
@@ -17,6 +17,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from rl3d.models.families import (  # noqa: F401  (SUPPORTED_MODEL_TYPES, hf_model_type: re-exported)
+    QK_NORM_TYPES,
+    QKV_BIAS_TYPES,
+    SUPPORTED_MODEL_TYPES,
+    glm4_moe_fields,
+    hf_model_type,
+    moe_fields,
+    rope_theta_of,
+)
 from rl3d.utils.imports import suggest
 
 
@@ -29,7 +38,14 @@ class ModelSpec:
     experts of width `moe_ffn_hidden_size`, a softmax router choosing `moe_top_k` per token
     (renormalised to sum 1 when `moe_norm_topk_prob`), and, when
     `shared_expert_ffn_hidden_size > 0`, one always-on expert scaled by a sigmoid gate
-    (Qwen2-MoE). `ffn_hidden_size` is then the dense MLP width the HF config states, unused.
+    (Qwen2-MoE) or, without `shared_expert_gate`, added as it is (GLM-4.5).
+    `ffn_hidden_size` is the width of the dense MLP of the first `moe_first_dense_layers`
+    layers (GLM-4.5's `first_k_dense_replace`), else unused.
+
+    GLM-4.5's router (`moe_score_function="sigmoid"`): per expert sigmoid(logit); the top k by
+    sigmoid + `e_score_correction_bias` (`moe_expert_bias`: a per-layer [E] vector balanced
+    without an auxiliary loss, not trained by gradients); their sigmoids renormalised to sum 1,
+    times `moe_routed_scaling`. RoPE turns the first `rotary_fraction` of each head's width.
     """
 
     name: str
@@ -51,12 +67,27 @@ class ModelSpec:
     moe_top_k: int = 0
     moe_norm_topk_prob: bool = True
     shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert (GLM: none)
+    moe_score_function: str = "softmax"  # or "sigmoid" (GLM-4.5)
+    moe_expert_bias: bool = False  # the sigmoid router's e_score_correction_bias
+    moe_routed_scaling: float = 1.0  # the routed experts' weights times this (GLM's routed_scaling_factor)
+    moe_first_dense_layers: int = 0  # the first layers keep a dense MLP of ffn_hidden_size
+    rotary_fraction: float = 1.0  # the share of a head's width RoPE turns (GLM: 0.5)
 
     def __post_init__(self) -> None:
         if self.num_experts and not (0 < self.moe_top_k <= self.num_experts and self.moe_ffn_hidden_size > 0):
             raise ValueError(
                 f"model {self.name}: {self.num_experts} experts need 0 < moe_top_k <= num_experts "
                 f"(got {self.moe_top_k}) and moe_ffn_hidden_size > 0 (got {self.moe_ffn_hidden_size})"
+            )
+        if self.moe_score_function not in ("softmax", "sigmoid"):
+            raise ValueError(f"model {self.name}: moe_score_function {self.moe_score_function!r}")
+        if self.moe_expert_bias and self.moe_score_function != "sigmoid":
+            raise ValueError(f"model {self.name}: moe_expert_bias needs the sigmoid router")
+        if self.moe_first_dense_layers and not 0 < self.moe_first_dense_layers < self.num_layers:
+            raise ValueError(
+                f"model {self.name}: moe_first_dense_layers {self.moe_first_dense_layers} must leave "
+                f"a mixture-of-experts layer of the {self.num_layers}"
             )
         if not self.kv_channels and self.hidden_size % self.num_attention_heads:
             raise ValueError(
@@ -68,31 +99,52 @@ class ModelSpec:
                 f"model {self.name}: num_attention_heads {self.num_attention_heads} not divisible "
                 f"by num_query_groups {self.num_query_groups}"
             )
+        rotary = self.head_dim * self.rotary_fraction
+        if not 0 < self.rotary_fraction <= 1 or rotary != int(rotary) or rotary % 2:
+            raise ValueError(
+                f"model {self.name}: rotary_fraction {self.rotary_fraction} of head width {self.head_dim} "
+                "must be an even number of channels"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.kv_channels or self.hidden_size // self.num_attention_heads
 
     @property
+    def rotary_dim(self) -> int:
+        """The leading channels of each head that RoPE turns (the rest pass through)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
-    def mlp_params(self) -> int:
-        """One layer's MLP weights: the dense MLP, or all experts, the router and the shared expert."""
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether decoder layer `layer` (global index) is a mixture of experts."""
+        return self.is_moe and layer >= self.moe_first_dense_layers
+
+    @property
+    def num_moe_layers(self) -> int:
+        return self.num_layers - self.moe_first_dense_layers if self.is_moe else 0
+
+    def mlp_params(self, layer: int | None = None) -> int:
+        """One layer's MLP weights: the dense MLP, or all experts, the router (and its bias) and
+        the shared expert. `layer` None: a mixture-of-experts layer of a MoE model."""
         h = self.hidden_size
-        if not self.is_moe:
+        if not self.is_moe or (layer is not None and not self.is_moe_layer(layer)):
             return 3 * h * self.ffn_hidden_size
         shared = 3 * h * self.shared_expert_ffn_hidden_size
-        if self.shared_expert_ffn_hidden_size:
+        if self.shared_expert_ffn_hidden_size and self.shared_expert_gate:
             shared += h  # the shared expert's sigmoid gate
-        return self.num_experts * 3 * h * self.moe_ffn_hidden_size + self.num_experts * h + shared
+        router = self.num_experts * (h + int(self.moe_expert_bias))
+        return self.num_experts * 3 * h * self.moe_ffn_hidden_size + router + shared
 
-    def active_mlp_params(self) -> int:
+    def active_mlp_params(self, layer: int | None = None) -> int:
         """One layer's MLP weights a token uses: top-k experts, the router and the shared expert."""
-        if not self.is_moe:
-            return self.mlp_params()
+        if not self.is_moe or (layer is not None and not self.is_moe_layer(layer)):
+            return self.mlp_params(layer)
         unused = (self.num_experts - self.moe_top_k) * 3 * self.hidden_size * self.moe_ffn_hidden_size
-        return self.mlp_params() - unused
+        return self.mlp_params(layer) - unused
 
     @property
     def heads_per_group(self) -> int:
@@ -105,9 +157,17 @@ class ModelSpec:
         if self.qkv_bias:
             qkv += (self.num_attention_heads + 2 * self.num_query_groups) * hd
         norms = 2 * h + (2 * hd if self.qk_norm else 0)
-        layer = qkv + self.num_attention_heads * hd * h + self.mlp_params() + norms
+        attention = qkv + self.num_attention_heads * hd * h + norms
+        mlps = sum(self.mlp_params(i) for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tied_embeddings else 2)
-        return self.num_layers * layer + emb + h
+        return self.num_layers * attention + mlps + emb + h
+
+    def active_params(self) -> int:
+        """The parameters one token uses, embeddings and output layer left out (how published
+        "A32B"-style counts are stated): attention, norms and each layer's active MLP."""
+        mlps = sum(self.active_mlp_params(i) - self.mlp_params(i) for i in range(self.num_layers))
+        emb = self.vocab_size * self.hidden_size * (1 if self.tied_embeddings else 2)
+        return self.num_params() + mlps - emb
 
 
 _LLAMA2 = dict(rope_theta=10000.0, norm_eps=1e-5, max_position_embeddings=4096)
@@ -124,6 +184,21 @@ _QWEN3_MOE = dict(
     moe_top_k=8,
 )
 
+# GLM-4.5 (published config.json): sigmoid router with a correction bias, one ungated shared
+# expert as wide as a routed one, QKV bias, RoPE over half of each 128-wide head.
+_GLM45 = dict(
+    rope_theta=1000000.0,
+    norm_eps=1e-5,
+    max_position_embeddings=131072,
+    kv_channels=128,
+    qkv_bias=True,
+    moe_top_k=8,
+    shared_expert_gate=False,
+    moe_score_function="sigmoid",
+    moe_expert_bias=True,
+    rotary_fraction=0.5,
+)
+
 MODEL_SPECS: dict[str, ModelSpec] = {
     s.name: s
     for s in [
@@ -137,6 +212,36 @@ MODEL_SPECS: dict[str, ModelSpec] = {
         ModelSpec("qwen2.5-72b", 80, 8192, 29568, 64, 8, 152064, **_QWEN25),
         ModelSpec("qwen3-30b-a3b", 48, 2048, 6144, 32, 4, 151936, moe_ffn_hidden_size=768, **_QWEN3_MOE),
         ModelSpec("qwen3-235b-a22b", 94, 4096, 12288, 64, 4, 151936, moe_ffn_hidden_size=1536, **_QWEN3_MOE),
+        ModelSpec(
+            "glm-4.5",
+            92,
+            5120,
+            12288,
+            96,
+            8,
+            151552,
+            qk_norm=True,
+            num_experts=160,
+            moe_ffn_hidden_size=1536,
+            shared_expert_ffn_hidden_size=1536,
+            moe_routed_scaling=2.5,
+            moe_first_dense_layers=3,
+            **_GLM45,
+        ),
+        ModelSpec(
+            "glm-4.5-air",
+            46,
+            4096,
+            10944,
+            96,
+            8,
+            151552,
+            num_experts=128,
+            moe_ffn_hidden_size=1408,
+            shared_expert_ffn_hidden_size=1408,
+            moe_first_dense_layers=1,
+            **_GLM45,
+        ),
         # Tiny models for tests and the CPU demo (random weights, built from these shapes).
         ModelSpec("tiny-llama", 2, 64, 176, 8, 4, 256, max_position_embeddings=512),
         ModelSpec("tiny-llama-mha", 2, 64, 128, 4, 4, 256, max_position_embeddings=512),
@@ -207,6 +312,24 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             norm_eps=1e-6,
             max_position_embeddings=512,
         ),
+        # GLM-4.5's layout: layer 0 dense, 3 MoE layers (sigmoid router with its bias, scaled by
+        # 2.5, an ungated shared expert), QKV bias, q/k norm, RoPE over 16 of each head's 32 channels
+        ModelSpec(
+            "tiny-glm4-moe",
+            4,
+            64,
+            96,
+            4,
+            2,
+            256,
+            qk_norm=True,
+            num_experts=8,
+            moe_ffn_hidden_size=32,
+            shared_expert_ffn_hidden_size=32,
+            moe_routed_scaling=2.5,
+            moe_first_dense_layers=1,
+            **{**_GLM45, "kv_channels": 32, "moe_top_k": 2, "max_position_embeddings": 512},
+        ),
     ]
 }
 
@@ -241,55 +364,6 @@ def get_model_spec(name: str) -> ModelSpec:
     return MODEL_SPECS[name]
 
 
-# Llama's tensor layout, plus q/k norm (qwen3, qwen3_moe) and mixture-of-experts MLPs (*_moe).
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "qwen3_moe", "qwen2_moe")
-_QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
-_QK_NORM_TYPES = ("qwen3", "qwen3_moe")
-
-
-def hf_model_type(spec: ModelSpec) -> str:
-    """The HF model_type whose tensor layout and forward pass `spec` is."""
-    if spec.is_moe:
-        return "qwen3_moe" if spec.qk_norm else "qwen2_moe"
-    if spec.qk_norm:
-        return "qwen3"
-    return "qwen2" if spec.qkv_bias else "llama"
-
-
-def _rope_theta(cfg: dict[str, Any]) -> float:
-    rope = cfg.get("rope_parameters") or {}
-    scaling = cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    if rope_type != "default":
-        raise ValueError(f"rope type {rope_type!r} is not supported (only 'default' RoPE)")
-    return float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-
-
-def _moe_fields(model_type: str, cfg: dict[str, Any]) -> dict[str, Any]:
-    """The mixture-of-experts fields of a *_moe config: every layer sparse, a softmax top-k router."""
-    if cfg.get("decoder_sparse_step", 1) != 1:
-        raise ValueError(
-            f"{model_type}: decoder_sparse_step {cfg['decoder_sparse_step']} is not supported "
-            "(every layer must be a mixture of experts: 1)"
-        )
-    if cfg.get("mlp_only_layers"):
-        raise ValueError(
-            f"{model_type}: mlp_only_layers {cfg['mlp_only_layers']} is not supported "
-            "(every layer must be a mixture of experts: [])"
-        )
-    num_experts = cfg.get("num_experts") or cfg.get("num_local_experts")
-    if not num_experts:
-        raise ValueError(f"{model_type}: num_experts is missing")
-    shared = cfg.get("shared_expert_intermediate_size", 0) if model_type == "qwen2_moe" else 0
-    return dict(
-        num_experts=num_experts,
-        moe_ffn_hidden_size=cfg["moe_intermediate_size"],
-        moe_top_k=cfg["num_experts_per_tok"],
-        moe_norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
-        shared_expert_ffn_hidden_size=shared or 0,
-    )
-
-
 def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSpec:
     """ModelSpec of an HF config dict; unsupported model types and features are a clear error."""
     model_type = cfg.get("model_type")
@@ -297,7 +371,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         raise ValueError(
             f"unsupported HF model_type {model_type!r}; rl3d converts {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
-    if cfg.get("mlp_bias") or cfg.get("attention_bias"):
+    glm = model_type == "glm4_moe"  # its attention_bias is q, k and v's only
+    if cfg.get("mlp_bias") or (cfg.get("attention_bias") and not glm):
         raise ValueError(f"{model_type}: mlp_bias / attention_bias (o_proj bias) are not supported")
     if cfg.get("hidden_act", "silu") != "silu":
         raise ValueError(f"{model_type}: hidden_act {cfg['hidden_act']!r} is not supported (silu only)")
@@ -311,10 +386,13 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         max_positions = min(max_positions, cfg["sliding_window"])
     heads = cfg["num_attention_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    qk_norm = model_type in _QK_NORM_TYPES
-    if head_dim * heads != cfg["hidden_size"] and not qk_norm:
+    qk_norm = model_type in QK_NORM_TYPES or (glm and bool(cfg.get("use_qk_norm")))
+    if head_dim * heads != cfg["hidden_size"] and not (qk_norm or glm):
         raise ValueError(f"{model_type}: head_dim {head_dim} x {heads} heads != hidden_size")
-    moe = _moe_fields(model_type, cfg) if model_type.endswith("_moe") else {}
+    if glm:
+        moe = glm4_moe_fields(cfg)
+    else:
+        moe = moe_fields(model_type, cfg) if model_type.endswith("_moe") else {}
     return ModelSpec(
         name=name or f"hf-{model_type}",
         num_layers=cfg["num_hidden_layers"],
@@ -324,8 +402,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         num_query_groups=cfg.get("num_key_value_heads") or heads,
         vocab_size=cfg["vocab_size"],
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=model_type in _QKV_BIAS_TYPES,
-        rope_theta=_rope_theta(cfg),
+        qkv_bias=model_type in QKV_BIAS_TYPES or (glm and bool(cfg.get("attention_bias"))),
+        rope_theta=rope_theta_of(cfg),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=max_positions,
         kv_channels=head_dim if head_dim * heads != cfg["hidden_size"] else 0,
@@ -354,6 +432,12 @@ MATCHED_FIELDS = (
     "moe_top_k",
     "moe_norm_topk_prob",
     "shared_expert_ffn_hidden_size",
+    "shared_expert_gate",
+    "moe_score_function",
+    "moe_expert_bias",
+    "moe_routed_scaling",
+    "moe_first_dense_layers",
+    "rotary_fraction",
 )
 
 

@@ -22,7 +22,7 @@ from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.builder import rank_param_names
 from rl3d.models.convert import HF_EXTRA, META_NAME, McoreMeta, McoreReader
 from rl3d.models.hf_mapping import tensor_maps
-from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param, megatron_params
+from rl3d.models.params import EMBEDDING, OUTPUT_LAYER, local_param, megatron_params, model_tensors
 from rl3d.models.safetensors_io import ShardedReader
 from rl3d.models.spec import ModelSpec
 from rl3d.models.training import unwrap_model
@@ -75,7 +75,7 @@ def load_weights(
     model = unwrap_model(model)
     layout = groups.layout
     padded = model.vocab_size
-    params = dict(model.named_parameters())
+    params = model_tensors(model)
     names = rank_param_names(spec, groups, role=role)
     experts = {p.name for p in megatron_params(spec, role=role) if p.expert is not None}
     source = _open_source(src, spec, padded)
@@ -111,7 +111,7 @@ def save_weights(
 
     model = unwrap_model(model)
     layout, dst = groups.layout, Path(dst)
-    params = dict(model.named_parameters())
+    params = model_tensors(model)
     meta = McoreMeta(
         layout.t,
         layout.p,

@@ -13,7 +13,8 @@ sharded matmul runs piece by piece, which is exact because of how Megatron lays 
 Partial sums of row-parallel layers and of the embedding lookup are all-reduced over the
 generation-TP group. The math is Megatron's GPTModel (local spec) = HF Llama/Qwen2: RMSNorm,
 rotate-half RoPE, GQA, SwiGLU; with Qwen3's RMSNorm over each query and key head before RoPE
-(`spec.qk_norm`), and mixture-of-experts MLPs (`rl3d.rollout.moe`).
+(`spec.qk_norm`), mixture-of-experts MLPs (`rl3d.rollout.moe`), GLM-4.5's dense first layers
+(`spec.is_moe_layer`) and partial RoPE (`spec.rotary_dim`: `rl3d.rollout.rope`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 
 from rl3d.models.params import (
     EMBEDDING,
+    EXPERT_BIAS,
     FC1_WEIGHT,
     FC2_WEIGHT,
     FINAL_NORM,
@@ -163,8 +165,10 @@ class ShardedWeights:
 
     def cast(self, dtype: torch.dtype) -> ShardedWeights:
         """A copy in `dtype` (a rollout engine in lower precision than training); MoE routers
-        are kept as they are (the router runs in fp32: no rounding of its weights to `dtype`)."""
-        pieces = {n: ps if n.endswith(ROUTER) else [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
+        and their expert bias are kept as they are (the router runs in fp32: no rounding of its
+        weights to `dtype`)."""
+        fp32 = (ROUTER, EXPERT_BIAS)
+        pieces = {n: ps if n.endswith(fp32) else [p.to(dtype) for p in ps] for n, ps in self.pieces.items()}
         return ShardedWeights(self.spec, self.tp_size, self.tp_rank, pieces).checked()
 
     def checked(self) -> ShardedWeights:
@@ -181,6 +185,8 @@ class ShardedWeights:
             if spec.is_moe
             else (spec.ffn_hidden_size,)
         )
+        if spec.moe_first_dense_layers:
+            ffn += (spec.ffn_hidden_size,)
         if spec.num_query_groups % self.tp_size or any(f % self.tp_size for f in ffn):
             raise ValueError(f"torch rollout engine: {spec.name} cannot be split over t_g={self.tp_size}")
         rows = sum(p.shape[0] for p in self.pieces[EMBEDDING])
@@ -202,10 +208,10 @@ class ShardedWeights:
                     qkv_bias=of[QKV_BIAS] or [None] * len(qkv),
                     proj=of[PROJ_WEIGHT],
                     mlp_norm=of[MLP_NORM][0],
-                    fc1=[] if spec.is_moe else fc1,
-                    fc2=[] if spec.is_moe else fc2,
+                    fc1=[] if spec.is_moe_layer(i) else fc1,
+                    fc2=[] if spec.is_moe_layer(i) else fc2,
                     qk_norm=(of[Q_NORM][0], of[K_NORM][0]) if spec.qk_norm else None,
-                    moe=moe_weights(self.pieces, spec, i) if spec.is_moe else None,
+                    moe=moe_weights(self.pieces, spec, i) if spec.is_moe_layer(i) else None,
                     lora=self.lora[i] if self.lora else None,
                 )
             )
@@ -294,7 +300,7 @@ def forward(
         qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
         if lw.qk_norm is not None:
             qkv = _qk_norm(qkv, lw.qk_norm, spec.norm_eps)
-        qk = apply_rope(qkv[:, :, :, : hpg + 1], cos, sin)  # the queries and the key of each group
+        qk = apply_rope(qkv[:, :, :, : hpg + 1], cos, sin, spec.rotary_dim)  # queries and key of each group
         q = qk[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
         k = qk[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
         v = qkv[:, :, :, hpg + 1].transpose(1, 2)
@@ -310,6 +316,8 @@ def forward(
         if lw.moe is not None:
             x = x + tp.all_reduce(moe_mlp(h.view(B * T, -1), lw.moe, spec, record).view(B, T, -1))
             continue
+        if record is not None:  # a dense first layer routes nothing: its record is zeros
+            record.append(torch.zeros(B * T, spec.moe_top_k, dtype=torch.int64, device=x.device))
         mlp = low = None
         ha = None if lo is None else lo.fc1_down(h)
         # piece j of fc2 consumes exactly piece j's activations
@@ -373,6 +381,8 @@ def decode_forward(
         if lw.moe is not None:
             x = x + tp.all_reduce(moe_mlp(h, lw.moe, spec, record))
             continue
+        if record is not None:  # a dense first layer routes nothing: its record is zeros
+            record.append(torch.zeros(B, spec.moe_top_k, dtype=torch.int64, device=x.device))
         mlp = low = None
         ha = None if lo is None else lo.fc1_down(h)
         # piece j of fc2 consumes exactly piece j's activations

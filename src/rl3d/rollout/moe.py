@@ -6,15 +6,18 @@ the dense `mlp.linear_fc1/fc2` with, after "decoder.layers.{i}.":
     mlp.router.weight                                     [E, h]     replicated
     mlp.experts.local_experts.{e}.linear_fc1.weight       [2 fe, h]  SwiGLU fc1 ([gate; up]), TP-split
     mlp.experts.local_experts.{e}.linear_fc2.weight       [h, fe]    row-parallel
-    mlp.shared_experts.linear_fc1.weight / linear_fc2.weight          (Qwen2-MoE's shared expert)
-    mlp.shared_experts.gate_weight                        [1, h]     replicated, sigmoid gate
+    mlp.shared_experts.linear_fc1.weight / linear_fc2.weight          (Qwen2-MoE's, GLM's shared expert)
+    mlp.shared_experts.gate_weight                        [1, h]     replicated, sigmoid gate (Qwen2-MoE)
+    mlp.router.expert_bias                                [E] fp32   replicated (GLM-4.5)
 
 `e` is the global expert index: under generation TP every rank holds every expert's TP slice, so
 the experts' partial sums add up like the dense MLP's and one all-reduce completes the layer.
 Qwen3's q/k norm adds `self_attention.{q,k}_layernorm.weight` [head_dim] (replicated).
 
 The router runs in fp32 whatever the engine's dtype (as megatron's fp32 router and HF's softmax
-do): logits, softmax, top-k (renormalised to sum 1 when `moe_norm_topk_prob`). Capacity-free:
+do): logits, softmax, top-k (renormalised to sum 1 when `moe_norm_topk_prob`). GLM-4.5's sigmoid
+router: sigmoid(logits), the top k of sigmoid + expert bias, their sigmoids renormalised (+1e-20,
+as HF and megatron) and times `moe_routed_scaling`. Capacity-free:
 every token gets its k experts. Each expert runs once over the tokens routed to it
 (`index_select`, then `index_add_` of its weighted output), experts in ascending order.
 """
@@ -28,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from rl3d.models.params import (
+    EXPERT_BIAS,
     EXPERT_FC1,
     EXPERT_FC2,
     ROUTER,
@@ -55,6 +59,7 @@ class MoEWeights(NamedTuple):
     shared_fc1: list[torch.Tensor]  # empty without a shared expert
     shared_fc2: list[torch.Tensor]
     shared_gate: torch.Tensor | None  # [1, h]
+    expert_bias_fp32: torch.Tensor | None = None  # [E]: the sigmoid router's correction bias
 
 
 def moe_weights(pieces: Mapping[str, list[torch.Tensor]], spec: ModelSpec, layer: int) -> MoEWeights:
@@ -62,7 +67,7 @@ def moe_weights(pieces: Mapping[str, list[torch.Tensor]], spec: ModelSpec, layer
         return pieces.get(layer_param_name(layer, suffix), [])
 
     experts = range(spec.num_experts)
-    gate = of(SHARED_GATE)
+    gate, bias = of(SHARED_GATE), of(EXPERT_BIAS)
     return MoEWeights(
         router_fp32=of(ROUTER)[0].float(),  # a copy only when the engine is not fp32
         fc1=[of(EXPERT_FC1.format(e=e)) for e in experts],
@@ -70,6 +75,7 @@ def moe_weights(pieces: Mapping[str, list[torch.Tensor]], spec: ModelSpec, layer
         shared_fc1=of(SHARED_FC1),
         shared_fc2=of(SHARED_FC2),
         shared_gate=gate[0] if gate else None,
+        expert_bias_fp32=bias[0].float() if bias else None,
     )
 
 
@@ -87,7 +93,15 @@ def swiglu(h: torch.Tensor, fc1: list[torch.Tensor], fc2: list[torch.Tensor]) ->
 def route(h_NH: torch.Tensor, mw: MoEWeights, spec: ModelSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """The router's choice per token: (weights [N, k] in h's dtype, expert ids [N, k] int64),
     ids in descending probability."""
-    probs = torch.softmax(F.linear(h_NH.float(), mw.router_fp32), dim=-1)
+    logits = F.linear(h_NH.float(), mw.router_fp32)
+    if spec.moe_score_function == "sigmoid":
+        scores = torch.sigmoid(logits)
+        choice = scores if mw.expert_bias_fp32 is None else scores + mw.expert_bias_fp32
+        top_ids = torch.topk(choice, spec.moe_top_k, dim=-1).indices
+        top_p = scores.gather(-1, top_ids)
+        top_p = top_p / (top_p.sum(dim=-1, keepdim=True) + 1e-20) * spec.moe_routed_scaling
+        return top_p.to(h_NH.dtype), top_ids
+    probs = torch.softmax(logits, dim=-1)
     top_p, top_ids = torch.topk(probs, spec.moe_top_k, dim=-1)
     if spec.moe_norm_topk_prob:
         top_p = top_p / top_p.sum(dim=-1, keepdim=True)
@@ -117,8 +131,10 @@ def moe_mlp(
     # one accumulation in expert order, each token's outputs weighted by its router weights
     out = torch.zeros_like(h_NH).index_add_(0, token_of, y * top_w.flatten()[order, None])
     if mw.shared_fc1:
-        gate = torch.sigmoid(F.linear(h_NH, mw.shared_gate))
-        out = out + gate * swiglu(h_NH, mw.shared_fc1, mw.shared_fc2)
+        shared = swiglu(h_NH, mw.shared_fc1, mw.shared_fc2)
+        if mw.shared_gate is not None:
+            shared = torch.sigmoid(F.linear(h_NH, mw.shared_gate)) * shared
+        out = out + shared
     return out
 
 

@@ -235,7 +235,7 @@ class TorchRolloutEngine:
         ):
             size = min(self.spec.max_position_embeddings, max(num_positions, 256))
             self._rope_table = rope = RopeTable(
-                size, self.spec.head_dim, self.spec.rope_theta, w.dtype, w.device
+                size, self.spec.head_dim, self.spec.rope_theta, w.dtype, w.device, self.spec.rotary_dim
             )
         return rope
 

@@ -1,4 +1,5 @@
-"""Tiny random HF models (Llama / Qwen2) built from `transformers` configs, no download."""
+"""Tiny random HF models (Llama, Qwen2, Qwen3, their MoEs, GLM-4.5) built from `transformers`
+configs, no download."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from rl3d.models.spec import ModelSpec, get_model_spec
 def make_tiny_hf_model(spec: ModelSpec | str, *, seed: int = 0, dtype: torch.dtype = torch.float32) -> Any:
     """A random `transformers` causal LM of `spec`'s shape.
 
-    Every tensor is random (norm weights around 1, QKV biases non-zero), so a conversion that
-    drops or swaps one shows up in the logits.
+    Every tensor is random (norm weights around 1, QKV biases non-zero, a sigmoid router's
+    correction bias too), so a conversion that drops or swaps one shows up in the logits.
     """
     from transformers import AutoModelForCausalLM
 
@@ -31,6 +32,9 @@ def make_tiny_hf_model(spec: ModelSpec | str, *, seed: int = 0, dtype: torch.dty
                 param.copy_(1.0 + 0.1 * noise)
             else:
                 param.copy_(0.05 * noise)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # a buffer in HF, part of the weights
+                buffer.copy_(0.05 * torch.randn(buffer.shape, generator=gen))
     model.config.use_cache = False
     return model.to(dtype).eval()
 

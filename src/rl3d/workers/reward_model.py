@@ -95,11 +95,11 @@ def save_reward_model(role, dst: Path, *, meta: dict) -> None:
 
     from rl3d.models.convert import HF_EXTRA, McoreMeta, shard_dir_name
     from rl3d.models.hf_mapping import hf_config_from_spec
-    from rl3d.models.params import OUTPUT_LAYER, local_param, stage_param_names
+    from rl3d.models.params import OUTPUT_LAYER, local_param, model_tensors, stage_param_names
 
     groups, spec, model = role.groups, role.spec, role.unwrapped()
     layout = groups.layout
-    params = dict(model.named_parameters())
+    params = model_tensors(model)
     names = stage_param_names(spec, layout.p, groups.pp_rank, role="critic")
     if groups.dp_rank == 0:
         tensors = {

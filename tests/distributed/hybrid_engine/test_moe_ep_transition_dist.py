@@ -7,6 +7,8 @@ checked against them at bootstrap), so if the planner took an expert from a rank
 hold it, the gather would miss the tensor or deliver another expert's values. The bytes each rank
 counts equal the plan's. With `hybrid_engine.verify` the executor also checks each shard against
 the full model gathered by another path (every expert from the data-parallel rank training it).
+GLM-4.5 (a dense first layer, the router's expert bias: a megatron buffer the inventory lists)
+moves the same way: every bias arrives bit for bit, counted = planned.
 """
 
 import pytest
@@ -53,13 +55,14 @@ def worker(rank, world, hf_dir, p, t, d, ep, t_g, etp=None):
     original = load_file(f"{hf_dir}/model.safetensors")
     padded = actor.rollout.resharder.by_name["embedding.word_embeddings.weight"].shape[0]
     tp_g = actor.rollout.gen.coords(rank).tp_g
-    mismatched, checked = [], 0
+    mismatched, checked, biases = [], 0, 0
     for m in tensor_maps(spec, padded):
         if m.mcore not in weights.names():
             continue
         full = m.to_mcore([original[h] for h in m.hf])
         expected = shard_for_tp(full, m.kind, t_g, tp_g)
         checked += 1
+        biases += m.mcore.endswith("expert_bias")
         if not torch.equal(weights.reference_materialize(m.mcore), expected):
             mismatched.append(m.mcore)
     stats = actor.rollout.resharder.last_stats
@@ -70,6 +73,7 @@ def worker(rank, world, hf_dir, p, t, d, ep, t_g, etp=None):
         "held_experts": len(held),
         "gen_experts": len(experts),
         "checked": checked,
+        "biases": biases,
         "mismatched": mismatched,
         "recv": stats.recv_bytes,
         "planned_recv": planned.recv_bytes,
@@ -130,6 +134,33 @@ def test_expert_tensor_parallel_weights_reshard_bit_for_bit(hf_dir, p, t, d, ep,
         assert r["mismatched"] == [], (rank, r["mismatched"])
         assert r["checked"] > 0
         assert r["held_experts"] == 2 * 8 // ep * (2 // p), rank
+        assert r["gen_experts"] == 8, rank
+        assert r["recv"] == r["planned_recv"] == r["metric_bytes"] > 0, rank
+        assert r["send"] == r["planned_send"], rank
+
+
+@pytest.fixture(scope="module")
+def glm_dir(tmp_path_factory):
+    from rl3d.testing.tiny_hf import save_tiny_hf_model
+
+    out = tmp_path_factory.mktemp("hf") / "tiny-glm4-moe"
+    save_tiny_hf_model("tiny-glm4-moe", out, seed=7)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("p", "t", "d", "ep", "t_g"),
+    [
+        (2, 1, 2, 2, 1),  # stage 0: the dense layer and 1 MoE layer; stage 1: 2 MoE layers
+        (1, 2, 2, 2, 2),  # generation TP 2: each rank the TP half of every expert, whole biases
+    ],
+)
+def test_glm_weights_and_router_biases_reshard_bit_for_bit(glm_dir, p, t, d, ep, t_g):
+    world = p * t * d
+    results = run_distributed(worker, world, str(glm_dir), p, t, d, ep, t_g, timeout_s=600)
+    for rank, r in enumerate(results):
+        assert r["mismatched"] == [], (rank, r["mismatched"])
+        assert r["biases"] == 3, rank  # the 3 MoE layers' expert biases (t_g 1 or 2: whole each)
         assert r["gen_experts"] == 8, rank
         assert r["recv"] == r["planned_recv"] == r["metric_bytes"] > 0, rank
         assert r["send"] == r["planned_send"], rank

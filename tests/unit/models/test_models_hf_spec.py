@@ -168,3 +168,89 @@ def test_moe_shapes_count_published_totals():
         assert spec.is_moe and hd * spec.num_attention_heads != h
         assert abs(spec.num_params() - total) / total < 0.01, name
         assert abs(used - active) / active < 0.03, name
+
+
+# GLM-4.5's published config.json (zai-org/GLM-4.5; -Air differs where `AIR` says)
+GLM45_HUB = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "attention_bias": True,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 5120,
+    "partial_rotary_factor": 0.5,
+    "intermediate_size": 12288,
+    "max_position_embeddings": 131072,
+    "moe_intermediate_size": 1536,
+    "norm_topk_prob": True,
+    "num_attention_heads": 96,
+    "n_group": 1,
+    "topk_group": 1,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "routed_scaling_factor": 2.5,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 3,
+    "num_hidden_layers": 92,
+    "num_key_value_heads": 8,
+    "rms_norm_eps": 1e-05,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "use_qk_norm": True,
+    "vocab_size": 151552,
+}
+AIR = dict(
+    hidden_size=4096,
+    intermediate_size=10944,
+    moe_intermediate_size=1408,
+    n_routed_experts=128,
+    routed_scaling_factor=1.0,
+    first_k_dense_replace=1,
+    num_hidden_layers=46,
+    use_qk_norm=False,
+)
+
+
+def test_glm_specs_from_the_hub_configs():
+    """GLM-4.5's and GLM-4.5-Air's config.json give the registry's shapes; the MTP layer
+    (num_nextn_predict_layers) is read past, not held."""
+    assert spec_from_hf_config(GLM45_HUB, name="glm-4.5") == get_model_spec("glm-4.5")
+    assert spec_from_hf_config({**GLM45_HUB, **AIR}, name="glm-4.5-air") == get_model_spec("glm-4.5-air")
+    glm = get_model_spec("glm-4.5")
+    assert (glm.moe_first_dense_layers, glm.num_moe_layers, glm.rotary_dim) == (3, 89, 64)
+    assert glm.qkv_bias and glm.qk_norm and not glm.shared_expert_gate and glm.moe_expert_bias
+
+
+def test_glm_shapes_count_published_totals():
+    """GLM-4.5 "355B total / 32B active" and GLM-4.5-Air "106B / 12B" (the model cards).
+
+    Counted: the main model's HF tensors (`num_params`), the router's correction bias included,
+    the MTP layer not (it adds 3.99e9 to GLM-4.5 and 2.38e9 to Air, with its copies of the
+    embedding and output layer 5.54e9 and 3.62e9: the hub's 358B). Totals within 1% (measured
+    352.80e9: -0.62%; 106.85e9: +0.80%). Active: what one token uses without the embedding and
+    output layer (`active_params`: attention, norms, dense MLPs, 8 routed experts, the shared
+    expert and the router), within 2% (measured 32.08e9: +0.25%; 12.18e9: +1.5%)."""
+    for name, total, active in (("glm-4.5", 355e9, 32e9), ("glm-4.5-air", 106e9, 12e9)):
+        spec = get_model_spec(name)
+        assert abs(spec.num_params() - total) / total < 0.01, (name, spec.num_params())
+        assert abs(spec.active_params() - active) / active < 0.02, (name, spec.active_params())
+    assert get_model_spec("glm-4.5").num_params() == 352_797_829_024
+
+
+@pytest.mark.parametrize(
+    "change, refusal",
+    [
+        ({"n_group": 4, "topk_group": 2}, "glm4_moe: n_group 4 / topk_group 2 are not supported"),
+        ({"norm_topk_prob": False}, "glm4_moe: norm_topk_prob false is not supported"),
+        ({"hidden_act": "gelu"}, "glm4_moe: hidden_act 'gelu' is not supported"),
+        ({"mlp_bias": True}, "glm4_moe: mlp_bias"),
+        ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope type 'yarn' is not supported"),
+        ({"first_k_dense_replace": 92}, "moe_first_dense_layers 92 must leave a mixture-of-experts layer"),
+        ({"partial_rotary_factor": 0.3}, "rotary_fraction 0.3 of head width 128"),
+    ],
+)
+def test_glm_refuses_what_rl3d_cannot_run_by_key(change, refusal):
+    with pytest.raises(ValueError, match=refusal):
+        spec_from_hf_config({**GLM45_HUB, **change})

@@ -1,5 +1,5 @@
-"""Qwen3 (q/k norm), Qwen3-MoE and Qwen2-MoE: the parameter inventory against a built megatron
-model, and megatron's logits against transformers' at 1-1-1."""
+"""Qwen3 (q/k norm), Qwen3-MoE, Qwen2-MoE and GLM-4.5: the parameter inventory against a built
+megatron model, and megatron's logits against transformers' at 1-1-1."""
 
 import json
 
@@ -9,18 +9,18 @@ from safetensors import safe_open
 
 from rl3d.models.builder import build_gpt, megatron_param_kinds, stage_param_names
 from rl3d.models.hf_mapping import spec_from_hf_config, tensor_maps
-from rl3d.models.params import megatron_params
+from rl3d.models.params import megatron_params, model_tensors
 from rl3d.models.spec import get_model_spec
 from rl3d.models.weights import load_weights
 from rl3d.ops.layouts import ShardKind, padded_vocab_size
 
-FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe")
+FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe")
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_inventory_is_the_built_models_names_shapes_and_order(groups_1x1, name):
     spec = get_model_spec(name)
-    real = {n: tuple(p.shape) for n, p in build_gpt(spec, groups_1x1).named_parameters()}
+    real = {n: tuple(p.shape) for n, p in model_tensors(build_gpt(spec, groups_1x1)).items()}
     inventory = megatron_params(spec)
     assert [p.name for p in inventory] == list(real)
     assert all(p.shape == real[p.name] for p in inventory)
@@ -100,7 +100,7 @@ def test_logits_match_transformers_at_1x1(groups_1x1, tiny_moe_hf_dirs, name):
 
     hf_dir = tiny_moe_hf_dirs[name]
     spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
-    assert spec.qk_norm == ("qwen3" in name) and spec.is_moe == name.endswith("-moe")
+    assert spec.qk_norm == ("qwen3" in name or "glm" in name) and spec.is_moe == name.endswith("-moe")
     model = build_gpt(spec, groups_1x1)
     load_weights(model, spec, groups_1x1, hf_dir)
     model.eval()
@@ -111,7 +111,7 @@ def test_logits_match_transformers_at_1x1(groups_1x1, tiny_moe_hf_dirs, name):
         ours = model(ids, torch.arange(13).expand(2, 13), None)[..., : spec.vocab_size]
         ref = hf(ids).logits
     diff = (ours - ref).abs().max().item()
-    assert diff < 1e-5, diff
+    assert diff < 1e-5, diff  # measured: tiny-glm4-moe 8.5e-7
 
 
 def test_dist_checkpoint_exports_to_the_hf_tensors_bit_for_bit(groups_1x1, tiny_moe_hf_dirs, tmp_path):
@@ -152,3 +152,49 @@ def test_router_losses_add_to_the_router_gradient_only_when_set(groups_1x1, tiny
     aux = _router_grad(groups_1x1, spec, hf_dir, moe_aux_loss_coeff=0.5)
     z = _router_grad(groups_1x1, spec, hf_dir, moe_z_loss_coeff=0.5)
     assert (aux - plain).abs().max() > 1e-4 and (z - plain).abs().max() > 1e-4
+
+
+def test_glm_inventory_dense_first_layer_ungated_shared_expert_and_router_bias():
+    spec = get_model_spec("tiny-glm4-moe")  # layer 0 dense (96 wide), layers 1-3: 8 experts of 32
+    by_name = {p.name: p for p in megatron_params(spec)}
+    assert by_name["decoder.layers.0.mlp.linear_fc1.weight"].shape == (2 * 96, 64)
+    assert not any(n.startswith("decoder.layers.0.mlp.router") for n in by_name)
+    bias = by_name["decoder.layers.1.mlp.router.expert_bias"]
+    assert (bias.kind, bias.shape, bias.hf) == (
+        ShardKind.REPLICATED,
+        (8,),
+        ("model.layers.1.mlp.gate.e_score_correction_bias",),
+    )
+    shared = by_name["decoder.layers.3.mlp.shared_experts.linear_fc1.weight"]
+    assert shared.hf == (
+        "model.layers.3.mlp.shared_experts.gate_proj.weight",
+        "model.layers.3.mlp.shared_experts.up_proj.weight",
+    )
+    assert "decoder.layers.1.mlp.shared_experts.gate_weight" not in by_name
+    assert "decoder.layers.1.mlp.linear_fc1.weight" not in by_name
+    assert padded_vocab_size(spec.vocab_size, 1) == spec.vocab_size  # so the counts agree
+    assert sum(p.numel for p in by_name.values()) == spec.num_params()
+
+
+def test_glm_router_bias_is_loaded_and_steers_the_routing(groups_1x1, tiny_moe_hf_dirs):
+    """The HF correction bias arrives in megatron's router buffer (fp32), and zeroing it changes
+    the logits: the test model's routing depends on it."""
+    from transformers import AutoModelForCausalLM
+
+    hf_dir = tiny_moe_hf_dirs["tiny-glm4-moe"]
+    spec = get_model_spec("tiny-glm4-moe")
+    model = build_gpt(spec, groups_1x1)
+    load_weights(model, spec, groups_1x1, hf_dir)
+    model.eval()
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
+    router = model.decoder.layers[2].mlp.router
+    assert router.expert_bias.dtype == torch.float32 and router.expert_bias.abs().max() > 0
+    assert torch.equal(router.expert_bias, hf.model.layers[2].mlp.gate.e_score_correction_bias)
+    ids = torch.randint(0, spec.vocab_size, (2, 13), generator=torch.Generator().manual_seed(3))
+    position = torch.arange(13).expand(2, 13)
+    with torch.no_grad():
+        biased = model(ids, position, None)
+        for layer in model.decoder.layers[1:]:
+            layer.mlp.router.expert_bias.zero_()
+        plain = model(ids, position, None)
+    assert (biased - plain).abs().max() > 1e-3

@@ -1,5 +1,5 @@
-"""HF <-> Megatron conversion of Qwen3, Qwen3-MoE and Qwen2-MoE at several TP x PP x EP: bit for
-bit round trips, expert files, and the config checks."""
+"""HF <-> Megatron conversion of Qwen3, Qwen3-MoE, Qwen2-MoE and GLM-4.5 at several TP x PP x EP:
+bit for bit round trips, expert files, and the config checks."""
 
 import json
 
@@ -22,6 +22,7 @@ LAYOUTS = {  # (tp, pp, ep)
     "tiny-qwen3": [(1, 1, 1), (2, 2, 1)],
     "tiny-qwen3-moe": [(1, 1, 1), (1, 1, 2), (2, 1, 4), (2, 2, 2), (1, 2, 8)],
     "tiny-qwen2-moe": [(1, 1, 1), (2, 1, 2), (2, 2, 4)],
+    "tiny-glm4-moe": [(1, 1, 1), (2, 1, 2), (2, 2, 4), (1, 4, 8)],  # pp 4: the dense layer alone
 }
 CASES = [(name, layout) for name, layouts in LAYOUTS.items() for layout in layouts]
 

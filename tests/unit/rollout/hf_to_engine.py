@@ -1,4 +1,5 @@
-"""Tiny random HF Qwen3 / Qwen3-MoE / Qwen2-MoE models and their tensors under megatron's names.
+"""Tiny random HF Qwen3 / Qwen3-MoE / Qwen2-MoE / GLM-4.5 models and their tensors under
+megatron's names.
 
 `tiny_hf_model(name)` builds a `transformers` model (fp32, eager attention) with a moderate
 random init (weights ~0.15, norms ~1: decisive next-token and router distributions), and
@@ -36,6 +37,16 @@ TINY = {  # HF config kwargs; each its own shape quirk
         shared_expert_intermediate_size=64, norm_topk_prob=False, qkv_bias=True,
         tie_word_embeddings=False,
     ),
+    # layer 0 dense; a sigmoid router with a correction bias, scaled 2.5; an ungated shared
+    # expert; qkv bias, q/k norm; RoPE over 16 of 32 channels (4 layers: a dense one, 3 MoE)
+    "tiny-glm4-moe": dict(
+        model_type="glm4_moe", hidden_size=64, intermediate_size=96, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=32, n_routed_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32, n_shared_experts=1, routed_scaling_factor=2.5,
+        first_k_dense_replace=1, norm_topk_prob=True, use_qk_norm=True, attention_bias=True,
+        partial_rotary_factor=0.5, num_hidden_layers=4, num_nextn_predict_layers=0,
+        tie_word_embeddings=False,
+    ),
 }  # fmt: skip
 COMMON = dict(
     num_hidden_layers=2, vocab_size=256, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=512
@@ -56,6 +67,9 @@ def tiny_hf_model(name: str, seed: int = 0):
         for pname, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=gen)
             p.copy_(1 + 0.1 * noise if "norm" in pname else 0.15 * noise)
+        for bname, b in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):  # GLM's router bias: part of the weights
+                b.copy_(0.1 * torch.randn(b.shape, generator=gen))
     spec = spec_from_hf_config(config.to_dict(), name=name)  # rl3d's own reading of the config
     return spec, model, engine_tensors(spec, model)
 
@@ -82,18 +96,23 @@ def engine_tensors(spec: ModelSpec, model) -> dict[str, torch.Tensor]:
             out[m + P.K_NORM] = hf[att + "k_norm.weight"]
         out[m + "pre_mlp_layernorm.weight"] = hf[a + "post_attention_layernorm.weight"]
         mlp = a + "mlp."
-        if not spec.is_moe:
+        if not spec.is_moe_layer(i):
             out[m + "mlp.linear_fc1.weight"] = _fc1(hf, mlp)
             out[m + "mlp.linear_fc2.weight"] = hf[mlp + "down_proj.weight"]
             continue
         out[m + P.ROUTER] = hf[mlp + "gate.weight"]
+        if spec.moe_expert_bias:
+            out[m + P.EXPERT_BIAS] = hf[mlp + "gate.e_score_correction_bias"]
         for e in range(spec.num_experts):
             if mlp + "experts.gate_up_proj" in hf:  # fused in memory
                 fc1, fc2 = hf[mlp + "experts.gate_up_proj"][e], hf[mlp + "experts.down_proj"][e]
             else:
                 fc1, fc2 = _fc1(hf, f"{mlp}experts.{e}."), hf[f"{mlp}experts.{e}.down_proj.weight"]
             out[m + P.EXPERT_FC1.format(e=e)], out[m + P.EXPERT_FC2.format(e=e)] = fc1, fc2
-        if spec.shared_expert_ffn_hidden_size:
+        if spec.shared_expert_ffn_hidden_size and not spec.shared_expert_gate:  # GLM's naming
+            out[m + P.SHARED_FC1] = _fc1(hf, mlp + "shared_experts.")
+            out[m + P.SHARED_FC2] = hf[mlp + "shared_experts.down_proj.weight"]
+        elif spec.shared_expert_ffn_hidden_size:
             out[m + P.SHARED_FC1] = _fc1(hf, mlp + "shared_expert.")
             out[m + P.SHARED_FC2] = hf[mlp + "shared_expert.down_proj.weight"]
             out[m + P.SHARED_GATE] = hf[mlp + "shared_expert_gate.weight"]

@@ -1,5 +1,6 @@
-"""The torch engine on Qwen3 (q/k norm, head width != hidden / heads), Qwen3-MoE and Qwen2-MoE
-(shared expert), against HF transformers' own models of the same random weights (fp32, eager).
+"""The torch engine on Qwen3 (q/k norm, head width != hidden / heads), Qwen3-MoE, Qwen2-MoE
+(shared expert) and GLM-4.5 (dense first layer, sigmoid router with its correction bias, partial
+RoPE, QKV bias), against HF transformers' own models of the same random weights (fp32, eager).
 
 Sampled log-probs (prefill: the first token; decode with the KV cache: the rest) equal HF's
 log_softmax at the same tokens within 1e-5, and greedy tokens equal HF `generate`'s.
@@ -17,7 +18,7 @@ from rl3d.rollout.model import ShardedWeights
 from rl3d.rollout.moe import engine_param_names, topk_set_mismatch
 
 LOGPROB_TOL = 1e-5  # fp32
-MODELS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe"]
+MODELS = ["tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe"]
 
 
 @pytest.fixture(scope="module", params=MODELS)
@@ -52,20 +53,36 @@ def test_engine_needs_every_moe_parameter(tiny):
     names = engine_param_names(spec)
     assert sorted(names) == sorted(tensors)
     if spec.is_moe:
-        assert not any(n.endswith("mlp.linear_fc1.weight") and "experts" not in n for n in names)
+        dense = [n for n in names if n.endswith("mlp.linear_fc1.weight") and "experts" not in n]
+        assert dense == [
+            f"decoder.layers.{i}.mlp.linear_fc1.weight" for i in range(spec.moe_first_dense_layers)
+        ]
     for missing in [n for n in names if "layers.1." in n]:
         with pytest.raises(ValueError, match="lack"):
             ShardedWeights.from_tensors(spec, {n: t for n, t in tensors.items() if n != missing})
 
 
 def hf_routes(model, ids, k):
-    """HF's chosen experts per token and layer, [tokens, layers, k], from its router logits."""
+    """HF's chosen experts per token and layer, [tokens, layers, k], from its routers (a dense
+    layer's: zeros). A sigmoid router chooses by sigmoid + its correction bias, unsorted: sorted
+    by that score here."""
     with torch.no_grad():
         logits = model(torch.tensor([ids]), output_router_logits=True).router_logits
-    return torch.stack([torch.topk(lg.view(len(ids), -1), k, dim=-1).indices for lg in logits], 1)
+    layers, routers = model.model.layers, iter(logits)
+    out = []
+    for layer in layers:
+        gate = getattr(layer.mlp, "gate", None)
+        if not hasattr(gate, "top_k"):
+            out.append(torch.zeros(len(ids), k, dtype=torch.long))
+            continue
+        score = next(routers).view(len(ids), -1)
+        if hasattr(gate, "e_score_correction_bias"):
+            score = score.sigmoid() + gate.e_score_correction_bias
+        out.append(torch.topk(score, k, dim=-1).indices)
+    return torch.stack(out, 1)
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe"])
 def test_routing_record_equals_hf_router(name):
     """Every token of prompt + response, including a stopped row's last token, is recorded as
     HF's router routes it; recording changes no sampled token."""
@@ -112,7 +129,7 @@ def test_topk_set_mismatch_counts_decisions():
         topk_set_mismatch(a, b[:1])
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2-moe"])
+@pytest.mark.parametrize("name", ["tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe"])
 def test_training_tp_pieces_equal_whole_tensors(name):
     """Generation weights made of t=2 training shards (t_g=1: two pieces per parameter, each
     expert's SwiGLU included) give the whole tensors' tokens and routing, and are used in place."""

@@ -1,6 +1,6 @@
-"""The SGLang adapter's tensors for Qwen3-MoE and Qwen2-MoE: the HF checkpoint's names and values,
-and every name one that the pinned wheel's loader (qwen3_moe.py / qwen2_moe.py `load_weights`,
-read with `ast`, never imported) routes to a parameter of its model."""
+"""The SGLang adapter's tensors for Qwen3-MoE, Qwen2-MoE and GLM-4.5: the HF checkpoint's names
+and values, and every name one that the pinned wheel's loader (qwen3_moe.py / qwen2_moe.py /
+glm4_moe.py `load_weights`, read with `ast`, never imported) routes to a parameter of its model."""
 
 import ast
 
@@ -9,18 +9,29 @@ import torch
 from hf_to_engine import shard_kind, tiny_hf_model
 from sglang_wheel import wheel_or_skip
 
-from rl3d.models.params import K_NORM, Q_NORM, ROUTER, SHARED_FC1, SHARED_FC2, SHARED_GATE, megatron_params
+from rl3d.models.params import (
+    EXPERT_BIAS,
+    K_NORM,
+    Q_NORM,
+    ROUTER,
+    SHARED_FC1,
+    SHARED_FC2,
+    SHARED_GATE,
+    megatron_params,
+)
 from rl3d.ops.layouts import shard_for_tp
 from rl3d.rollout.sglang_weights import megatron_to_hf
 
-MODELS = {  # tiny model -> (SGLang model file, its MoE block, MLP and attention classes)
-    "tiny-qwen3-moe": ("qwen3_moe", "Qwen3MoeSparseMoeBlock", "Qwen3MoeAttention"),
-    "tiny-qwen2-moe": ("qwen2_moe", "Qwen2MoeSparseMoeBlock", "Qwen2MoeAttention"),
+MODELS = {  # tiny model -> (SGLang model file, its MoE block, attention, shared-expert MLP classes)
+    "tiny-qwen3-moe": ("qwen3_moe", "Qwen3MoeSparseMoeBlock", "Qwen3MoeAttention", "Qwen2MoeMLP"),
+    "tiny-qwen2-moe": ("qwen2_moe", "Qwen2MoeSparseMoeBlock", "Qwen2MoeAttention", "Qwen2MoeMLP"),
+    "tiny-glm4-moe": ("glm4_moe", "Glm4MoeSparseMoeBlock", "Glm4MoeAttention", "Glm4MoeMLP"),
 }
+SHARED_MLP_FILE = {"Qwen2MoeMLP": "qwen2_moe", "Glm4MoeMLP": "glm4_moe"}
 FUSED_MOE = "sglang/srt/layers/moe/fused_moe_triton/layer.py"
 
 
-MOE_AND_QK_NORM = (Q_NORM, K_NORM, ROUTER, SHARED_FC1, SHARED_FC2, SHARED_GATE)
+MOE_AND_QK_NORM = (Q_NORM, K_NORM, ROUTER, EXPERT_BIAS, SHARED_FC1, SHARED_FC2, SHARED_GATE)
 
 
 def adapter_state(name, tp=2):
@@ -42,7 +53,7 @@ def test_adapter_gives_the_hf_checkpoint_tensors(name):
     spec, model, state = adapter_state(name)
     hf = model.state_dict()
     fe = spec.moe_ffn_hidden_size
-    for i in range(spec.num_layers):
+    for i in range(spec.moe_first_dense_layers, spec.num_layers):
         p = f"model.layers.{i}.mlp."
         gate_up, down = hf.pop(p + "experts.gate_up_proj"), hf.pop(p + "experts.down_proj")
         for e in range(spec.num_experts):
@@ -91,7 +102,7 @@ def _load_weights(wheel, path: str) -> tuple[list, dict[str, str]]:
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_wheel_loader_routes_every_moe_name(wheel, name):
-    module, block, attention = MODELS[name]
+    module, block, attention, shared_cls = MODELS[name]
     path = f"sglang/srt/models/{module}.py"
     stacked, ckpt = _load_weights(wheel, path)
     # the loader's expert names: f"experts.{expert_id}.{weight_name}." for the three ckpt names,
@@ -115,7 +126,9 @@ def test_wheel_loader_routes_every_moe_name(wheel, name):
     spec = tiny_hf_model(name)[0]
     mlp_attrs = _self_attrs(wheel.class_node(path, block))
     attn_attrs = _self_attrs(wheel.class_node(path, attention))
-    shared_mlp = _self_attrs(wheel.class_node("sglang/srt/models/qwen2_moe.py", "Qwen2MoeMLP"))
+    shared_mlp = _self_attrs(
+        wheel.class_node(f"sglang/srt/models/{SHARED_MLP_FILE[shared_cls]}.py", shared_cls)
+    )
     stacked_from = {weight: param for param, weight, _ in stacked}
     routed = []
     extra = [p for p in megatron_params(spec) if p.name.endswith(MOE_AND_QK_NORM) or p.expert is not None]
@@ -127,8 +140,11 @@ def test_wheel_loader_routes_every_moe_name(wheel, name):
                 assert f"experts.{where[2]}.{where[3]}." in hf_name and where[3] in ckpt.values()
             elif where[0] == "self_attn":
                 assert where[1] in attn_attrs, hf_name
-            elif where[:2] == ["mlp", "shared_expert"]:
-                assert "shared_expert" in mlp_attrs and stacked_from.get(where[2], where[2]) in shared_mlp
+            elif where[:2] in (["mlp", "shared_expert"], ["mlp", "shared_experts"]):
+                assert where[1] in mlp_attrs and stacked_from.get(where[2], where[2]) in shared_mlp
+            elif hf_name.endswith("mlp.gate.e_score_correction_bias"):  # GLM's router bias
+                assert "gate" in mlp_attrs
+                assert "e_score_correction_bias" in _self_attrs(wheel.class_node(path, "Glm4MoeGate"))
             else:
                 assert where[0] == "mlp" and where[1] in mlp_attrs, hf_name  # the router: mlp.gate
             routed.append(hf_name)
