@@ -29,6 +29,7 @@ from rl3d.config.parallel import ParallelConfig
 from rl3d.config.policy_loss import PolicyLossParams, check_policy_loss
 from rl3d.config.reward_model import RewardModelConfig
 from rl3d.config.sglang import SGLangConfig
+from rl3d.config.slurm import SlurmConfig
 from rl3d.config.validation import ValidationFields
 from rl3d.config.warm_start import WarmStartConfig
 
@@ -436,19 +437,6 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         _non_negative(self, "save_every")
         _positive(self, "keep_last")
-
-
-@dataclass(frozen=True, kw_only=True)
-class SlurmConfig:
-    partition: str | None = None
-    account: str | None = None
-    time: str = "04:00:00"
-    gpus_per_node: int = 8
-    container_image: str | None = None
-    container_mounts: list[str] = field(default_factory=list)
-    modules: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    requeue: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
