@@ -1,4 +1,5 @@
-"""`launch.slurm`: how `rl3d submit` writes the sbatch script (`rl3d.launch.slurm`)."""
+"""`launch.slurm`: the cluster settings `rl3d slurm` writes into its sbatch script
+(`rl3d.launch.slurm_script`)."""
 
 from __future__ import annotations
 
