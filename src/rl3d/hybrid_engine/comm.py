@@ -31,7 +31,9 @@ class CommCounter:
     calls: int = 0
     # logical bytes received from each sender: with the nodes, the bytes each link carried
     recv_from: dict[int, int] = field(default_factory=dict)
-    messages: int = 0  # chunks received with bytes in them: one per sender and call
+    # messages received with bytes in them: one per sender and call (per tensor where a gather
+    # sends its tensors unpacked, `Resharder.send_unpacked`)
+    messages: int = 0
 
     def reset(self) -> None:
         self.recv_bytes = self.send_bytes = self.calls = self.messages = 0

@@ -23,7 +23,7 @@ class TransitionStats:
     # storage the transition allocated for the generation weights (the training tensors read
     # in place are not counted): 0 for an identity transition
     alloc_bytes: int = 0
-    messages: int = 0  # chunks received: one per sender and call that sent this rank bytes
+    messages: int = 0  # messages received with bytes in them (`CommCounter.messages`)
     # with `Resharder(time_phases=True)`: seconds per phase, summed over buckets (`PHASES`)
     phases: dict[str, float] = field(default_factory=dict)
     # the push to an engine that keeps its own copy as HF tensors (`engine_push`): 0 without one
