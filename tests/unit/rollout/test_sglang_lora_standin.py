@@ -3,9 +3,6 @@ the engine starts with LoRA enabled and sized, keeps the base it was pushed once
 `load_lora` unloads the previous adapter and loads the new one by tensors (no file); requests
 name the adapter, and `clear_lora` gives the base's outputs back."""
 
-import signal
-
-import pytest
 from sglang_standin import install
 from sglang_wheel import wheel_or_skip
 
@@ -20,13 +17,6 @@ from rl3d.testing.lora import megatron_from_hf, peft_adapter
 from rl3d.testing.tiny_hf import save_tiny_hf_model
 
 PROMPTS = [[3, 1, 4], [1, 5, 9, 2], [6, 5, 3, 5, 8]]
-
-
-@pytest.fixture
-def sigquit_restored():
-    previous = signal.getsignal(signal.SIGQUIT)
-    yield
-    signal.signal(signal.SIGQUIT, previous)
 
 
 def test_adapters_go_through_the_lora_api(tmp_path, monkeypatch, sigquit_restored):

@@ -4,47 +4,18 @@ and sized and with its weights' CPU backup; the first publish pushes the frozen 
 push), every later one only resumes it and loads the step's adapters, gathered whole under
 PEFT's names, through `load_lora_adapter_from_tensors`. Skipped, saying why, without the wheel."""
 
-import datetime
-import signal
 from pathlib import Path
 
-import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from sglang_standin import install
 from sglang_wheel import wheel_or_skip
 
 from rl3d.config import load_config
 from rl3d.single_controller.batch import DataBatch
-from rl3d.testing.spawn import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 TARGETS = ["q_proj", "v_proj", "down_proj"]
-
-
-@pytest.fixture(scope="module")
-def groups():
-    from rl3d.models.bootstrap import destroy_megatron, init_megatron
-    from rl3d.parallel.layout import ParallelLayout
-
-    owns_world = not dist.is_initialized()
-    if owns_world:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-            timeout=datetime.timedelta(seconds=60),
-        )  # fmt: skip
-    yield init_megatron(ParallelLayout(1, 1, 1), seed=1)
-    destroy_megatron()
-    if owns_world:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def sigquit_restored():
-    previous = signal.getsignal(signal.SIGQUIT)
-    yield
-    signal.signal(signal.SIGQUIT, previous)
 
 
 def test_the_base_once_then_adapters_into_sglang(groups, tmp_path, monkeypatch, sigquit_restored):

@@ -3,7 +3,6 @@ on CPU, against a stand-in SGLang whose behaviour follows the pinned wheel's sou
 (`sglang_standin`), started under torchrun's environment. Skipped, saying why, where the wheel
 cannot be downloaded."""
 
-import datetime
 import math
 import multiprocessing
 import os
@@ -12,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from safetensors.torch import load_file
 from sglang_standin import install, raw_logprob
 from sglang_wheel import wheel_or_skip
@@ -22,7 +20,6 @@ from rl3d.rollout import SamplingParams
 from rl3d.rollout.sglang_launch import SGLangSchedulerError
 from rl3d.rollout.sglang_weights import SGLANG_CHILD_ENV, TORCHRUN_VARS
 from rl3d.single_controller.batch import DataBatch
-from rl3d.testing.spawn import free_port
 
 ROOT = Path(__file__).resolve().parents[3]
 TORCHRUN_ENV = {
@@ -37,31 +34,6 @@ TORCHRUN_ENV = {
     "CUDA_DEVICE_MAX_CONNECTIONS": "1",  # what megatron asks for; SGLang writes 8
 }
 PROMPTS = [[3, 1, 4], [1, 5, 9, 2], [6, 5, 3, 5, 8]]
-
-
-@pytest.fixture(scope="module")
-def groups():
-    from rl3d.models.bootstrap import destroy_megatron, init_megatron
-    from rl3d.parallel.layout import ParallelLayout
-
-    owns_world = not dist.is_initialized()
-    if owns_world:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-            timeout=datetime.timedelta(seconds=60),
-        )  # fmt: skip
-    yield init_megatron(ParallelLayout(1, 1, 1), seed=1)
-    destroy_megatron()
-    if owns_world:
-        dist.destroy_process_group()
-
-
-@pytest.fixture
-def sigquit_restored():
-    """The launch leaves rl3d's SIGQUIT handler installed; the next tests get pytest's back."""
-    previous = signal.getsignal(signal.SIGQUIT)
-    yield
-    signal.signal(signal.SIGQUIT, previous)
 
 
 def _hf_state(path: Path) -> dict[str, torch.Tensor]:
