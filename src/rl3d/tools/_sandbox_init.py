@@ -9,7 +9,8 @@ run's own PID namespace, and the only writable place, a size-limited tmpfs at ``
 (``/tmp`` points there). Then it forks the worker, which sets the rlimits, drops to the
 unprivileged uid with no capabilities, turns on no-new-privs and the seccomp filter, and runs
 the code (`_sandbox_child`). The launcher waits for the worker and writes its wait status and
-CPU time to the status pipe; when it exits, the kernel kills whatever the code left in the
+own CPU time to the status pipe (every signal blocked: nothing the code sends ends it or
+decides what it reports); when it exits, the kernel kills whatever the code left in the
 namespace. Under ``isolation: process`` the file system steps are skipped.
 """
 
@@ -18,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
@@ -122,10 +124,14 @@ def main() -> int:
     except Exception as err:  # the parent raises this as an isolation failure, never runs the code
         status.write(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}))
         return 1
+    # Every signal stays blocked in the launcher: the code (the same uid in a user namespace)
+    # can send it SIGALRM, SIGINT or SIGCHLD, and none may end it or change what it reports.
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     worker = os.fork()
     if worker == 0:
         rc = 1
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
             status.close()
             rc = _worker(libc, code, settings)
         except SystemExit as err:
@@ -136,18 +142,43 @@ def main() -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(rc)
-    wall_killed = []
-    signal.signal(signal.SIGALRM, lambda *_: (wall_killed.append(1), os.kill(worker, signal.SIGKILL)))
-    signal.alarm(int(settings["wall_seconds"]) + 2)  # a second clock should the caller be gone
-    while True:
-        pid, wait_status, usage = os.wait4(-1, 0)  # also reaps what the code orphaned
-        if pid == worker:
-            break
-    cpu = usage.ru_utime + usage.ru_stime
-    status.write(
-        json.dumps({"wait_status": wait_status, "cpu_seconds": cpu, "wall_killed": bool(wall_killed)})
-    )
+    status.write(json.dumps(wait_for(worker, settings["wall_seconds"] + 2)))
     return 0
+
+
+def wait_for(worker: int, wall_seconds: float) -> dict:
+    """Wait for the worker, reaping what the code orphaned, until it exits or `wall_seconds`
+    pass on this process's own monotonic clock (a second clock should the caller be gone); its
+    wait status and CPU time, measured here: nothing the code sends decides them."""
+    deadline, wall_killed = time.monotonic() + wall_seconds, False
+    while True:
+        if not wall_killed and time.monotonic() >= deadline:
+            os.kill(worker, signal.SIGKILL)
+            wall_killed = True
+        exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if exited is not None and exited.si_pid == worker:
+            cpu = _own_cpu_seconds(worker)  # read while it is a zombie, before it is reaped
+            _, wait_status, usage = os.wait4(worker, 0)
+            break
+        if exited is not None:  # an orphan re-parented to this process
+            os.waitpid(exited.si_pid, 0)
+            continue
+        # SIGCHLD is blocked: it stays pending and ends this wait (or the code sent it: loop again)
+        signal.sigtimedwait({signal.SIGCHLD}, max(deadline - time.monotonic(), 0.01))
+    return {
+        "wait_status": wait_status,
+        "cpu_seconds": cpu if cpu is not None else usage.ru_utime + usage.ru_stime,
+        "wall_killed": wall_killed,
+    }
+
+
+def _own_cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time, all its threads, without its children's (what RLIMIT_CPU counts)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 if __name__ == "__main__":

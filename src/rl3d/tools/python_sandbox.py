@@ -71,7 +71,7 @@ class SandboxRun:
     returncode: int | None
     wall_timed_out: bool
     pid: int
-    cpu_seconds: float | None = None  # the code's CPU time (its process and the children it waited for)
+    cpu_seconds: float | None = None  # the code's process's own CPU time, as the launcher measured it
     oom_killed: bool = False
 
 
@@ -240,7 +240,10 @@ def _clip(text: str, limit: int, *, head: bool) -> str:
 
 
 def to_result(run: SandboxRun, config: SandboxConfig) -> ToolResult:
-    """The observation of a run; a kill is named by what caused it, as far as the kernel tells."""
+    """The observation of a run; a kill is named by what caused it, as far as the kernel tells.
+    A limit is reported only when the launcher's measurement shows it reached (a CPU time at the
+    limit, its own clock, the cgroup's OOM count), never from the signal alone: the code can send
+    itself SIGXCPU."""
     code = run.returncode
     if run.wall_timed_out:
         return ToolResult(
@@ -248,7 +251,7 @@ def to_result(run: SandboxRun, config: SandboxConfig) -> ToolResult:
         )
     cpu_limit = max(1, math.ceil(config.cpu_seconds))
     cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.05
-    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_reached):
+    if cpu_reached and code in (-signal.SIGXCPU, -signal.SIGKILL):
         return ToolResult(
             run.stdout, error=f"CPU time limit of {config.cpu_seconds:g}s exceeded", timed_out=True
         )

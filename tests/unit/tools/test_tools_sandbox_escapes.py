@@ -226,6 +226,37 @@ def test_a_kill_is_reported_as_what_it_was():
     assert result.error == "CPU time limit of 1s exceeded" and result.timed_out
 
 
+def test_a_signal_the_code_sends_itself_is_not_a_limit():
+    """SIGXCPU is what the CPU limit sends, but the code can send it too: a CPU timeout is
+    reported only when the launcher measured the CPU time at the limit."""
+    _, result = run("import os, signal\nprint('x', flush=True)\nos.kill(os.getpid(), signal.SIGXCPU)")
+    assert result.error == "killed by signal 24" and not result.timed_out and result.text == "x\n"
+    # a child that burnt CPU (its own limit apiece) does not count towards the parent's
+    burn = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'while 1: pass'])\n"
+    _, result = run(burn + "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", cpu_seconds=1)
+    assert result.error == "killed by signal 24" and not result.timed_out
+
+
+SIGNAL_LAUNCHER = """
+import os, signal, time
+print('before', os.getppid(), flush=True)
+launchers = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]
+for pid in sorted(set(launchers + [os.getppid()])):  # the parent, and whatever /proc shows
+    os.kill(pid, signal.{name})
+time.sleep(0.5)
+print('after')
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT", "SIGTERM", "SIGCHLD"])
+def test_signals_sent_to_the_launcher_change_nothing(name):
+    """With `user: null` the code is the launcher's uid (as in a user namespace, where it is
+    root of the namespace like the launcher) and may signal it; the launcher blocks them all."""
+    raw, result = run(SIGNAL_LAUNCHER.format(name=name), user=None)
+    assert result.ok and result.text == "before 1\nafter\n", result
+    assert not result.timed_out and not raw.wall_timed_out
+
+
 def test_ordinary_file_and_process_code_works():
     code = (
         "import os, subprocess, sys\n"
@@ -276,6 +307,45 @@ def test_an_unprivileged_trainer_gets_the_boundary_through_a_user_namespace():
     listing, status = rest.split("]", 1)
     assert uid == "0" and "work" not in listing and "sandbox" in listing  # root of its own namespace only
     assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status and "CapEff:\t0000000000000000" in status
+
+
+UNPRIVILEGED_RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from rl3d.tools.python_sandbox import SandboxConfig, isolation_problem, run_python, to_result
+config = SandboxConfig(wall_seconds=20)
+problem = isolation_problem(config)
+try:
+    result = None if problem else to_result(run_python(sys.argv[2], config), config).__dict__
+except RuntimeError as err:
+    result = {"raised": str(err)}
+print(json.dumps({"problem": problem, "result": result}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop")
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT"])
+def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name):
+    """An unprivileged trainer's run is root of its user namespace, as its launcher is: the code
+    may signal the launcher, which reports neither a wall-clock timeout nor a failure for it."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    src = Path(__file__).resolve().parents[3] / "src"
+    if python is None:
+        pytest.skip("no system python3 that uid nobody can run")
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    code = SIGNAL_LAUNCHER.format(name=name)
+    proc = subprocess.run(
+        [*drop, python, "-c", UNPRIVILEGED_RUN, str(src), code],
+        env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"the source tree cannot be imported as uid nobody here: {proc.stderr[-300:]}")
+    report = json.loads(proc.stdout.splitlines()[-1])
+    if report["problem"]:
+        pytest.skip(f"no unprivileged user namespaces here: {report['problem']}")
+    result = report["result"]
+    assert result.get("text") == "before 1\nafter\n" and result.get("error") is None, result
+    assert not result["timed_out"]
 
 
 SYSCALLS = """
