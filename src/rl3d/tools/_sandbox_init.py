@@ -1,17 +1,18 @@
 """The sandbox's launcher, run as a script by ``python -I -S -B`` (stdlib only).
 
 Under ``isolation: kernel`` it starts as root (real, or of a fresh user namespace) and as PID 1
-of the run's own PID, mount, network, IPC and UTS namespaces (`unshare` made them). It reads
-its settings (one JSON line) and then the code from stdin, moves itself into the run's cgroup,
+of the run's own PID, mount, network, IPC and UTS namespaces (`unshare` made them). It reads its
+settings (one JSON line) and then the code from stdin, moves itself into the run's cgroup,
 builds the run's file system and pivots into it: a read-only tmpfs root holding read-only binds
-of the system directories and the Python installation, a minimal ``/dev``, a ``/proc`` of the
-run's own PID namespace, and the only writable place, a size-limited tmpfs at ``/sandbox``
-(``/tmp`` points there). Then it forks the worker, which sets the rlimits, drops to the
-unprivileged uid with no capabilities, turns on no-new-privs and the seccomp filter, and runs
-the code (`_sandbox_child`). The launcher waits for the worker and writes its wait status and
-own CPU time to the status pipe (every signal blocked: nothing the code sends ends it or
-decides what it reports); when it exits, the kernel kills whatever the code left in the
-namespace. Under ``isolation: process`` the file system steps are skipped.
+of the system directories and the Python installation, a minimal ``/dev`` (with a devpts of its
+own for ``pty``), a ``/proc`` of the run's own PID namespace, and the only writable place, a
+size-limited tmpfs seen at ``/sandbox`` (``/tmp`` points there) and at ``/dev/shm``. Then it
+forks the worker, which sets the rlimits, drops to the unprivileged uid with no capabilities,
+turns on no-new-privs and the seccomp filter, and runs the code (`_sandbox_child`). The launcher
+waits for the worker and writes its wait status and own CPU time to the status pipe (every
+signal blocked: nothing the code sends ends it or decides what it reports); when it exits, the
+kernel kills whatever the code left in the namespace. Under ``isolation: process`` the file
+system steps are skipped.
 """
 
 import ctypes
@@ -31,6 +32,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
+PTYS = 16  # terminals a run may open (its own devpts); each also counts in the host's kernel.pty.max
 
 
 class _Mounter:
@@ -71,17 +73,22 @@ def build_root(libc, settings: dict) -> None:
     for name, target in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")]:  # fmt: skip
         os.symlink(target, f"{root}/dev/{name}")
+    # pty: a devpts of this run's own (newinstance) holding at most PTYS terminals
+    os.mkdir(root + "/dev/pts")
+    mount(
+        "devpts",
+        root + "/dev/pts",
+        "devpts",
+        MS_NOSUID | MS_NOEXEC,
+        f"newinstance,ptmxmode=0666,mode=0600,max={PTYS}",
+    )
+    os.symlink("pts/ptmx", root + "/dev/ptmx")
+    os.mkdir(root + "/dev/shm")
     mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     os.mkdir(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    scratch = settings["scratch"]
-    os.mkdir(root + scratch)
-    owner = settings["drop_to"] if settings["drop_to"] is not None else os.getuid()
-    options = (
-        f"size={settings['disk_mb']}m,nr_inodes={settings['max_files']},mode=0700,uid={owner},gid={owner}"
-    )
-    mount("rl3d-scratch", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, options)
-    os.symlink(scratch, root + "/tmp")
+    _scratch(mount, libc, root, settings)
+    os.symlink(settings["scratch"], root + "/tmp")
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
     if libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".") != 0:
@@ -89,6 +96,28 @@ def build_root(libc, settings: dict) -> None:
     if libc.umount2(b".", MNT_DETACH) != 0:
         raise OSError(ctypes.get_errno(), "unmounting the old root")
     os.chdir("/")
+
+
+def _scratch(mount: _Mounter, libc, root: str, settings: dict) -> None:
+    """One tmpfs of ``disk_mb`` and ``max_files``, seen at the scratch and at ``/dev/shm`` (POSIX
+    semaphores and shared memory: multiprocessing): one budget for both, which the cgroup's
+    memory limit counts once."""
+    store = root + "/.rl3d-store"
+    os.mkdir(store)
+    owner = settings["drop_to"] if settings["drop_to"] is not None else os.getuid()
+    size, files = settings["disk_mb"], settings["max_files"]
+    options = f"size={size}m,nr_inodes={files},mode=0700,uid={owner},gid={owner}"
+    mount("rl3d-scratch", store, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for name, target, mode in (("scratch", settings["scratch"], 0o700), ("shm", "/dev/shm", 0o1777)):
+        os.mkdir(f"{store}/{name}")
+        os.chown(f"{store}/{name}", owner, owner)
+        os.chmod(f"{store}/{name}", mode)
+        if not os.path.isdir(root + target):
+            os.mkdir(root + target)
+        mount(f"{store}/{name}", root + target, None, MS_BIND)  # keeps nosuid, nodev
+    if libc.umount2(store.encode(), MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), "unmounting the scratch's store")
+    os.rmdir(store)
 
 
 def _worker(libc, code: str, settings: dict) -> int:

@@ -4,9 +4,10 @@
 `_sandbox_init`:
 - its own PID namespace: the call's processes die with it, and ``/proc`` shows only them;
 - its own mount namespace: a read-only view of the system directories and the Python
-  installation, a minimal ``/dev``, and one writable place, a tmpfs of ``disk_mb`` at
-  ``/sandbox`` (the cwd; ``/tmp`` points there). No host ``/tmp``, ``/run``, ``/dev/shm``,
-  home or project directory is visible, and the scratch vanishes with the namespace;
+  installation, a minimal ``/dev`` (a devpts of its own for ``pty``), and one writable
+  place, a tmpfs of ``disk_mb`` at ``/sandbox`` (the cwd; ``/tmp`` points there) and at
+  ``/dev/shm``. No host ``/tmp``, ``/run``, ``/dev/shm``, home or project directory is
+  visible, and the scratch vanishes with the namespace;
 - its own network (loopback down: nothing reachable), IPC and UTS namespaces;
 - a per-run cgroup when the machine has one to give (``cgroup: auto``; ``required`` refuses to
   run without it): ``max_processes``, ``memory_mb`` (+ the scratch) and ``cpus`` for everything
