@@ -12,8 +12,10 @@
 - a per-run cgroup when the machine has one to give (``cgroup: auto``; ``required`` refuses to
   run without it): ``max_processes``, ``memory_mb`` (+ the scratch) and ``cpus`` for everything
   the call starts, killed at the end;
-- an unprivileged uid (``user``, 65534 = nobody; root of a user namespace when the trainer is
-  not root) with no capabilities, no-new-privs, and a seccomp filter (`_sandbox_seccomp`);
+- an unprivileged uid (``user``, 65534 = nobody, for a lone run; concurrent runs lease distinct
+  uids below it, ``user_pool`` of them, `_sandbox_uids`; root of a user namespace when the
+  trainer is not root) with no capabilities, no-new-privs, and a seccomp filter
+  (`_sandbox_seccomp`);
 - rlimits per process: CPU seconds, address space, file size, ``open_files``;
 - its settings and code on stdin, never on a command line another process could read.
 
@@ -42,6 +44,7 @@ from typing import Any
 
 from rl3d.tools._sandbox_cgroup import RunCgroup, missing_controllers
 from rl3d.tools._sandbox_seccomp import supported as seccomp_problem
+from rl3d.tools._sandbox_uids import lease as uid_lease
 from rl3d.tools.base import Tool, ToolResult, register_tool
 from rl3d.tools.sandbox_io import communicate
 from rl3d.tools.sandbox_setup import (
@@ -79,12 +82,16 @@ class SandboxRun:
 def run_python(code: str, config: SandboxConfig) -> SandboxRun:
     """Run `code` in a fresh confined child; see the module docstring. Raises RuntimeError when
     the isolation cannot be set up (the code did not run)."""
+    with uid_lease(drop_to(config), config.user_pool) as uid:  # a uid no concurrent run has
+        return _run_as(uid, code, config)
+
+
+def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
     kernel = config.isolation == "kernel"
     scratch = SCRATCH if kernel else tempfile.mkdtemp(prefix="rl3d-sandbox-")
     group = None
     status_r, status_w = os.pipe()
     try:
-        uid = drop_to(config)
         if not kernel and uid is not None:
             os.chown(scratch, uid, uid)  # the code may write its scratch dir, nothing of root's
         if cgroup_usable(config):

@@ -296,6 +296,8 @@ def test_bad_settings_refused_naming_the_key():
         ({"cgroup": "maybe"}, "cgroup"),
         ({"open_files": 4}, "open_files"),
         ({"disk_mb": 0}, "disk_mb"),
+        ({"user_pool": 0}, "user_pool"),
+        ({"user": 10, "user_pool": 11}, "user_pool"),  # would reach uid 0
     ]:
         with pytest.raises(ValueError, match=f"tools.python.{key}"):
             SandboxConfig(**options)

@@ -176,6 +176,38 @@ def test_several_runs_at_once_are_apart():
         assert files.count("mine-") == 1 and pids == "1, 2]\n"  # its own file, its own processes
 
 
+HOLD_INOTIFY = """
+import subprocess, sys
+holder = (
+    "import ctypes, time\\nlibc = ctypes.CDLL(None)\\nn = 0\\n"
+    "while libc.inotify_init1(0) >= 0:\\n    n += 1\\nprint(n, flush=True)\\ntime.sleep(4)"
+)
+for p in [subprocess.Popen([sys.executable, '-c', holder]) for _ in range(3)]:
+    p.wait()
+"""
+TAKE_INOTIFY = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(os.getuid(), libc.inotify_init1(0) >= 0, os.strerror(ctypes.get_errno()))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs drop to a uid of their own only under root")
+def test_concurrent_runs_have_per_uid_kernel_quotas_of_their_own():
+    """Inotify instances are counted per uid (fs.inotify.max_user_instances, 128 by default):
+    one run holding them all must leave a concurrent run its own."""
+    with ThreadPoolExecutor(2) as pool:
+        hog = pool.submit(run, HOLD_INOTIFY)
+        time.sleep(2)
+        raw, result = run(TAKE_INOTIFY)
+        hog_raw, _ = hog.result()
+    held = sum(int(n) for n in hog_raw.stdout.split())
+    assert held >= min(128, int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())), hog_raw
+    uid, took, why = raw.stdout.split(" ", 2)
+    assert result.ok and took == "True", raw.stdout  # before: "False Too many open files"
+    assert int(uid) != 65534  # the lone run's uid was taken: a second uid of the pool
+
+
 def test_memfd_and_disk_are_bounded():
     _, result = run("import os\nos.memfd_create('pin')")
     assert "PermissionError" in result.error
