@@ -281,7 +281,7 @@ print('after')
 """
 
 
-@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT", "SIGTERM", "SIGCHLD"])
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGSTOP", "SIGKILL"])
 def test_signals_sent_to_the_launcher_change_nothing(name):
     """With `user: null` the code is the launcher's uid (as in a user namespace, where it is
     root of the namespace like the launcher) and may signal it; the launcher blocks them all."""
