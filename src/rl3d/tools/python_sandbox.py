@@ -258,7 +258,8 @@ def to_result(run: SandboxRun, config: SandboxConfig) -> ToolResult:
             run.stdout, error=f"timed out after {config.wall_seconds:g}s (wall clock)", timed_out=True
         )
     cpu_limit = max(1, math.ceil(config.cpu_seconds))
-    cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.05
+    # /proc counts CPU time in clock ticks (10 ms); the limit fires on the exact figure
+    cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.1
     if cpu_reached and code in (-signal.SIGXCPU, -signal.SIGKILL):
         return ToolResult(
             run.stdout, error=f"CPU time limit of {config.cpu_seconds:g}s exceeded", timed_out=True

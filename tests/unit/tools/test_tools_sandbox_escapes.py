@@ -356,17 +356,13 @@ print(json.dumps({"problem": problem, "result": result}))
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop")
-@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT"])
-def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name):
-    """An unprivileged trainer's run is root of its user namespace, as its launcher is: the code
-    may signal the launcher, which reports neither a wall-clock timeout nor a failure for it."""
+def _as_unprivileged_trainer(code: str) -> dict:
+    """`code`'s result when a trainer of uid nobody runs it (through a user namespace)."""
     python = shutil.which("python3", path="/usr/bin:/bin")
     src = Path(__file__).resolve().parents[3] / "src"
-    if python is None:
-        pytest.skip("no system python3 that uid nobody can run")
+    if os.geteuid() != 0 or not shutil.which("setpriv") or python is None:
+        pytest.skip("needs root, setpriv and a system python3 to run as uid nobody")
     drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    code = SIGNAL_LAUNCHER.format(name=name)
     proc = subprocess.run(
         [*drop, python, "-c", UNPRIVILEGED_RUN, str(src), code],
         env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=120,
@@ -376,9 +372,29 @@ def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name):
     report = json.loads(proc.stdout.splitlines()[-1])
     if report["problem"]:
         pytest.skip(f"no unprivileged user namespaces here: {report['problem']}")
-    result = report["result"]
+    return report["result"]
+
+
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT"])
+def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name):
+    """An unprivileged trainer's run is root of its user namespace, as its launcher is: the code
+    may signal the launcher, which reports neither a wall-clock timeout nor a failure for it."""
+    result = _as_unprivileged_trainer(SIGNAL_LAUNCHER.format(name=name))
     assert result.get("text") == "before 1\nafter\n" and result.get("error") is None, result
     assert not result["timed_out"]
+
+
+def test_asyncio_pool_and_pty_work_for_an_unprivileged_trainer():
+    """The private /dev/shm and devpts are made inside a user namespace too."""
+    code = (
+        "import asyncio, multiprocessing, os, pty\n"
+        "async def seven():\n    return 7\n"
+        "print(asyncio.run(seven()))\n"
+        "with multiprocessing.Pool(2) as pool:\n    print(pool.map(abs, [-1, 2]))\n"
+        "parent, child = pty.openpty()\nos.write(child, b'x\\n')\nprint(os.read(parent, 9))\n"
+    )
+    result = _as_unprivileged_trainer(code)
+    assert result.get("text") == "7\n[1, 2]\nb'x\\r\\n'\n" and result.get("error") is None, result
 
 
 SYSCALLS = """
