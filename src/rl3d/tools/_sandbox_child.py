@@ -3,7 +3,8 @@ an audit hook, and running the code.
 
 The audit hook (`sys.addaudithook`) is a fast, readable error for honest code, never the
 boundary: code can switch it off from inside. Under ``isolation: kernel`` it only names
-network use (which the empty network namespace refuses anyway, less readably); under
+network use (which the empty network namespace refuses anyway, less readably; unix sockets are
+no network use); under
 ``isolation: process``, where nothing else stands, it also refuses writes outside the scratch
 directory, starting or signalling processes and ctypes.
 """
@@ -30,6 +31,7 @@ _REFUSED_EVENTS = {
     "ctypes.dlsym": "ctypes",
 }
 _REFUSED_IMPORTS = {"ctypes", "_ctypes", "_posixsubprocess"}
+AF_UNIX = 1
 _NETWORK_EVENTS = {"socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "socket.sendto"}
 # event -> positions of path arguments that the event would create or change
 _PATH_EVENTS = {
@@ -76,8 +78,15 @@ def _make_hook(scratch: str, block_network: bool, strict: bool):
             return False
         return real == scratch or real.startswith(scratch + sep)
 
+    def unix_socket(event: str, args: tuple) -> bool:
+        """A unix socket is no network: creating one (asyncio's socketpair) is fine; binding or
+        connecting one too under kernel isolation, whose mount namespace holds no host socket."""
+        if event == "socket.__new__":
+            return args[1] == AF_UNIX
+        return not strict and event != "socket.getaddrinfo" and getattr(args[0], "family", None) == AF_UNIX
+
     def hook(event: str, args: tuple) -> None:
-        if block_network and event in _NETWORK_EVENTS:
+        if block_network and event in _NETWORK_EVENTS and not unix_socket(event, args):
             raise PermissionError(f"sandbox: network access is not allowed ({event})")
         if not strict:
             return

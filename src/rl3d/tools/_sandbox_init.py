@@ -1,16 +1,18 @@
 """The sandbox's launcher, run as a script by ``python -I -S -B`` (stdlib only).
 
 Under ``isolation: kernel`` it starts as root (real, or of a fresh user namespace) and as PID 1
-of the run's own PID, mount, network, IPC and UTS namespaces (`unshare` made them). It reads
-its settings (one JSON line) and then the code from stdin, moves itself into the run's cgroup,
+of the run's own PID, mount, network, IPC and UTS namespaces (`unshare` made them). It reads its
+settings (one JSON line) and then the code from stdin, moves itself into the run's cgroup,
 builds the run's file system and pivots into it: a read-only tmpfs root holding read-only binds
-of the system directories and the Python installation, a minimal ``/dev``, a ``/proc`` of the
-run's own PID namespace, and the only writable place, a size-limited tmpfs at ``/sandbox``
-(``/tmp`` points there). Then it forks the worker, which sets the rlimits, drops to the
-unprivileged uid with no capabilities, turns on no-new-privs and the seccomp filter, and runs
-the code (`_sandbox_child`). The launcher waits for the worker and writes its wait status and
-CPU time to the status pipe; when it exits, the kernel kills whatever the code left in the
-namespace. Under ``isolation: process`` the file system steps are skipped.
+of the system directories and the Python installation, a minimal ``/dev`` (with a devpts of its
+own for ``pty``), a ``/proc`` of the run's own PID namespace, and the only writable place, a
+size-limited tmpfs seen at ``/sandbox`` (``/tmp`` points there) and at ``/dev/shm``. Then it
+forks the worker, which sets the rlimits, drops to the unprivileged uid with no capabilities,
+turns on no-new-privs and the seccomp filter, and runs the code (`_sandbox_child`). The launcher
+waits for the worker and writes its wait status and own CPU time to the status pipe (every
+signal blocked: nothing the code sends ends it or decides what it reports); when it exits, the
+kernel kills whatever the code left in the namespace. Under ``isolation: process`` the file
+system steps are skipped.
 """
 
 import ctypes
@@ -18,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # -I leaves the script's directory out
@@ -29,6 +32,7 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 DEVICES = ("null", "zero", "full", "random", "urandom")
+PTYS = 16  # terminals a run may open (its own devpts); each also counts in the host's kernel.pty.max
 
 
 class _Mounter:
@@ -69,17 +73,22 @@ def build_root(libc, settings: dict) -> None:
     for name, target in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
                          ("stderr", "/proc/self/fd/2")]:  # fmt: skip
         os.symlink(target, f"{root}/dev/{name}")
+    # pty: a devpts of this run's own (newinstance) holding at most PTYS terminals
+    os.mkdir(root + "/dev/pts")
+    mount(
+        "devpts",
+        root + "/dev/pts",
+        "devpts",
+        MS_NOSUID | MS_NOEXEC,
+        f"newinstance,ptmxmode=0666,mode=0600,max={PTYS}",
+    )
+    os.symlink("pts/ptmx", root + "/dev/ptmx")
+    os.mkdir(root + "/dev/shm")
     mount(None, root + "/dev", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
     os.mkdir(root + "/proc")
     mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    scratch = settings["scratch"]
-    os.mkdir(root + scratch)
-    owner = settings["drop_to"] if settings["drop_to"] is not None else os.getuid()
-    options = (
-        f"size={settings['disk_mb']}m,nr_inodes={settings['max_files']},mode=0700,uid={owner},gid={owner}"
-    )
-    mount("rl3d-scratch", root + scratch, "tmpfs", MS_NOSUID | MS_NODEV, options)
-    os.symlink(scratch, root + "/tmp")
+    _scratch(mount, libc, root, settings)
+    os.symlink(settings["scratch"], root + "/tmp")
     mount(None, root, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(root)
     if libc.syscall(SYS_PIVOT_ROOT[os.uname().machine], b".", b".") != 0:
@@ -87,6 +96,28 @@ def build_root(libc, settings: dict) -> None:
     if libc.umount2(b".", MNT_DETACH) != 0:
         raise OSError(ctypes.get_errno(), "unmounting the old root")
     os.chdir("/")
+
+
+def _scratch(mount: _Mounter, libc, root: str, settings: dict) -> None:
+    """One tmpfs of ``disk_mb`` and ``max_files``, seen at the scratch and at ``/dev/shm`` (POSIX
+    semaphores and shared memory: multiprocessing): one budget for both, which the cgroup's
+    memory limit counts once."""
+    store = root + "/.rl3d-store"
+    os.mkdir(store)
+    owner = settings["drop_to"] if settings["drop_to"] is not None else os.getuid()
+    size, files = settings["disk_mb"], settings["max_files"]
+    options = f"size={size}m,nr_inodes={files},mode=0700,uid={owner},gid={owner}"
+    mount("rl3d-scratch", store, "tmpfs", MS_NOSUID | MS_NODEV, options)
+    for name, target, mode in (("scratch", settings["scratch"], 0o700), ("shm", "/dev/shm", 0o1777)):
+        os.mkdir(f"{store}/{name}")
+        os.chown(f"{store}/{name}", owner, owner)
+        os.chmod(f"{store}/{name}", mode)
+        if not os.path.isdir(root + target):
+            os.mkdir(root + target)
+        mount(f"{store}/{name}", root + target, None, MS_BIND)  # keeps nosuid, nodev
+    if libc.umount2(store.encode(), MNT_DETACH) != 0:
+        raise OSError(ctypes.get_errno(), "unmounting the scratch's store")
+    os.rmdir(store)
 
 
 def _worker(libc, code: str, settings: dict) -> int:
@@ -122,10 +153,14 @@ def main() -> int:
     except Exception as err:  # the parent raises this as an isolation failure, never runs the code
         status.write(json.dumps({"setup_error": f"{type(err).__name__}: {err}"}))
         return 1
+    # Every signal stays blocked in the launcher: the code (the same uid in a user namespace)
+    # can send it SIGALRM, SIGINT or SIGCHLD, and none may end it or change what it reports.
+    signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
     worker = os.fork()
     if worker == 0:
         rc = 1
         try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, set())
             status.close()
             rc = _worker(libc, code, settings)
         except SystemExit as err:
@@ -136,18 +171,43 @@ def main() -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(rc)
-    wall_killed = []
-    signal.signal(signal.SIGALRM, lambda *_: (wall_killed.append(1), os.kill(worker, signal.SIGKILL)))
-    signal.alarm(int(settings["wall_seconds"]) + 2)  # a second clock should the caller be gone
-    while True:
-        pid, wait_status, usage = os.wait4(-1, 0)  # also reaps what the code orphaned
-        if pid == worker:
-            break
-    cpu = usage.ru_utime + usage.ru_stime
-    status.write(
-        json.dumps({"wait_status": wait_status, "cpu_seconds": cpu, "wall_killed": bool(wall_killed)})
-    )
+    status.write(json.dumps(wait_for(worker, settings["wall_seconds"] + 2)))
     return 0
+
+
+def wait_for(worker: int, wall_seconds: float) -> dict:
+    """Wait for the worker, reaping what the code orphaned, until it exits or `wall_seconds`
+    pass on this process's own monotonic clock (a second clock should the caller be gone); its
+    wait status and CPU time, measured here: nothing the code sends decides them."""
+    deadline, wall_killed = time.monotonic() + wall_seconds, False
+    while True:
+        if not wall_killed and time.monotonic() >= deadline:
+            os.kill(worker, signal.SIGKILL)
+            wall_killed = True
+        exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        if exited is not None and exited.si_pid == worker:
+            cpu = _own_cpu_seconds(worker)  # read while it is a zombie, before it is reaped
+            _, wait_status, usage = os.wait4(worker, 0)
+            break
+        if exited is not None:  # an orphan re-parented to this process
+            os.waitpid(exited.si_pid, 0)
+            continue
+        # SIGCHLD is blocked: it stays pending and ends this wait (or the code sent it: loop again)
+        signal.sigtimedwait({signal.SIGCHLD}, max(deadline - time.monotonic(), 0.01))
+    return {
+        "wait_status": wait_status,
+        "cpu_seconds": cpu if cpu is not None else usage.ru_utime + usage.ru_stime,
+        "wall_killed": wall_killed,
+    }
+
+
+def _own_cpu_seconds(pid: int) -> float | None:
+    """The process's CPU time, all its threads, without its children's (what RLIMIT_CPU counts)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 if __name__ == "__main__":

@@ -4,15 +4,18 @@
 `_sandbox_init`:
 - its own PID namespace: the call's processes die with it, and ``/proc`` shows only them;
 - its own mount namespace: a read-only view of the system directories and the Python
-  installation, a minimal ``/dev``, and one writable place, a tmpfs of ``disk_mb`` at
-  ``/sandbox`` (the cwd; ``/tmp`` points there). No host ``/tmp``, ``/run``, ``/dev/shm``,
-  home or project directory is visible, and the scratch vanishes with the namespace;
+  installation, a minimal ``/dev`` (a devpts of its own for ``pty``), and one writable
+  place, a tmpfs of ``disk_mb`` at ``/sandbox`` (the cwd; ``/tmp`` points there) and at
+  ``/dev/shm``. No host ``/tmp``, ``/run``, ``/dev/shm``, home or project directory is
+  visible, and the scratch vanishes with the namespace;
 - its own network (loopback down: nothing reachable), IPC and UTS namespaces;
 - a per-run cgroup when the machine has one to give (``cgroup: auto``; ``required`` refuses to
   run without it): ``max_processes``, ``memory_mb`` (+ the scratch) and ``cpus`` for everything
   the call starts, killed at the end;
-- an unprivileged uid (``user``, 65534 = nobody; root of a user namespace when the trainer is
-  not root) with no capabilities, no-new-privs, and a seccomp filter (`_sandbox_seccomp`);
+- an unprivileged uid (``user``, 65534 = nobody, for a lone run; concurrent runs lease distinct
+  uids below it, ``user_pool`` of them, `_sandbox_uids`; root of a user namespace when the
+  trainer is not root) with no capabilities, no-new-privs, and a seccomp filter
+  (`_sandbox_seccomp`);
 - rlimits per process: CPU seconds, address space, file size, ``open_files``;
 - its settings and code on stdin, never on a command line another process could read.
 
@@ -41,6 +44,7 @@ from typing import Any
 
 from rl3d.tools._sandbox_cgroup import RunCgroup, missing_controllers
 from rl3d.tools._sandbox_seccomp import supported as seccomp_problem
+from rl3d.tools._sandbox_uids import lease as uid_lease
 from rl3d.tools.base import Tool, ToolResult, register_tool
 from rl3d.tools.sandbox_io import communicate
 from rl3d.tools.sandbox_setup import (
@@ -71,19 +75,23 @@ class SandboxRun:
     returncode: int | None
     wall_timed_out: bool
     pid: int
-    cpu_seconds: float | None = None  # the code's CPU time (its process and the children it waited for)
+    cpu_seconds: float | None = None  # the code's process's own CPU time, as the launcher measured it
     oom_killed: bool = False
 
 
 def run_python(code: str, config: SandboxConfig) -> SandboxRun:
     """Run `code` in a fresh confined child; see the module docstring. Raises RuntimeError when
     the isolation cannot be set up (the code did not run)."""
+    with uid_lease(drop_to(config), config.user_pool) as uid:  # a uid no concurrent run has
+        return _run_as(uid, code, config)
+
+
+def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
     kernel = config.isolation == "kernel"
     scratch = SCRATCH if kernel else tempfile.mkdtemp(prefix="rl3d-sandbox-")
     group = None
     status_r, status_w = os.pipe()
     try:
-        uid = drop_to(config)
         if not kernel and uid is not None:
             os.chown(scratch, uid, uid)  # the code may write its scratch dir, nothing of root's
         if cgroup_usable(config):
@@ -240,15 +248,19 @@ def _clip(text: str, limit: int, *, head: bool) -> str:
 
 
 def to_result(run: SandboxRun, config: SandboxConfig) -> ToolResult:
-    """The observation of a run; a kill is named by what caused it, as far as the kernel tells."""
+    """The observation of a run; a kill is named by what caused it, as far as the kernel tells.
+    A limit is reported only when the launcher's measurement shows it reached (a CPU time at the
+    limit, its own clock, the cgroup's OOM count), never from the signal alone: the code can send
+    itself SIGXCPU."""
     code = run.returncode
     if run.wall_timed_out:
         return ToolResult(
             run.stdout, error=f"timed out after {config.wall_seconds:g}s (wall clock)", timed_out=True
         )
     cpu_limit = max(1, math.ceil(config.cpu_seconds))
-    cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.05
-    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and cpu_reached):
+    # /proc counts CPU time in clock ticks (10 ms); the limit fires on the exact figure
+    cpu_reached = run.cpu_seconds is not None and run.cpu_seconds >= cpu_limit - 0.1
+    if cpu_reached and code in (-signal.SIGXCPU, -signal.SIGKILL):
         return ToolResult(
             run.stdout, error=f"CPU time limit of {config.cpu_seconds:g}s exceeded", timed_out=True
         )

@@ -38,6 +38,8 @@ class SandboxConfig:
     block_sockets: bool = True  # the audit hook names socket use with a readable error
     # the uid/gid the code runs as when the trainer is root (65534: nobody); None stays uid 0
     user: int | None = 65534
+    # concurrent runs (threads, or trainers on one machine) take distinct uids: user, user - 1, ...
+    user_pool: int = 16
     max_processes: int = 32  # cgroup pids.max
     cpus: float = 1.0  # cgroup CPU bandwidth, in CPUs
     open_files: int = 64  # RLIMIT_NOFILE
@@ -61,6 +63,11 @@ class SandboxConfig:
             )
         if self.user is not None and not 0 < self.user < 2**32 - 1:
             raise ValueError(f"tools.python.user must be a uid > 0 or None, got {self.user!r}")
+        if not 1 <= self.user_pool <= 1024 or (self.user is not None and self.user - self.user_pool < 0):
+            raise ValueError(
+                f"tools.python.user_pool must be in [1, 1024] and leave every uid of the pool > 0 "
+                f"(user {self.user!r} - user_pool + 1), got {self.user_pool!r}"
+            )
         if self.isolation == "kernel" and self.network != "namespace":
             raise ValueError(
                 "tools.python.network 'audit' needs isolation 'process' (kernel isolation has its own)"

@@ -210,6 +210,59 @@ def test_slow_call_does_not_stall_others():
         assert slow.result()[1].timed_out
 
 
+@needs_kernel
+def test_asyncio_runs():
+    """asyncio's event loop wakes itself through a unix socketpair: no network use. (Under
+    `isolation: process` the hook refuses `_posixsubprocess`, which asyncio imports.)"""
+    code = (
+        "import asyncio\n"
+        "async def square(x):\n    await asyncio.sleep(0.01)\n    return x * x\n"
+        "async def main():\n    return await asyncio.gather(*(square(x) for x in range(4)))\n"
+        "print(asyncio.run(main()))\n"
+    )
+    _, result = run(code)
+    assert result.ok and result.text == "[0, 1, 4, 9]\n", result
+
+
+@needs_kernel
+def test_multiprocessing_pool_and_shared_memory_run_in_the_scratch_budget():
+    """multiprocessing's semaphores and shared memory live in a private /dev/shm, the same tmpfs
+    as the scratch: its files count in `disk_mb`, and nothing reaches the host's /dev/shm."""
+    name = f"rl3d-shm-{os.getpid()}-{time.monotonic_ns()}"
+    code = (
+        "import multiprocessing as mp, os\n"
+        "from multiprocessing import shared_memory\n"
+        "with mp.Pool(2) as pool:\n    print(pool.map(abs, [-1, -2, 3]))\n"
+        "block = shared_memory.SharedMemory(create=True, size=1024)\n"
+        "block.buf[:2] = b'ok'\nprint(bytes(block.buf[:2]).decode())\nblock.close()\nblock.unlink()\n"
+        f"open('/dev/shm/{name}', 'wb').write(b'x' * (3 << 20))\n"
+        "open('big', 'wb').write(b'x' * (3 << 20))\n"
+    )
+    raw, result = run(code, disk_mb=5, file_mb=4)
+    assert raw.stdout == "[1, 2, 3]\nok\n", raw
+    assert "No space left on device" in result.error  # 3 MiB in /dev/shm + 3 MiB in the scratch > 5
+    assert not os.path.exists(f"/dev/shm/{name}")
+
+
+@needs_kernel
+def test_pty_works_and_is_bounded():
+    """A devpts of the run's own: terminals open and a child runs on one, at most 16 of them."""
+    code = (
+        "import os, pty\n"
+        "parent, child = pty.openpty()\n"
+        "os.write(child, b'hi\\n')\nprint(os.read(parent, 16), flush=True)\n"
+        "pid, fd = pty.fork()\n"
+        "if pid == 0:\n    print('from the child', os.isatty(1), flush=True)\n    os._exit(0)\n"
+        "print(os.read(fd, 64).decode().strip())\nos.waitpid(pid, 0)\n"
+        "opened = []\n"
+        "try:\n    for _ in range(64):\n        opened.append(pty.openpty())\n"
+        "except OSError:\n    pass\nprint(len(opened))\n"
+    )
+    raw, result = run(code)
+    assert result.ok, result
+    assert raw.stdout.splitlines() == ["b'hi\\r\\n'", "from the child True", "14"]  # 16 - the 2 above
+
+
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="the privilege drop happens only under root")
 
 
@@ -243,6 +296,8 @@ def test_bad_settings_refused_naming_the_key():
         ({"cgroup": "maybe"}, "cgroup"),
         ({"open_files": 4}, "open_files"),
         ({"disk_mb": 0}, "disk_mb"),
+        ({"user_pool": 0}, "user_pool"),
+        ({"user": 10, "user_pool": 11}, "user_pool"),  # would reach uid 0
     ]:
         with pytest.raises(ValueError, match=f"tools.python.{key}"):
             SandboxConfig(**options)

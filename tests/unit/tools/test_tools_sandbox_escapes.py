@@ -85,7 +85,8 @@ def test_nothing_writable_outside_scratch():
     leaked = [p for p in places if os.path.exists(f"{p}/{name}")]
     for p in leaked:
         os.unlink(f"{p}/{name}")
-    assert result.ok and leaked == [] and raw.stdout.splitlines()[:-1] == []
+    # /dev/shm inside is the run's own: the scratch's tmpfs (multiprocessing needs it), not the host's
+    assert result.ok and leaked == [] and raw.stdout.splitlines()[:-1] == ["/dev/shm"]
     # the system is there read-only; no host /tmp, /run, home or project directory
     system = {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "sbin", "usr"}
     seen = set(json.loads(raw.stdout.splitlines()[-1].replace("'", '"')))
@@ -175,6 +176,38 @@ def test_several_runs_at_once_are_apart():
         assert files.count("mine-") == 1 and pids == "1, 2]\n"  # its own file, its own processes
 
 
+HOLD_INOTIFY = """
+import subprocess, sys
+holder = (
+    "import ctypes, time\\nlibc = ctypes.CDLL(None)\\nn = 0\\n"
+    "while libc.inotify_init1(0) >= 0:\\n    n += 1\\nprint(n, flush=True)\\ntime.sleep(4)"
+)
+for p in [subprocess.Popen([sys.executable, '-c', holder]) for _ in range(3)]:
+    p.wait()
+"""
+TAKE_INOTIFY = """
+import ctypes, os
+libc = ctypes.CDLL(None, use_errno=True)
+print(os.getuid(), libc.inotify_init1(0) >= 0, os.strerror(ctypes.get_errno()))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs drop to a uid of their own only under root")
+def test_concurrent_runs_have_per_uid_kernel_quotas_of_their_own():
+    """Inotify instances are counted per uid (fs.inotify.max_user_instances, 128 by default):
+    one run holding them all must leave a concurrent run its own."""
+    with ThreadPoolExecutor(2) as pool:
+        hog = pool.submit(run, HOLD_INOTIFY)
+        time.sleep(2)
+        raw, result = run(TAKE_INOTIFY)
+        hog_raw, _ = hog.result()
+    held = sum(int(n) for n in hog_raw.stdout.split())
+    assert held >= min(128, int(Path("/proc/sys/fs/inotify/max_user_instances").read_text())), hog_raw
+    uid, took, why = raw.stdout.split(" ", 2)
+    assert result.ok and took == "True", raw.stdout  # before: "False Too many open files"
+    assert int(uid) != 65534  # the lone run's uid was taken: a second uid of the pool
+
+
 def test_memfd_and_disk_are_bounded():
     _, result = run("import os\nos.memfd_create('pin')")
     assert "PermissionError" in result.error
@@ -224,6 +257,37 @@ def test_a_kill_is_reported_as_what_it_was():
     assert result.error == "killed by signal 9" and not result.timed_out
     _, result = run("while True:\n    pass", cpu_seconds=1)
     assert result.error == "CPU time limit of 1s exceeded" and result.timed_out
+
+
+def test_a_signal_the_code_sends_itself_is_not_a_limit():
+    """SIGXCPU is what the CPU limit sends, but the code can send it too: a CPU timeout is
+    reported only when the launcher measured the CPU time at the limit."""
+    _, result = run("import os, signal\nprint('x', flush=True)\nos.kill(os.getpid(), signal.SIGXCPU)")
+    assert result.error == "killed by signal 24" and not result.timed_out and result.text == "x\n"
+    # a child that burnt CPU (its own limit apiece) does not count towards the parent's
+    burn = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'while 1: pass'])\n"
+    _, result = run(burn + "import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)", cpu_seconds=1)
+    assert result.error == "killed by signal 24" and not result.timed_out
+
+
+SIGNAL_LAUNCHER = """
+import os, signal, time
+print('before', os.getppid(), flush=True)
+launchers = [int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]
+for pid in sorted(set(launchers + [os.getppid()])):  # the parent, and whatever /proc shows
+    os.kill(pid, signal.{name})
+time.sleep(0.5)
+print('after')
+"""
+
+
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT", "SIGTERM", "SIGHUP", "SIGCHLD", "SIGSTOP", "SIGKILL"])
+def test_signals_sent_to_the_launcher_change_nothing(name):
+    """With `user: null` the code is the launcher's uid (as in a user namespace, where it is
+    root of the namespace like the launcher) and may signal it; the launcher blocks them all."""
+    raw, result = run(SIGNAL_LAUNCHER.format(name=name), user=None)
+    assert result.ok and result.text == "before 1\nafter\n", result
+    assert not result.timed_out and not raw.wall_timed_out
 
 
 def test_ordinary_file_and_process_code_works():
@@ -276,6 +340,61 @@ def test_an_unprivileged_trainer_gets_the_boundary_through_a_user_namespace():
     listing, status = rest.split("]", 1)
     assert uid == "0" and "work" not in listing and "sandbox" in listing  # root of its own namespace only
     assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status and "CapEff:\t0000000000000000" in status
+
+
+UNPRIVILEGED_RUN = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from rl3d.tools.python_sandbox import SandboxConfig, isolation_problem, run_python, to_result
+config = SandboxConfig(wall_seconds=20)
+problem = isolation_problem(config)
+try:
+    result = None if problem else to_result(run_python(sys.argv[2], config), config).__dict__
+except RuntimeError as err:
+    result = {"raised": str(err)}
+print(json.dumps({"problem": problem, "result": result}))
+"""
+
+
+def _as_unprivileged_trainer(code: str) -> dict:
+    """`code`'s result when a trainer of uid nobody runs it (through a user namespace)."""
+    python = shutil.which("python3", path="/usr/bin:/bin")
+    src = Path(__file__).resolve().parents[3] / "src"
+    if os.geteuid() != 0 or not shutil.which("setpriv") or python is None:
+        pytest.skip("needs root, setpriv and a system python3 to run as uid nobody")
+    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    proc = subprocess.run(
+        [*drop, python, "-c", UNPRIVILEGED_RUN, str(src), code],
+        env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        pytest.skip(f"the source tree cannot be imported as uid nobody here: {proc.stderr[-300:]}")
+    report = json.loads(proc.stdout.splitlines()[-1])
+    if report["problem"]:
+        pytest.skip(f"no unprivileged user namespaces here: {report['problem']}")
+    return report["result"]
+
+
+@pytest.mark.parametrize("name", ["SIGALRM", "SIGINT"])
+def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name):
+    """An unprivileged trainer's run is root of its user namespace, as its launcher is: the code
+    may signal the launcher, which reports neither a wall-clock timeout nor a failure for it."""
+    result = _as_unprivileged_trainer(SIGNAL_LAUNCHER.format(name=name))
+    assert result.get("text") == "before 1\nafter\n" and result.get("error") is None, result
+    assert not result["timed_out"]
+
+
+def test_asyncio_pool_and_pty_work_for_an_unprivileged_trainer():
+    """The private /dev/shm and devpts are made inside a user namespace too."""
+    code = (
+        "import asyncio, multiprocessing, os, pty\n"
+        "async def seven():\n    return 7\n"
+        "print(asyncio.run(seven()))\n"
+        "with multiprocessing.Pool(2) as pool:\n    print(pool.map(abs, [-1, 2]))\n"
+        "parent, child = pty.openpty()\nos.write(child, b'x\\n')\nprint(os.read(parent, 9))\n"
+    )
+    result = _as_unprivileged_trainer(code)
+    assert result.get("text") == "7\n[1, 2]\nb'x\\r\\n'\n" and result.get("error") is None, result
 
 
 SYSCALLS = """
