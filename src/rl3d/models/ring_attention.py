@@ -216,3 +216,17 @@ def _define_ring_class() -> type:
             )
 
     return RingDotProductAttention
+
+
+def with_ring_attention(layer_spec: Any) -> Any:
+    """A copy of a local GPT layer spec (megatron's `get_gpt_layer_local_spec`) whose core
+    attention is `RingDotProductAttention`; everything else is shared with `layer_spec`."""
+    import copy
+
+    spec = copy.copy(layer_spec)
+    spec.submodules = copy.copy(layer_spec.submodules)
+    attention = copy.copy(spec.submodules.self_attention)
+    attention.submodules = copy.copy(attention.submodules)
+    attention.submodules.core_attention = ring_dot_product_attention_class()
+    spec.submodules.self_attention = attention
+    return spec
