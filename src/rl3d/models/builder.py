@@ -29,6 +29,7 @@ from rl3d.models.params import (  # noqa: F401  (re-exported)
     megatron_param_kinds,
     stage_param_names,
 )
+from rl3d.models.ring_attention import with_ring_attention
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import EP1_DRIFT
 from rl3d.parallel.sharding import padded_vocab_size
@@ -97,6 +98,12 @@ def use_transformer_engine(
     return True
 
 
+def context_parallel_size(groups: MegatronGroups) -> int:
+    """The size of the CP group megatron built for `groups` (1 where it built none)."""
+    cp = getattr(groups.pg_collection, "cp", None)
+    return 1 if cp is None else cp.size()
+
+
 def transformer_config(
     spec: ModelSpec,
     groups: MegatronGroups,
@@ -162,6 +169,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         sequence_parallel=sequence_parallel,
+        context_parallel_size=context_parallel_size(groups),
     )
     kwargs.update(moe_config(spec))
     if overrides.get("variable_seq_lengths"):
@@ -266,6 +274,8 @@ def build_gpt(
             qk_layernorm=spec.qk_norm,
             normalization="RMSNorm",
         )
+        if config.context_parallel_size > 1:  # megatron's local attention refuses CP
+            layer_spec = with_ring_attention(layer_spec)
         if sequence_parallel:  # torch's norm module, which megatron's local spec uses, refuses it
             layer_spec = sp_block_spec(layer_spec, layers_per_stage(spec, layout.p))
     vocab = padded_vocab or padded_vocab_size(spec.vocab_size, layout.t)
