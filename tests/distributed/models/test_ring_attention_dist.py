@@ -6,7 +6,9 @@ scores filled with -10000, softmax, weighted sum), then ring attention over its 
 (megatron's load-balanced split: chunks r and 2 * cp - 1 - r). The rank's output rows and its
 gradients of query, key and value (from the same weighted sum of the output) equal the full
 attention's rows within 1e-6: causal without a mask, causal with left padding given as the full
-[b, 1, s, s] mask, and as the mask cut to this rank's rows (megatron's `get_batch_on_this_cp_rank`).
+[b, 1, s, s] mask, and as the mask cut to this rank's rows (megatron's `get_batch_on_this_cp_rank`),
+and a packed row as rl3d runs it on the local spec (a block-causal mask; the row split as one
+sequence, not megatron's per-sequence THD split).
 Not bit for bit: the softmax's sum is split over ring steps and merged by log-sum-exp.
 """
 
@@ -20,6 +22,7 @@ pytestmark = pytest.mark.distributed
 S, B, NP, NG, HN = 16, 3, 4, 2, 8
 TOL = 1e-6
 PAD = (0, 5, 11)  # left-padding per sample; 11 > a CP 4 chunk of 2, so whole chunks are padding
+PACKED_BOUNDS = (0, 5, 12, 16)  # sequences of 5, 7 and 4 tokens
 
 
 def inputs(seed=7):
@@ -37,6 +40,14 @@ def padded_causal_mask():
     causal = pos[None, :] > pos[:, None]
     pad = pos[None, :] < torch.tensor(PAD)[:, None]  # [b, s]
     return (causal[None] | pad[:, None, :])[:, None]
+
+
+def packed_mask():
+    """rl3d's packed row on the local spec: a block-causal [1, 1, s, s] mask over three sequences
+    whose bounds fall inside CP chunks."""
+    from rl3d.models.packing import block_causal_mask
+
+    return block_causal_mask(torch.tensor(PACKED_BOUNDS), S)
 
 
 def full_attention(q, k, v, mask, scale):
@@ -57,7 +68,7 @@ def worker(rank, world, mask_kind):
 
     scale = HN**-0.5
     q, k, v, w = inputs()
-    mask = None if mask_kind == "causal" else padded_causal_mask()
+    mask = {"causal": None, "packed": packed_mask()}.get(mask_kind, padded_causal_mask())
     full = [t.clone().requires_grad_() for t in (q, k, v)]
     out_full = full_attention(*full, mask, scale)
     (out_full * w).sum().backward()
@@ -74,7 +85,7 @@ def worker(rank, world, mask_kind):
 
 
 @pytest.mark.parametrize("cp", [2, 4])
-@pytest.mark.parametrize("mask_kind", ["causal", "padded_full", "padded_rows"])
+@pytest.mark.parametrize("mask_kind", ["causal", "padded_full", "padded_rows", "packed"])
 def test_ring_attention_equals_full_attention(cp, mask_kind):
     results = run_distributed(worker, cp, mask_kind)
     worst = {key: max(r[key] for r in results) for key in results[0]}
