@@ -29,6 +29,7 @@ from rl3d.models.params import (  # noqa: F401  (re-exported)
     megatron_param_kinds,
     stage_param_names,
 )
+from rl3d.models.ring_attention import with_ring_attention
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.layout import EP1_DRIFT
 from rl3d.parallel.sharding import padded_vocab_size
@@ -97,6 +98,12 @@ def use_transformer_engine(
     return True
 
 
+def context_parallel_size(groups: MegatronGroups) -> int:
+    """The size of the CP group megatron built for `groups` (1 where it built none)."""
+    cp = getattr(groups.pg_collection, "cp", None)
+    return 1 if cp is None else cp.size()
+
+
 def transformer_config(
     spec: ModelSpec,
     groups: MegatronGroups,
@@ -162,6 +169,7 @@ def transformer_config(
         gradient_accumulation_fusion=False,
         persist_layer_norm=False,
         sequence_parallel=sequence_parallel,
+        context_parallel_size=context_parallel_size(groups),
     )
     kwargs.update(moe_config(spec))
     if overrides.get("variable_seq_lengths"):
@@ -276,12 +284,14 @@ def build_gpt(
             return specs.get_gpt_layer_with_transformer_engine_spec(
                 num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=spec.qk_norm
             )
-        return specs.get_gpt_layer_local_spec(
+        local = specs.get_gpt_layer_local_spec(
             num_experts=num_experts,
             moe_grouped_gemm=False,
             qk_layernorm=spec.qk_norm,
             normalization="RMSNorm",
         )
+        # megatron's local attention refuses CP: ring attention over the CP group instead
+        return with_ring_attention(local) if config.context_parallel_size > 1 else local
 
     layer_spec = one_layer(spec.num_experts or None)
     per_stage = layers_per_stage(spec, layout.p)

@@ -68,6 +68,7 @@ _DEVICE_LITERAL_MODULES = (
     "megatron.core.optimizer.clip_grads",
     "megatron.core.optimizer.grad_scaler",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    "megatron.core.models.common.embeddings.rope_utils",
     "megatron.core.transformer.utils",
     "megatron.core.dist_checkpointing.strategies.filesystem_async",
     "megatron.core.dist_checkpointing.strategies.state_dict_saver",
@@ -231,7 +232,8 @@ def _cpu_device(device: Any) -> Any:
 
 def _remap_factory(fn: Any) -> Any:
     @functools.wraps(fn)
-    def factory(*args: Any, device: Any = None, **kwargs: Any) -> Any:
+    def factory(*args: Any, device: Any = None, pin_memory: bool = False, **kwargs: Any) -> Any:
+        # pinning is staging for a copy to the GPU; on CPU torch refuses it and it means nothing
         return fn(*args, device=_cpu_device(device), **kwargs)
 
     return factory
@@ -426,3 +428,9 @@ def _patch_tensor_method_calls() -> None:
     module_cls.setup_embeddings_and_output_layer = _with_cuda_tensor_methods(
         module_cls.setup_embeddings_and_output_layer
     )
+    # Under context parallelism RoPE's table is cut per CP rank with an index moved `.cuda()`.
+    from megatron.core.models.common.embeddings import rope_utils, rotary_pos_embedding
+
+    cut = _with_cuda_tensor_methods(rope_utils.get_pos_emb_on_this_cp_rank)
+    rope_utils.get_pos_emb_on_this_cp_rank = cut
+    rotary_pos_embedding.get_pos_emb_on_this_cp_rank = cut  # imported by name
