@@ -4,8 +4,11 @@ benchmarks/real_model_step.py (4 prompts x 8 samples x 12 tokens, one optimizer 
     python benchmarks/real_model_step/profile_update.py [torch|cprofile|ab]
 
 prints the torch profiler's op table (or cProfile's) of one `update_actor` after a warm-up one;
-`ab` times `update_actor` alternately without and with the output layer cut to the response
-positions (`MegatronEngine.batches.response_outputs`), two pairs.
+`ab` times `update_actor` and the forward-only `compute_log_prob` alternately without and with
+the output layer cut to the response positions (`MegatronEngine.batches.response_outputs`),
+`--pairs` pairs, in wall seconds and in this process's CPU-seconds (all its threads: on a shared
+machine the work, where the wall time also measures the scheduler), and checks the cut's
+log-probs against the whole sequence's.
 Reads the prompts that benchmarks/real_model_step.py writes (`--prompts` to change).
 """
 
@@ -51,11 +54,48 @@ def build_actor(prompts_path: str):
     return actor, batch.set("advantages", signs * batch["response_mask"])
 
 
+def ab(actor, batch, pairs: int) -> None:
+    """Without, then with `response_outputs`, `pairs` times: each call's wall and CPU seconds,
+    then the medians and their ratio (with / without)."""
+    import statistics
+
+    calls = {"update_actor": actor.update_actor, "compute_log_prob": actor.compute_log_prob}
+    took = {(name, flag): [] for name in calls for flag in (False, True)}
+    for pair in range(pairs):
+        for flag in (False, True):
+            actor.role.batches.response_outputs = flag
+            for name, call in calls.items():
+                wall, cpu = time.perf_counter(), time.process_time()
+                call(batch)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+                took[(name, flag)].append((wall, cpu))
+                print(
+                    f"pair {pair} {name} response_outputs={flag}: {wall:.2f} s, {cpu:.2f} CPU-s "
+                    f"(load {os.getloadavg()[0]:.1f})",
+                    flush=True,
+                )
+    for name in calls:
+        off = [statistics.median(x) for x in zip(*took[(name, False)])]
+        on = [statistics.median(x) for x in zip(*took[(name, True)])]
+        print(
+            f"{name}: median wall {off[0]:.2f} -> {on[0]:.2f} s ({on[0] / off[0]:.2f}x), "
+            f"CPU {off[1]:.2f} -> {on[1]:.2f} s ({on[1] / off[1]:.2f}x)"
+        )
+    logp = {}  # both at the same weights (every update above moved them)
+    for flag in (False, True):
+        actor.role.batches.response_outputs = flag
+        logp[flag] = actor.compute_log_prob(batch)["old_logp"]
+    mask = batch["response_mask"].bool()
+    gap = (logp[True] - logp[False])[mask].abs().max().item()
+    print(f"max |logp difference| over response tokens: {gap:.3g}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("mode", nargs="?", choices=("torch", "cprofile", "ab"), default="torch")
     parser.add_argument("--prompts", default="/tmp/rl3d_real_model_step/prompts.parquet")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--pairs", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
@@ -64,13 +104,7 @@ def main() -> None:
     actor, batch = build_actor(args.prompts)
     actor.update_actor(batch)  # warm-up
     if args.mode == "ab":
-        for pair in range(2):
-            for flag in (False, True):
-                actor.role.batches.response_outputs = flag
-                start = time.perf_counter()
-                actor.update_actor(batch)
-                took = time.perf_counter() - start
-                print(f"pair {pair} response_outputs={flag}: {took:.2f} s (load {os.getloadavg()[0]:.1f})")
+        ab(actor, batch, args.pairs)
         return dist.destroy_process_group()
     start = time.perf_counter()
     if args.mode == "torch":

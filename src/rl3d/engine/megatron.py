@@ -17,11 +17,11 @@ P-1 .. T-2 (P prompt columns, T = P + R).
 With packing (`rl3d.engine.techniques.Packing`), each micro-batch's sequences run as one row
 without pads and outputs come back in the same per-sample `[B, R]` layout.
 
-With `batches.response_outputs` (for roles that read log-probs of response tokens only) the output
-layer runs on positions P-1 .. T-2 alone: the vocabulary projection, the log-softmax over it and
-their backward then cost R/T of the whole sequence's. Training runs leave it off: it rounds
-differently from the whole-sequence forward (within 1e-6, not bit for bit) and showed no
-measured gain on CPU (`benchmarks/real_model_step/profile_update.py ab`).
+With `batches.response_outputs` (on for the actor and the reference, which read log-probs of
+response tokens only: `micro_batches.RESPONSE_ONLY_ROLES`) the output layer runs on positions
+P-1 .. T-2 alone: the vocabulary projection, the log-softmax over it and their backward then cost
+R/T of the whole sequence's. It rounds differently from the whole-sequence forward (within 1e-6,
+not bit for bit); `benchmarks/real_model_step/profile_update.py ab` measures its gain.
 """
 
 from __future__ import annotations

@@ -66,18 +66,29 @@ def packed(micro: DataBatch, multiple: int = 1) -> DataBatch:
     return DataBatch(micro.tensors, micro.meta, {**micro.info, PACKED: row})
 
 
+# The roles whose output is read only through `response_slice` as log-probs of the response tokens
+# (the actor's old log-probs and its loss, the reference's and a teacher's log-probs): the output
+# layer and the log-softmax over the vocabulary run on R positions instead of T. Equal to the
+# whole-sequence output within 1e-6 in log-probs and gradients (fp32; a smaller matmul rounds
+# differently: tests/distributed/workers/test_response_outputs_dist.py); on SmolLM2-135M's update
+# 0.75x the wall time and 0.87x the CPU-seconds (docs/real_model_step.md).
+RESPONSE_ONLY_ROLES = ("actor", "reference")
+
+
 class MicroBatches:
     """How one engine's model is fed: micro-batches, megatron's schedule shapes and the forward
     step, for `model` (the unwrapped GPTModel) on `groups`, with the role's `features` (packing
     and sequence parallelism shape the micro-batches; every feature's `around_forward` runs
-    around each forward). `response_outputs` (off by default) runs the output layer on the
-    response positions alone."""
+    around each forward). `response_outputs` runs the output layer on the response positions
+    alone: on for the roles whose every reader of the output reads those positions' log-probs
+    (`RESPONSE_ONLY_ROLES`), off for the critic (a value head of width 1: nothing to save) and
+    the reward model (it reads each sequence's last token)."""
 
     def __init__(self, model: Any, groups: Any, *, role: str, features: Features):
         self.model, self.groups, self.role, self.features = model, groups, role, features
         self.packing = features.get(Packing)
         self.multiple = groups.layout.t if features.get(SequenceParallel) else 1
-        self.response_outputs = False
+        self.response_outputs = role in RESPONSE_ONLY_ROLES
 
     def split(self, batch: DataBatch, micro_batch_size: int) -> tuple[list[DataBatch], list[int] | None]:
         """Micro-batches on this rank's device (the controller's batches live on the host), and

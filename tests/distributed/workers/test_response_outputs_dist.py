@@ -36,6 +36,7 @@ def worker(rank, world, hf_dir):
     mask[:3, :2] = 0  # left-padded prompts
     batch = DataBatch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, P:]})
     batch = batch.set("response_mask", torch.ones(B, R, dtype=torch.long))
+    default = actor.role.batches.response_outputs  # the actor's, as a training run builds it
     seen = []
     layer = actor.role.unwrapped().output_layer
     # what the output layer computed: its output's sequence length ([S, B, V/tp], bias)
@@ -52,7 +53,7 @@ def worker(rank, world, hf_dir):
     destroy_megatron()
     logp_diff = (out[True] - out[False]).abs().max().item()
     grad_diff = max((grads[True][n] - grads[False][n]).abs().max().item() for n in grads[True])
-    return {"seen": seen, "logp_diff": logp_diff, "grad_diff": grad_diff}
+    return {"seen": seen, "logp_diff": logp_diff, "grad_diff": grad_diff, "default": default}
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +67,12 @@ def hf_dir(tmp_path_factory):
 
 def check(results):
     for got in results:
+        assert got["default"] is True, got  # on for the actor unless a test turns it off
         assert got["seen"] == [P + R, P + R, R, R], got  # whole sequence, then response positions
         assert got["logp_diff"] <= TOL and got["grad_diff"] <= TOL, got
 
 
-@pytest.mark.slow  # an option training runs leave off
-def test_output_layer_on_response_positions_only(hf_dir):
+def test_output_layer_on_response_positions_only(hf_dir):  # the actor's and reference's default
     check(run_distributed(worker, 1, str(hf_dir), timeout_s=240))
 
 
