@@ -14,9 +14,10 @@ rows, B = bytes per element of `model.dtype`:
   cast back for the product with V; Transformer Engine's fused (flash) attention keeps only its
   output and the log-sum-exp per row;
 - SwiGLU: fc1's output (2 f), SiLU's output (f) and the gated product fc2 reads (f);
-- the last stage of a language model: the logits (s b V/tp in B), the fp32 copy of the
-  response's logits the vocab-parallel log-prob keeps (R b V/tp, R = response length) and the
-  output layer's input (s b h B, / tp with sequence parallelism).
+- the last stage of a language model: the logits of the response positions (R b V/tp in B, R =
+  response length: the output layer runs on those alone), the fp32 copy of them the
+  vocab-parallel log-prob keeps (R b V/tp) and the output layer's input (s b h B, / tp with
+  sequence parallelism).
 The backward's transient (one layer's gradients of the above, the biggest at once) is added
 once. With full recompute a layer keeps only its input (/ tp with sequence parallelism), and one
 layer is recomputed at a time. Everything else (attention, the MLP's inner tensors) covers the
@@ -89,13 +90,16 @@ def layer_bytes(
 
 def output_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, lm_head: bool) -> int:
     """The last stage's output layer: logits and the log-prob's fp32 copy (language model), or a
-    value per token (critic, reward model)."""
+    value per token (critic, reward model). A language-model head runs on the R positions the
+    loss reads (`rl3d.engine.micro_batches.RESPONSE_ONLY_ROLES`, the roles with one; a packed row
+    is all R, `Packing.footprint`), its input the whole sequence's hidden states (the slice is a
+    view of them)."""
     s, b = shape.seq_len, shape.rows
     if not lm_head:
         return s * b * (spec.hidden_size + 1) * dtype_bytes
     vocab = padded_vocab_size(spec.vocab_size, tp) // tp
     return (
-        s * b * vocab * dtype_bytes
+        shape.response_len * b * vocab * dtype_bytes
         + shape.response_len * b * vocab * FP32
         + hidden_positions(tp, shape) * b * spec.hidden_size * dtype_bytes
     )
