@@ -10,10 +10,12 @@ carries that rank's traceback; a rank that hangs past `timeout_s` fails the call
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import io
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -98,6 +100,23 @@ def run_distributed(
         first = min(failures)
         raise DistributedTestError(f"rank {first} of {world_size} failed:\n{failures[first]}")
     return [results[r] for r in range(world_size)]
+
+
+@contextlib.contextmanager
+def one_rank_world(timeout_s: float = 60.0) -> Iterator[None]:
+    """A one-process gloo world for the block, in this process (for a fixture); none is made, or
+    destroyed, when a world exists already."""
+    owns_world = not dist.is_initialized()
+    if owns_world:
+        dist.init_process_group(
+            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )  # fmt: skip
+    try:
+        yield
+    finally:
+        if owns_world:
+            dist.destroy_process_group()
 
 
 def _to_bytes(value: Any) -> bytes:

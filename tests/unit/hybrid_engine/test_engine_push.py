@@ -4,12 +4,10 @@ sizes, for tiny models and a SmolLM2-shaped spec); the bytes gathered to make wh
 the other generation-TP ranks' shards; the executor counts the push into `reshard/*` and raises
 on a push that is not the plan; the torch engine pushes nothing and counts zeros."""
 
-import datetime
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from rl3d.hybrid_engine.comm import ReshardError
 from rl3d.hybrid_engine.engine_push import NO_PUSH, plan_engine_push, push_mismatch
@@ -19,7 +17,7 @@ from rl3d.models.hf_mapping import tensor_maps
 from rl3d.models.spec import ModelSpec, get_model_spec
 from rl3d.ops.layouts import shard_for_tp
 from rl3d.rollout.sglang_weights import Pushed, megatron_to_hf, planned_buckets
-from rl3d.testing.spawn import free_port
+from rl3d.testing.spawn import one_rank_world
 
 # SmolLM2-135M's shape (its HF config.json): tied embeddings, 9 heads over 3 KV heads
 SMOLLM2 = ModelSpec(
@@ -148,15 +146,8 @@ def hybrid_groups():
     from rl3d.parallel import GenerationLayout, ParallelLayout
     from rl3d.parallel.groups import build_hybrid_groups
 
-    owns_world = not dist.is_initialized()
-    if owns_world:
-        dist.init_process_group(
-            "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1,
-            timeout=datetime.timedelta(seconds=60),
-        )  # fmt: skip
-    yield build_hybrid_groups(GenerationLayout.from_training(ParallelLayout(1, 1, 1), 1), timeout_s=60)
-    if owns_world:
-        dist.destroy_process_group()
+    with one_rank_world():
+        yield build_hybrid_groups(GenerationLayout.from_training(ParallelLayout(1, 1, 1), 1), timeout_s=60)
 
 
 class HFEngine:
