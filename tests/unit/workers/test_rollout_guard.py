@@ -105,3 +105,15 @@ def test_faults_read_from_the_test_only_variable():
     assert faults_from_env({}).hangs == {}
     with pytest.raises(ValueError, match="RL3D_TEST_ROLLOUT_FAULTS"):
         faults_from_env({"RL3D_TEST_ROLLOUT_FAULTS": "stall:1"})
+
+
+def test_a_call_that_does_not_stop_after_the_deadline_costs_its_engine():
+    """Still running a second `timeout_s` after being told to stop: the engine is rebuilt (each
+    try), and the prompt dropped; the abandoned calls end on their own (their cancel is set)."""
+    worker = StandInWorker()
+    guard = ContainedGeneration(cfg(max_restarts=2), worker, Faults(hangs={1: {0: 1.0}}))
+    out, counts = guard.generate(prompts(2), step=1, seed=1)
+    assert (counts.dropped, counts.reissued, counts.restarts) == (1, 1, 2) and worker.restarts == 2
+    assert out["index"] == [11, 11]
+    with pytest.raises(RolloutRankFailed, match=r"did not stop"):  # the bound reached
+        guard.generate(prompts(1), step=1, seed=1)
