@@ -14,6 +14,13 @@
   them (swapped between decode steps; each token records the version that produced it),
   instead of finishing on the old ones.
 
+- failure containment (separate only, on with `rollout.timeout_s`): the pool generates its
+  share prompt by prompt (a prompt's `n` samples together), each with a deadline of
+  `rollout.timeout_s`; a sample that raises or runs past it is re-issued once
+  (`rollout.reissue`) or dropped, and the step trains on what arrived when at least
+  `rollout.min_fraction` of its prompts did. An engine that raises is rebuilt from the last
+  weights it received, at most `rollout.max_restarts` times per rank.
+
 YAML spells the section `async` (a Python keyword: the field is `async_`).
 """
 
@@ -63,6 +70,43 @@ class AsyncRolloutConfig:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
 
 
+def contains_failures(cfg: Any) -> bool:
+    """Whether a separate pool contains its samples' failures (`rollout.timeout_s` set)."""
+    return is_separate(cfg) and cfg.rollout.timeout_s is not None
+
+
+def _check_containment(cfg: Any, fail: Callable[[str, str], Exception]) -> None:
+    ro = cfg.rollout
+    asked = [
+        (key, value)
+        for key, value, default in [
+            ("rollout.timeout_s", ro.timeout_s, None),
+            ("rollout.min_fraction", ro.min_fraction, 1.0),
+            ("rollout.max_restarts", ro.max_restarts, 0),
+        ]
+        if value != default
+    ]
+    if not asked:
+        return
+    if not is_separate(cfg):
+        key, value = asked[0]
+        raise fail(
+            key,
+            f"= {value} needs rollout.placement: separate (a colocated engine does not contain failures yet)",
+        )
+    if ro.timeout_s is None:
+        key, value = asked[0]
+        raise fail(
+            key,
+            f"= {value} needs rollout.timeout_s (failures are contained per sample, each with a deadline)",
+        )
+    if ro.pool.tp > 1:
+        raise fail(
+            "rollout.pool.tp",
+            f"= {ro.pool.tp}: failure containment (rollout.timeout_s) runs on one-rank engines (pool.tp 1)",
+        )
+
+
 def is_separate(cfg: Any) -> bool:  # cfg: rl3d.config.RL3DConfig (schema imports this module)
     return cfg.rollout.placement == "separate"
 
@@ -70,6 +114,7 @@ def is_separate(cfg: Any) -> bool:  # cfg: rl3d.config.RL3DConfig (schema import
 def check_async_rollout(cfg: Any, fail: Callable[[str, str], Exception]) -> None:
     """Cross-section checks (before any process group starts); `fail(key, message)`."""
     ro = cfg.rollout
+    _check_containment(cfg, fail)
     if not is_separate(cfg):
         if ro.weight_update != "full":
             raise fail(

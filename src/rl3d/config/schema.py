@@ -233,9 +233,17 @@ class RolloutConfig:
     async_: AsyncRolloutConfig = field(default_factory=AsyncRolloutConfig)  # YAML: `async`
     # a separate pool's sync: whole buckets or only changed elements (rl3d.weight_sync.delta)
     weight_update: WeightUpdate = "full"
+    # a separate pool's failure containment (rl3d.config.async_rollout); timeout_s None: off
+    timeout_s: float | None = None
+    reissue: bool = True
+    min_fraction: float = 1.0
+    max_restarts: int = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "t_g", "p_g", "n", "max_new_tokens")
+        _positive(self, "t_g", "p_g", "n", "max_new_tokens", "timeout_s")
+        _non_negative(self, "max_restarts")
+        if not 0 < self.min_fraction <= 1:
+            raise FieldError("min_fraction", f"must be in (0, 1], got {self.min_fraction}")
         _non_negative(self, "temperature")
         if not 0 < self.top_p <= 1:
             raise FieldError("top_p", f"must be in (0, 1], got {self.top_p}")

@@ -177,6 +177,7 @@ class SeparatePool:
         self.pool = hosting(role_pools(cfg), ROLLOUT_POOL)
         self.rollout_ranks = list(self.pool.ranks)[:: cfg.rollout.pool.tp]  # each engine's collector
         self.max_staleness = cfg.rollout.async_.max_staleness
+        self.min_fraction = cfg.rollout.min_fraction  # of a step's prompts, with failure containment
         self.connection: PoolConnection | None = None  # `launch`
         self.published = -1  # the newest policy version sent to the pool
         self.phase = 0  # the step being trained or just trained (its validation)
@@ -251,10 +252,19 @@ class SeparatePool:
         parts = self.link.get_parts(step, len(self.rollout_ranks), self.rollout_ranks)
         self.waits["async/wait_trainer_s"] += time.perf_counter() - start
         batch = GEN.collect([(slot, out) for slot, out, _ in parts], "mean")
-        got, want = sorted(set(batch["index"])), sorted(set(prompts["index"]))
-        if got != want:
+        got = sorted(set(batch["index"])) if batch is not None else []
+        want = sorted(set(prompts["index"]))
+        counts = [info.get("counts", {}) for *_, info in parts]
+        self.waits |= {k: float(sum(c.get(k, 0) for c in counts)) for k in {k for c in counts for k in c}}
+        if got != want and not (set(got) < set(want) and self.waits.get("rollout/dropped")):
             raise AsyncLinkError(
                 f"step {step}: the rollout pool generated prompts {got}, the trainer expected {want}"
+            )
+        if len(got) < self.min_fraction * len(want):
+            raise AsyncLinkError(
+                f"step {step}: {len(got)} of {len(want)} prompts' samples arrived from the rollout "
+                f"pool ({self.waits.get('rollout/dropped', 0):.0f} dropped), under rollout.min_fraction "
+                f"= {self.min_fraction}"
             )
         self.waits["async/wait_rollout_s"] = max(info["wait_rollout_s"] for *_, info in parts)
         self.waits["async/rollout_generate_s"] = max(info["generate_s"] for *_, info in parts)

@@ -24,8 +24,13 @@ class RolloutPoolRunner:
     """The loop of a rollout-pool rank (its `fit` returns no metrics)."""
 
     def __init__(self, cfg, worker, sampler, link: AsyncLink, world_rank: int):
+        from rl3d.config.async_rollout import contains_failures
+        from rl3d.workers.rollout_guard import ContainedGeneration
+
         self.cfg, self.worker, self.sampler, self.link = cfg, worker, sampler, link
         self.world_rank = world_rank
+        # rollout.timeout_s: a step's samples each with a deadline, failures dropped or re-issued
+        self.contained = ContainedGeneration(cfg, worker) if contains_failures(cfg) else None
 
     def fit(self) -> list[dict[str, float]]:
         try:
@@ -83,11 +88,17 @@ class RolloutPoolRunner:
         prompts = self.sampler.next_batch()
         prompts.set("uid", round_uids(step, 0, len(prompts)))  # the colocated loop's
         began, cpu_began = time.perf_counter(), time.process_time()
-        part = self.worker.generate(GEN.split(prompts, self.slot), step=round_seed(step, 0))
+        share, counts = GEN.split(prompts, self.slot), {}
+        if self.contained is None:
+            part = self.worker.generate(share, step=round_seed(step, 0))
+        else:
+            part, contained = self.contained.generate(share, step=step, seed=round_seed(step, 0))
+            counts = contained.metrics()
         info = {
             "wait_rollout_s": waited,
             "generate_s": time.perf_counter() - began,
             "generate_cpu_s": time.process_time() - cpu_began,  # this rank's work, however busy the host
+            "counts": counts,  # rollout/dropped, reissued, restarts with failure containment
         }
         if self.slot.collects:
             self.link.put_part(step, self.worker.dp_rank, (self.slot, part, info))

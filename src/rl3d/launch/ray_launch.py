@@ -25,6 +25,7 @@ from typing import Any
 
 from rl3d.config import LoadedConfig, RL3DConfig
 from rl3d.logging.process import setup_process, threads_per_rank
+from rl3d.workers.rollout_guard import FAULTS_ENV
 
 logger = logging.getLogger("rl3d.launch.ray")
 
@@ -36,6 +37,7 @@ FORWARDED_ENV = (
     "RAY_DEBUG",
     "RAY_DEBUG_POST_MORTEM",
     "RL3D_RAY_CALL_TIMEOUT_S",
+    FAULTS_ENV,  # the rollout ranks' fault injection (tests only)
 )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import time
 
 import torch
@@ -26,6 +27,7 @@ from rl3d.single_controller.batch import DataBatch
 from rl3d.utils.dtypes import torch_dtype
 from rl3d.weight_sync import DeltaReceiver, WeightBridge, receive_weights
 from rl3d.workers.generation import Generation
+from rl3d.workers.rollout_guard import FAULTS_ENV, Cancelled
 
 logger = logging.getLogger(__name__)
 POLICY_VERSION = "policy_version"
@@ -45,8 +47,6 @@ class RolloutWorker:
         link: AsyncLink,
         device,
     ):
-        from rl3d.rollout import build_rollout_engine
-
         pool = cfg.rollout.pool
         self.cfg, self.spec, self.pad_token_id = cfg, spec, pad_token_id
         self.pool_rank, self.bridge, self.plan, self.link = pool_rank, bridge, plan, link
@@ -58,27 +58,43 @@ class RolloutWorker:
                 group = dist.new_group(list(range(dp * pool.tp, (dp + 1) * pool.tp)), timeout=timeout)
                 if dp == self.dp_rank:
                     self.tp_group = group
+        self.tokenizer = tokenizer
+        self.call = threading.local()  # a contained call's cancel event and injected faults
+        self._build_engine()
+        self.dtype = torch_dtype(cfg.model.dtype)
+        # an agent's rows each come from several engine calls: weights change between its
+        # calls only (a row is then one version), not within a response
+        self.partial = cfg.rollout.async_.partial_rollouts and not self.generation.multi_turn
+        self.version = -1
+        self.weights = None  # the last weights received (an engine rebuilt loads them)
+        self.delta = DeltaReceiver() if plan.delta else None  # the buckets it holds, to apply deltas to
+        self.sync_seconds = 0.0
+        self._chunk_versions: list[list[int]] = []
+
+    def _build_engine(self) -> None:
+        from rl3d.rollout import build_rollout_engine
+
+        cfg = self.cfg
         self.engine = build_rollout_engine(
             cfg.rollout,
-            spec=spec,
+            spec=self.spec,
             group=self.tp_group,
-            pad_token_id=pad_token_id,
+            pad_token_id=self.pad_token_id,
             model_path=cfg.model.hf_path,
-            device=device,
+            device=self.device,
             dtype=cfg.model.dtype,
             seed=cfg.trainer.seed,
             record_routing=cfg.algorithm.routing_replay == "rollout",  # rows carry it to the trainer
         )
-        self.dtype = torch_dtype(cfg.model.dtype)
-        self.generation = Generation(cfg, self.engine, tokenizer, pad_token_id=pad_token_id)
-        # an agent's rows each come from several engine calls: weights change between its
-        # calls only (a row is then one version), not within a response
-        self.partial = cfg.rollout.async_.partial_rollouts and not self.generation.multi_turn
+        self.generation = Generation(cfg, self.engine, self.tokenizer, pad_token_id=self.pad_token_id)
         self.engine.before_forward = self._before_forward
-        self.version = -1
-        self.delta = DeltaReceiver() if plan.delta else None  # the buckets it holds, to apply deltas to
-        self.sync_seconds = 0.0
-        self._chunk_versions: list[list[int]] = []
+
+    def restart_engine(self) -> None:
+        """A new engine in place of a failed one, holding the last weights received (the
+        policy version stays: the trainer sends the next one as usual)."""
+        self._build_engine()
+        if self.weights is not None:
+            self.engine.load_weights(self.weights)
 
     # -- weights -------------------------------------------------------------------------------
     def _agreed(self, flag: bool) -> bool:
@@ -108,6 +124,7 @@ class RolloutWorker:
             self.bridge, self.plan, self.pool_rank, dtype=self.dtype, delta=self.delta
         )
         self.engine.load_weights(weights)
+        self.weights = weights
         self.version += 1
         self.sync_seconds += stats.seconds
         logger.debug(
@@ -132,6 +149,14 @@ class RolloutWorker:
         return True
 
     def _before_forward(self, step: int) -> None:
+        call = self.call  # set by a contained call (rl3d.workers.rollout_guard), in its thread
+        if step == 0 and getattr(call, "hang_s", 0.0):
+            time.sleep(call.hang_s)  # an injected hang (tests only)
+        if getattr(call, "cancel", None) is not None and call.cancel.is_set():
+            raise Cancelled("the rank stopped waiting for this call (rollout.timeout_s)")
+        if step == 0 and getattr(call, "raise_now", False):
+            call.raise_now = False
+            raise RuntimeError(f"injected engine fault ({FAULTS_ENV})")
         if step == 0:
             self._chunk_versions.append([])
         if self.partial or (step == 0 and not self.generation.multi_turn):

@@ -88,3 +88,46 @@ def test_weight_update_is_full_or_delta_on_a_separate_pool():
     with pytest.raises(ConfigError) as err:  # a colocated rollout sends nothing
         load_config(SYNC, ["rollout.weight_update=delta"])
     assert err.value.key == "rollout.weight_update" and "placement: separate" in str(err.value)
+
+
+def test_failure_containment_keys_load_on_a_separate_pool():
+    cfg = load_config(
+        ASYNC,
+        [
+            "rollout.timeout_s=30",
+            "rollout.min_fraction=0.75",
+            "rollout.max_restarts=2",
+            "rollout.reissue=false",
+        ],
+    ).config
+    ro = cfg.rollout
+    assert (ro.timeout_s, ro.min_fraction, ro.max_restarts, ro.reissue) == (30.0, 0.75, 2, False)
+    from rl3d.config.async_rollout import contains_failures
+
+    assert contains_failures(cfg) and not contains_failures(load_config(ASYNC, []).config)
+
+
+@pytest.mark.parametrize(
+    "recipe,overrides,key,says",
+    [
+        (ASYNC, ["rollout.timeout_s=0"], "rollout.timeout_s", "> 0"),
+        (ASYNC, ["rollout.timeout_s=30", "rollout.min_fraction=0"], "rollout.min_fraction", "(0, 1]"),
+        (ASYNC, ["rollout.timeout_s=30", "rollout.min_fraction=1.5"], "rollout.min_fraction", "(0, 1]"),
+        (ASYNC, ["rollout.timeout_s=30", "rollout.max_restarts=-1"], "rollout.max_restarts", ">= 0"),
+        (ASYNC, ["rollout.reissue=sometimes"], "rollout.reissue", ""),
+        (SYNC, ["rollout.timeout_s=30"], "rollout.timeout_s", "placement: separate"),
+        (SYNC, ["rollout.max_restarts=1"], "rollout.max_restarts", "placement: separate"),
+        (ASYNC, ["rollout.min_fraction=0.5"], "rollout.min_fraction", "needs rollout.timeout_s"),
+        (ASYNC, ["rollout.max_restarts=1"], "rollout.max_restarts", "needs rollout.timeout_s"),
+        (
+            ASYNC,
+            ["rollout.timeout_s=30", "rollout.pool.tp=2", "launch.nproc_per_node=3"],
+            "rollout.pool.tp",
+            "pool.tp 1",
+        ),
+    ],
+)
+def test_bad_failure_containment_settings_name_the_key(recipe, overrides, key, says):
+    with pytest.raises(ConfigError) as err:
+        load_config(recipe, overrides)
+    assert err.value.key == key and says in str(err.value), str(err.value)
