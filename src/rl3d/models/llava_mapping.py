@@ -1,0 +1,85 @@
+"""HF LLaVA tensors -> megatron-core `LLaVAModel` parameters (t=1).
+
+Three namings are read: the modules' in transformers 5.x (`model.language_model.*`,
+`model.vision_tower.*`, `model.multi_modal_projector.*`, `lm_head.*`), what its
+`save_pretrained` writes (`language_model.model.*`, `language_model.lm_head.*`, `vision_tower.*`,
+`multi_modal_projector.*`), and the hub's LLaVA-1.5 files (the same, with
+`vision_tower.vision_model.*`). The
+decoder's tensors go through rl3d's Llama-family maps (`rl3d.models.hf_mapping.tensor_maps`);
+the CLIP tower's q, k and v are fused as megatron's QKV with one query group per head. The
+vision layers past `vision_feature_layer` and CLIP's `post_layernorm` are not read by LLaVA, and
+not loaded.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl3d.models.hf_mapping import tensor_maps
+from rl3d.ops.layouts import qkv_hf_to_megatron
+
+# HF prefix -> rl3d's own (the decoder's names as for a plain Llama; the tower's and projector's)
+_PREFIXES = (
+    ("model.language_model.", "model."),
+    ("language_model.model.", "model."),
+    ("language_model.lm_head.", "lm_head."),
+    ("model.vision_tower.", "vision."),
+    ("vision_tower.", "vision."),
+    ("model.multi_modal_projector.", "projector."),
+    ("multi_modal_projector.", "projector."),
+)
+
+_LAYER = {  # megatron suffix -> CLIP encoder layer suffix (weight and bias each)
+    "input_layernorm": "layer_norm1",
+    "self_attention.linear_proj": "self_attn.out_proj",
+    "pre_mlp_layernorm": "layer_norm2",
+    "mlp.linear_fc1": "mlp.fc1",
+    "mlp.linear_fc2": "mlp.fc2",
+}
+
+
+def canonical_names(hf_tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, tensor in hf_tensors.items():
+        for prefix, ours in _PREFIXES:
+            if name.startswith(prefix):
+                name = ours + name[len(prefix) :]
+                break
+        if name.startswith("vision.vision_model."):  # CLIPVisionModel's level, as the hub holds it
+            name = "vision." + name[len("vision.vision_model.") :]
+        out[name] = tensor
+    return out
+
+
+def llava_to_megatron(
+    spec, hf_tensors: dict[str, torch.Tensor], *, padded_vocab: int
+) -> dict[str, torch.Tensor]:
+    """Every megatron-core parameter name of `spec`'s LLaVAModel -> its full tensor."""
+    hf = canonical_names(hf_tensors)
+
+    def get(name: str) -> torch.Tensor:
+        if name not in hf:
+            raise ValueError(f"the HF LLaVA tensors have no {name!r} (in rl3d's naming)")
+        return hf[name]
+
+    out = {}
+    for m in tensor_maps(spec.text, padded_vocab):
+        out["language_model." + m.mcore] = m.to_mcore([get(n) for n in m.hf])
+    tower, vit = "vision.", "vision_model."
+    out[vit + "class_token"] = get(tower + "embeddings.class_embedding").reshape(1, 1, -1)
+    out[vit + "conv1.weight"] = get(tower + "embeddings.patch_embedding.weight")
+    out[vit + "position_embeddings.weight"] = get(tower + "embeddings.position_embedding.weight")
+    for kind in ("weight", "bias"):
+        out[f"{vit}ln_pre.{kind}"] = get(f"{tower}pre_layrnorm.{kind}")
+        for i in range(spec.vision_layers):
+            src, dst = f"{tower}encoder.layers.{i}.", f"{vit}decoder.layers.{i}."
+            for ours, theirs in _LAYER.items():
+                out[f"{dst}{ours}.{kind}"] = get(f"{src}{theirs}.{kind}")
+            q, k, v = (get(f"{src}self_attn.{x}_proj.{kind}") for x in "qkv")
+            heads = spec.vision_heads
+            out[f"{dst}self_attention.linear_qkv.{kind}"] = qkv_hf_to_megatron(
+                q, k, v, num_heads=heads, num_query_groups=heads
+            )
+        for i in (1, 2):
+            out[f"vision_projection.encoder.linear_fc{i}.{kind}"] = get(f"projector.linear_{i}.{kind}")
+    return out

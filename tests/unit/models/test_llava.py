@@ -1,0 +1,104 @@
+"""LLaVA through megatron-core's LLaVAModel on CPU (local specs, gloo world of 1): a tiny random
+transformers LlavaForConditionalGeneration (CLIP tower, projector, Llama decoder) saved with
+`save_pretrained`, its config.json read into a LlavaSpec, its safetensors loaded, and the logits
+compared on image+text inputs."""
+
+import json
+
+import pytest
+import torch
+
+from rl3d.models.llava import (
+    build_llava,
+    llava_input_ids,
+    llava_spec_from_hf_config,
+    load_llava_state_dict,
+    load_llava_weights,
+    read_llava_config,
+)
+from rl3d.testing.tiny_hf import make_tiny_llava
+
+IMAGE = 250
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory):
+    model = make_tiny_llava(seed=5, image_token_id=IMAGE)
+    directory = tmp_path_factory.mktemp("llava")
+    model.save_pretrained(str(directory))
+    return model, directory
+
+
+def _row(n: int) -> torch.Tensor:
+    """Text, an image, text, another image, text: as HF's processor expands `<image>`."""
+    return torch.tensor([[1, 7, 9, *[IMAGE] * n, 11, 12, *[IMAGE] * n, 13, 14, 15]])
+
+
+def test_logits_match_transformers_on_images_and_text(groups_1x1, tiny_llava):
+    hf, directory = tiny_llava
+    spec = read_llava_config(directory)
+    assert (spec.vision_layers, spec.num_image_tokens, spec.drop_class_token) == (2, 16, True)
+    model = build_llava(spec, groups_1x1)
+    load_llava_weights(model, spec, directory)
+    model.eval()
+    ids = _row(spec.num_image_tokens)
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    ours_ids = llava_input_ids(ids, spec)
+    assert ours_ids.shape[1] == ids.shape[1] - 2 * (spec.num_image_tokens - 1)
+    with torch.no_grad():
+        ref = hf(input_ids=ids, pixel_values=pixels).logits
+        ours, _ = model(pixels, ours_ids, torch.arange(ours_ids.shape[1])[None], None)
+        other, _ = model(pixels.flip(0), ours_ids, torch.arange(ours_ids.shape[1])[None], None)
+    ours = ours[..., : spec.text.vocab_size]
+    assert ours.shape == ref.shape == (1, ids.shape[1], spec.text.vocab_size)
+    diff = (ours - ref).abs().max().item()
+    assert diff < 1e-5, diff  # measured: 6.0e-7
+    # the images matter: swapped, the logits after the first image differ
+    assert (other[..., : spec.text.vocab_size] - ref).abs().max().item() > 1e-2
+    assert torch.Tensor.cuda.__name__ == "cuda"  # the CPU shim's nested remaps are undone
+
+
+def test_module_names_load_as_the_saved_files_do(groups_1x1, tiny_llava):
+    """transformers 5.x's module names (model.language_model.*, model.vision_tower.*) and what
+    save_pretrained writes (language_model.model.*, vision_tower.*) give the same parameters."""
+    hf, directory = tiny_llava
+    spec = read_llava_config(directory)
+    from_files, from_modules = build_llava(spec, groups_1x1), build_llava(spec, groups_1x1)
+    load_llava_weights(from_files, spec, directory)
+    state = hf.state_dict()
+    assert any(k.startswith("model.vision_tower.") for k in state)
+    load_llava_state_dict(from_modules, spec, state)
+    hub = {k.replace("vision_tower.", "vision_tower.vision_model."): v for k, v in state.items()}
+    for a, b in zip(from_files.parameters(), from_modules.parameters(), strict=True):
+        assert torch.equal(a, b)
+    load_llava_state_dict(from_modules, spec, hub)  # the hub's LLaVA-1.5 files nest vision_model.
+    del state["model.multi_modal_projector.linear_1.bias"]
+    with pytest.raises(ValueError, match="no 'projector.linear_1.bias'"):
+        load_llava_state_dict(from_modules, spec, state)
+
+
+def test_image_token_runs_must_be_whole_images(tiny_llava):
+    spec = read_llava_config(tiny_llava[1])
+    assert llava_input_ids(_row(16), spec).tolist() == [[1, 7, 9, IMAGE, 11, 12, IMAGE, 13, 14, 15]]
+    assert llava_input_ids(torch.tensor([[1, 2, 3]]), spec).tolist() == [[1, 2, 3]]
+    short = torch.tensor([[1, *[IMAGE] * 16, 2, *[IMAGE] * 15, 3]])
+    with pytest.raises(ValueError, match=r"image token runs of \[16, 15\], expected 16 each"):
+        llava_input_ids(short, spec)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"model_type": "qwen2_vl"}, "is not 'llava'"),
+        ({"vision_feature_layer": [-2, -5]}, "vision_feature_layer"),
+        ({"vision_feature_select_strategy": "cls"}, "vision_feature_select_strategy"),
+        ({"projector_hidden_act": "relu"}, "projector_hidden_act 'relu'"),
+        ({"multimodal_projector_bias": False}, "multimodal_projector_bias"),
+        ({"vision_config": {"model_type": "siglip_vision_model"}}, "CLIP only"),
+    ],
+)
+def test_config_refusals_name_the_key(tiny_llava, change, message):
+    cfg = json.loads((tiny_llava[1] / "config.json").read_text())
+    llava_spec_from_hf_config(cfg)
+    with pytest.raises(ValueError, match=message):
+        llava_spec_from_hf_config({**cfg, **change})
