@@ -8,7 +8,7 @@ Three namings are read: the modules' in transformers 5.x (`model.language_model.
 decoder's tensors go through rl3d's Llama-family maps (`rl3d.models.hf_mapping.tensor_maps`);
 the CLIP tower's q, k and v are fused as megatron's QKV with one query group per head. The
 vision layers past `vision_feature_layer` and CLIP's `post_layernorm` are not read by LLaVA, and
-not loaded.
+not loaded. `llava_to_hf` is the inverse, under `save_pretrained`'s names.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from rl3d.models.hf_mapping import tensor_maps
-from rl3d.ops.layouts import qkv_hf_to_megatron
+from rl3d.ops.layouts import qkv_hf_to_megatron, qkv_megatron_to_hf
 
 # HF prefix -> rl3d's own (the decoder's names as for a plain Llama; the tower's and projector's)
 _PREFIXES = (
@@ -82,4 +82,39 @@ def llava_to_megatron(
             )
         for i in (1, 2):
             out[f"vision_projection.encoder.linear_fc{i}.{kind}"] = get(f"projector.linear_{i}.{kind}")
+    return out
+
+
+_SAVED = (("model.", "language_model.model."), ("lm_head.", "language_model.lm_head."))
+
+
+def llava_to_hf(spec, mcore: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`llava_to_megatron`'s inverse: the full megatron-core tensors -> the HF tensors LLaVA
+    reads, named as transformers' `save_pretrained` writes them."""
+    out: dict[str, torch.Tensor] = {}
+    padded = mcore["language_model.embedding.word_embeddings.weight"].shape[0]
+    for m in tensor_maps(spec.text, padded):
+        for name, tensor in zip(m.hf, m.to_hf(mcore["language_model." + m.mcore]), strict=True):
+            prefix, saved = next(p for p in _SAVED if name.startswith(p[0]))
+            out[saved + name[len(prefix) :]] = tensor
+    tower, vit = "vision_tower.", "vision_model."
+    out[tower + "embeddings.class_embedding"] = mcore[vit + "class_token"].reshape(-1)
+    out[tower + "embeddings.patch_embedding.weight"] = mcore[vit + "conv1.weight"]
+    out[tower + "embeddings.position_embedding.weight"] = mcore[vit + "position_embeddings.weight"]
+    for kind in ("weight", "bias"):
+        out[f"{tower}pre_layrnorm.{kind}"] = mcore[f"{vit}ln_pre.{kind}"]
+        for i in range(spec.vision_layers):
+            dst, src = f"{tower}encoder.layers.{i}.", f"{vit}decoder.layers.{i}."
+            for ours, theirs in _LAYER.items():
+                out[f"{dst}{theirs}.{kind}"] = mcore[f"{src}{ours}.{kind}"]
+            heads = spec.vision_heads
+            qkv = qkv_megatron_to_hf(
+                mcore[f"{src}self_attention.linear_qkv.{kind}"], num_heads=heads, num_query_groups=heads
+            )
+            for x, tensor in zip("qkv", qkv, strict=True):
+                out[f"{dst}self_attn.{x}_proj.{kind}"] = tensor
+        for i in (1, 2):
+            out[f"multi_modal_projector.linear_{i}.{kind}"] = mcore[
+                f"vision_projection.encoder.linear_fc{i}.{kind}"
+            ]
     return out
