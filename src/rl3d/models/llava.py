@@ -3,7 +3,7 @@ megatron-core's `LLaVAModel`, from an HF `LlavaConfig`.
 
     spec = llava_spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
     model = build_llava(spec, groups)
-    load_llava_weights(model, spec, hf_dir)      # or load_llava_state_dict(model, spec, tensors)
+    load_llava_weights(model, spec, hf_dir, groups)  # or load_llava_state_dict(..., tensors, groups)
     logits, _ = model(pixel_values, llava_input_ids(ids_hf, spec), position_ids, None)
 
 The two sides place an image differently in the token ids: HF's processor writes one image token
@@ -149,7 +149,7 @@ def _bidirectional_vit_spec() -> Any:
 
 
 def build_llava(spec: LlavaSpec, groups: MegatronGroups, *, params_dtype: torch.dtype = torch.float32) -> Any:
-    """This rank's megatron-core `LLaVAModel` (local layer specs; one stage: no PP yet)."""
+    """This rank's megatron-core `LLaVAModel` (local layer specs; its TP shard; one stage: no PP)."""
     from megatron.core.models.gpt import gpt_layer_specs
     from megatron.core.models.multimodal.llava_model import LLaVAModel
     from megatron.core.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
@@ -221,29 +221,35 @@ def llava_input_ids(ids_BT: torch.Tensor, spec: LlavaSpec) -> torch.Tensor:
     return ids[~image | first][None]
 
 
-def load_llava_weights(model: Any, spec: LlavaSpec, hf_dir: str | Path) -> None:
-    """Load an HF LLaVA directory's safetensors into `model` (one stage, t=1)."""
+def load_llava_weights(model: Any, spec: LlavaSpec, hf_dir: str | Path, groups: MegatronGroups) -> None:
+    """Load an HF LLaVA directory's safetensors into this rank's `model` (its TP shard)."""
     from safetensors.torch import load_file
 
     tensors: dict[str, torch.Tensor] = {}
     for path in sorted(Path(hf_dir).glob("*.safetensors")):
         tensors.update(load_file(str(path)))
-    load_llava_state_dict(model, spec, tensors)
+    load_llava_state_dict(model, spec, tensors, groups)
 
 
-def load_llava_state_dict(model: Any, spec: LlavaSpec, hf_tensors: dict[str, torch.Tensor]) -> None:
-    """Copy HF LLaVA tensors (either naming transformers has used) into `model` (t=1): every
-    megatron parameter is set exactly once, and every HF tensor LLaVA reads is used."""
-    from rl3d.models.llava_mapping import llava_to_megatron
+def load_llava_state_dict(
+    model: Any, spec: LlavaSpec, hf_tensors: dict[str, torch.Tensor], groups: MegatronGroups
+) -> None:
+    """Copy HF LLaVA tensors (any naming transformers has used) into this rank's `model`, each
+    cut to its TP shard: every megatron parameter is set exactly once, or this fails naming it."""
+    from rl3d.models.llava_mapping import llava_shard_kinds, llava_to_megatron
+    from rl3d.ops.layouts import shard_for_tp
 
     wanted = dict(model.named_parameters())
-    mapped = llava_to_megatron(spec, hf_tensors, padded_vocab=model.language_model.vocab_size)
+    padded = model.language_model.vocab_size
+    mapped = llava_to_megatron(spec, hf_tensors, padded_vocab=padded)
+    kinds = llava_shard_kinds(spec, list(mapped), padded)
     missing, extra = sorted(set(wanted) - set(mapped)), sorted(set(mapped) - set(wanted))
     if missing or extra:
         raise ValueError(f"LLaVA weights: megatron parameters not set {missing}, unknown {extra}")
+    t, rank = groups.layout.t, groups.tp_rank
     with torch.no_grad():
         for name, param in wanted.items():
-            value = mapped[name]
+            value = shard_for_tp(mapped[name], kinds[name], t, rank)
             if tuple(value.shape) != tuple(param.shape):
                 raise ValueError(f"{name}: HF gives {tuple(value.shape)}, megatron has {tuple(param.shape)}")
             param.copy_(value)

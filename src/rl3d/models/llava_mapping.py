@@ -17,6 +17,7 @@ import torch
 
 from rl3d.models.hf_mapping import tensor_maps
 from rl3d.ops.layouts import qkv_hf_to_megatron, qkv_megatron_to_hf
+from rl3d.parallel.sharding import ShardKind
 
 # HF prefix -> rl3d's own (the decoder's names as for a plain Llama; the tower's and projector's)
 _PREFIXES = (
@@ -83,6 +84,27 @@ def llava_to_megatron(
         for i in (1, 2):
             out[f"vision_projection.encoder.linear_fc{i}.{kind}"] = get(f"projector.linear_{i}.{kind}")
     return out
+
+
+# how megatron-core splits the tower's and the projector's tensors between TP ranks (the
+# decoder's kinds are the Llama family's); the rest (norms, patch and position embeddings, class
+# token, row-parallel biases) is replicated
+_VISION_KINDS = (
+    (".linear_qkv.", ShardKind.QKV),  # one query group per head: whole heads per rank
+    (".linear_fc1.", ShardKind.COLUMN),
+    (".linear_proj.weight", ShardKind.ROW),
+    (".linear_fc2.weight", ShardKind.ROW),
+)
+
+
+def llava_shard_kinds(spec, names: list[str], padded_vocab: int) -> dict[str, ShardKind]:
+    """How each of the megatron-core parameters `names` of `spec`'s LLaVAModel is split under TP."""
+    decoder = {"language_model." + m.mcore: m.kind for m in tensor_maps(spec.text, padded_vocab)}
+    return {
+        name: decoder.get(name)
+        or next((k for part, k in _VISION_KINDS if part in name), ShardKind.REPLICATED)
+        for name in names
+    }
 
 
 _SAVED = (("model.", "language_model.model."), ("lm_head.", "language_model.lm_head."))

@@ -39,7 +39,7 @@ def test_logits_match_transformers_on_images_and_text(groups_1x1, tiny_llava):
     spec = read_llava_config(directory)
     assert (spec.vision_layers, spec.num_image_tokens, spec.drop_class_token) == (2, 16, True)
     model = build_llava(spec, groups_1x1)
-    load_llava_weights(model, spec, directory)
+    load_llava_weights(model, spec, directory, groups_1x1)
     model.eval()
     ids = _row(spec.num_image_tokens)
     pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
@@ -66,7 +66,7 @@ def test_gradients_match_transformers_and_the_tower_can_be_frozen(groups_1x1, ti
     hf, directory = tiny_llava
     spec = read_llava_config(directory)
     model = build_llava(spec, groups_1x1)
-    load_llava_weights(model, spec, directory)
+    load_llava_weights(model, spec, directory, groups_1x1)
     ids = _row(spec.num_image_tokens)
     pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(1))
     text = (ids[0, :-1] != IMAGE).nonzero()[:, 0]  # positions whose next token is predicted
@@ -115,17 +115,17 @@ def test_module_names_load_as_the_saved_files_do(groups_1x1, tiny_llava):
     hf, directory = tiny_llava
     spec = read_llava_config(directory)
     from_files, from_modules = build_llava(spec, groups_1x1), build_llava(spec, groups_1x1)
-    load_llava_weights(from_files, spec, directory)
+    load_llava_weights(from_files, spec, directory, groups_1x1)
     state = hf.state_dict()
     assert any(k.startswith("model.vision_tower.") for k in state)
-    load_llava_state_dict(from_modules, spec, state)
+    load_llava_state_dict(from_modules, spec, state, groups_1x1)
     hub = {k.replace("vision_tower.", "vision_tower.vision_model."): v for k, v in state.items()}
     for a, b in zip(from_files.parameters(), from_modules.parameters(), strict=True):
         assert torch.equal(a, b)
-    load_llava_state_dict(from_modules, spec, hub)  # the hub's LLaVA-1.5 files nest vision_model.
+    load_llava_state_dict(from_modules, spec, hub, groups_1x1)  # the hub's LLaVA-1.5 files nest vision_model.
     del state["model.multi_modal_projector.linear_1.bias"]
     with pytest.raises(ValueError, match="no 'projector.linear_1.bias'"):
-        load_llava_state_dict(from_modules, spec, state)
+        load_llava_state_dict(from_modules, spec, state, groups_1x1)
 
 
 def test_export_gives_the_hf_tensors_back_bit_for_bit(groups_1x1, tiny_llava):
@@ -138,7 +138,7 @@ def test_export_gives_the_hf_tensors_back_bit_for_bit(groups_1x1, tiny_llava):
     _, directory = tiny_llava
     spec = read_llava_config(directory)
     model = build_llava(spec, groups_1x1)
-    load_llava_weights(model, spec, directory)
+    load_llava_weights(model, spec, directory, groups_1x1)
     exported = llava_to_hf(spec, {n: p.detach() for n, p in model.named_parameters()})
     saved = load_file(str(directory / "model.safetensors"))
     unread = {k for k in saved if "post_layernorm" in k or ".layers.2." in k and "vision_tower" in k}
