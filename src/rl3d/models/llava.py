@@ -9,7 +9,7 @@ megatron-core's `LLaVAModel`, from an HF `LlavaConfig`.
 The two sides place an image differently in the token ids: HF's processor writes one image token
 per image embedding (`spec.num_image_tokens` of them), megatron-core's LLaVA takes one image token
 per image and widens it to that many embeddings itself. `llava_input_ids` turns the first into the
-second; the logits then have the same length and order.
+second; the logits then have the same length and order. A text-only batch passes `no_images(spec)`.
 
 The vision tower is megatron-core's `CLIPViTModel` on the local layer spec, its attention made
 bidirectional as CLIP's is (the local ViT spec is causal). It runs as many layers as HF's
@@ -209,16 +209,26 @@ def build_llava(spec: LlavaSpec, groups: MegatronGroups, *, params_dtype: torch.
 
 def llava_input_ids(ids_BT: torch.Tensor, spec: LlavaSpec) -> torch.Tensor:
     """HF's ids (`num_image_tokens` image tokens per image) as megatron's LLaVA takes them (one
-    per image). One row at a time: rows may shrink by different amounts."""
-    assert ids_BT.shape[0] == 1, "one row: images shrink rows unevenly"
-    ids = ids_BT[0]
+    per image). Every row must hold the same number of images (they shrink alike)."""
+    rows = [_one_token_per_image(row, spec) for row in ids_BT]
+    if len({len(row) for row in rows}) > 1:
+        raise ValueError("rows with different numbers of images shrink unequally; pass them one by one")
+    return torch.stack(rows)
+
+
+def _one_token_per_image(ids: torch.Tensor, spec: LlavaSpec) -> torch.Tensor:
     image = ids == spec.image_token_id
     first = image & ~torch.cat([image.new_zeros(1), image[:-1]])  # the first token of each run
     runs = torch.cumsum(first.int(), 0)
     lengths = torch.bincount(runs[image], minlength=int(runs.max()) + 1)[1:]
     if bool((lengths != spec.num_image_tokens).any()):
         raise ValueError(f"image token runs of {lengths.tolist()}, expected {spec.num_image_tokens} each")
-    return ids[~image | first][None]
+    return ids[~image | first]
+
+
+def no_images(spec: LlavaSpec) -> torch.Tensor:
+    """The `images` argument of a text-only batch (megatron's LLaVA reads `images.dtype`: None fails)."""
+    return torch.zeros(0, 3, spec.image_size, spec.image_size)
 
 
 def load_llava_weights(model: Any, spec: LlavaSpec, hf_dir: str | Path, groups: MegatronGroups) -> None:

@@ -14,6 +14,7 @@ from rl3d.models.llava import (
     llava_spec_from_hf_config,
     load_llava_state_dict,
     load_llava_weights,
+    no_images,
     read_llava_config,
 )
 from rl3d.testing.tiny_hf import make_tiny_llava
@@ -56,6 +57,33 @@ def test_logits_match_transformers_on_images_and_text(groups_1x1, tiny_llava):
     # the images matter: swapped, the logits after the first image differ
     assert (other[..., : spec.text.vocab_size] - ref).abs().max().item() > 1e-2
     assert torch.Tensor.cuda.__name__ == "cuda"  # the CPU shim's nested remaps are undone
+
+
+def test_text_only_rows_and_a_batch_of_rows(groups_1x1, tiny_llava):
+    """A text-only row (no images at all) and two rows with one image each at other positions."""
+    hf, directory = tiny_llava
+    spec = read_llava_config(directory)
+    model = build_llava(spec, groups_1x1)
+    load_llava_weights(model, spec, directory, groups_1x1)
+    model.eval()
+    n, vocab = spec.num_image_tokens, spec.text.vocab_size
+    text = torch.tensor([[1, 7, 9, 11, 12, 13]])
+    rows = torch.tensor([[1, 7, *[IMAGE] * n, 11, 12, 13], [1, 7, 9, 11, *[IMAGE] * n, 13]])
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    ours_rows = llava_input_ids(rows, spec)
+    with torch.no_grad():
+        text_diff = (
+            model(no_images(spec), text, torch.arange(6)[None], None)[0][..., :vocab] - hf(text).logits
+        )
+        positions = torch.arange(ours_rows.shape[1]).expand(2, -1)
+        rows_diff = (
+            model(pixels, ours_rows, positions, None)[0][..., :vocab]
+            - hf(input_ids=rows, pixel_values=pixels).logits
+        )
+    assert text_diff.abs().max().item() < 1e-5  # measured: 6.1e-7
+    assert rows_diff.abs().max().item() < 1e-5  # measured: 6.3e-7
+    with pytest.raises(ValueError, match="shrink unequally"):
+        llava_input_ids(torch.cat([rows[:1], torch.tensor([[1, *[7] * (n + 4)]])]), spec)
 
 
 def test_gradients_match_transformers_and_the_tower_can_be_frozen(groups_1x1, tiny_llava):
