@@ -226,9 +226,39 @@ def _one_token_per_image(ids: torch.Tensor, spec: LlavaSpec) -> torch.Tensor:
     return ids[~image | first]
 
 
+def hf_input_ids(ids: list[int], spec: LlavaSpec) -> list[int]:
+    """`llava_input_ids`' inverse for one prompt: each image token widened to `num_image_tokens`
+    of them, as HF's processor writes (a loaded prompt holds one `<image>` per image, which is
+    megatron's form already)."""
+    out: list[int] = []
+    for token in ids:
+        out.extend([token] * spec.num_image_tokens if token == spec.image_token_id else [token])
+    return out
+
+
 def no_images(spec: LlavaSpec) -> torch.Tensor:
     """The `images` argument of a text-only batch (megatron's LLaVA reads `images.dtype`: None fails)."""
     return torch.zeros(0, 3, spec.image_size, spec.image_size)
+
+
+def llava_pixel_values(images: list[Any], spec: LlavaSpec, hf_dir: str | Path | None = None) -> torch.Tensor:
+    """Decoded images (`PIL.Image`s, `rl3d.data.images`) as the tower's input [n, 3, size, size]:
+    transformers' CLIP image processor, from `hf_dir`'s preprocessor_config.json when it has one
+    (LLaVA-1.5's: shortest side to 336, centre crop, CLIP's mean and std), else CLIP's defaults at
+    `spec.image_size`."""
+    if not images:
+        return no_images(spec)
+    from transformers import CLIPImageProcessorPil
+
+    config = Path(hf_dir) / "preprocessor_config.json" if hf_dir is not None else None
+    if config is not None and config.is_file():
+        processor = CLIPImageProcessorPil.from_pretrained(str(hf_dir))
+    else:
+        size = spec.image_size
+        processor = CLIPImageProcessorPil(
+            size={"shortest_edge": size}, crop_size={"height": size, "width": size}
+        )
+    return processor(images=images, return_tensors="pt")["pixel_values"]
 
 
 def load_llava_weights(model: Any, spec: LlavaSpec, hf_dir: str | Path, groups: MegatronGroups) -> None:
