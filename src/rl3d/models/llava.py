@@ -217,13 +217,17 @@ def llava_input_ids(ids_BT: torch.Tensor, spec: LlavaSpec) -> torch.Tensor:
 
 
 def _one_token_per_image(ids: torch.Tensor, spec: LlavaSpec) -> torch.Tensor:
+    n = spec.num_image_tokens
     image = ids == spec.image_token_id
     first = image & ~torch.cat([image.new_zeros(1), image[:-1]])  # the first token of each run
     runs = torch.cumsum(first.int(), 0)
     lengths = torch.bincount(runs[image], minlength=int(runs.max()) + 1)[1:]
-    if bool((lengths != spec.num_image_tokens).any()):
-        raise ValueError(f"image token runs of {lengths.tolist()}, expected {spec.num_image_tokens} each")
-    return ids[~image | first]
+    if bool((lengths % n != 0).any()):  # adjacent images make one run of a multiple of n
+        raise ValueError(f"image token runs of {lengths.tolist()}, expected multiples of {n}")
+    starts = torch.nonzero(first)[:, 0]
+    position = torch.arange(len(ids))
+    in_run = position - starts[(runs - 1).clamp(min=0)] if len(starts) else position
+    return ids[~image | (in_run % n == 0)]
 
 
 def hf_input_ids(ids: list[int], spec: LlavaSpec) -> list[int]:

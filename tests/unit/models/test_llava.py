@@ -179,8 +179,10 @@ def test_image_token_runs_must_be_whole_images(tiny_llava):
     spec = read_llava_config(tiny_llava[1])
     assert llava_input_ids(_row(16), spec).tolist() == [[1, 7, 9, IMAGE, 11, 12, IMAGE, 13, 14, 15]]
     assert llava_input_ids(torch.tensor([[1, 2, 3]]), spec).tolist() == [[1, 2, 3]]
+    adjacent = torch.tensor([[1, *[IMAGE] * 32, 2]])  # "<image><image>" as HF widens it
+    assert llava_input_ids(adjacent, spec).tolist() == [[1, IMAGE, IMAGE, 2]]
     short = torch.tensor([[1, *[IMAGE] * 16, 2, *[IMAGE] * 15, 3]])
-    with pytest.raises(ValueError, match=r"image token runs of \[16, 15\], expected 16 each"):
+    with pytest.raises(ValueError, match=r"image token runs of \[16, 15\], expected multiples of 16"):
         llava_input_ids(short, spec)
 
 
