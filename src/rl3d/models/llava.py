@@ -177,7 +177,7 @@ def build_llava(spec: LlavaSpec, groups: MegatronGroups, *, params_dtype: torch.
         num_layers=1,
         hidden_size=text.hidden_size,
         ffn_hidden_size=text.hidden_size,
-        num_attention_heads=1,
+        num_attention_heads=groups.layout.t,  # unused by an MLP; megatron wants it divisible by t
         activation_func=_activation(spec.projector_act),
     )
     model = LLaVAModel(
