@@ -157,6 +157,8 @@ def build_llava(spec: LlavaSpec, groups: MegatronGroups, *, params_dtype: torch.
 
     if groups.layout.p > 1:
         raise ValueError("LLaVA under pipeline parallelism is not built yet (p must be 1)")
+    if spec.text.is_moe:
+        raise ValueError(f"LLaVA with a mixture-of-experts decoder ({spec.text.name}) is not built yet")
     cpu_shim.define_clip_vit_norm_without_te()
     text = spec.text
     vision = _plain_config(
