@@ -9,6 +9,9 @@ it). `chat_template` says when the tokenizer's chat template (with the generatio
 the prompt: `auto` for messages only, `always` also for text (the formatted `template` becomes
 the user's message), `never` refuses a messages column. `system_prompt` is put first in every
 conversation that has no system message of its own.
+
+Images (verl's multimodal layout, `rl3d.data.images`): a file with the column `image_key` gives
+each row its list of images, and its prompt one `image_placeholder` per image.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ class DataConfig:
     # None: the column `answer` when a file has it, else verl's `reward_model.ground_truth`
     answer_key: str | None = None
     source_key: str = "data_source"  # each row's data source, when the file has the column
+    image_key: str = "images"  # each row's images, when the file has the column
+    image_placeholder: str = "<image>"  # one in the prompt per image
     template: str = "{prompt}"  # str.format over a row's columns, for text prompts
     chat_template: Literal["auto", "always", "never"] = "auto"
     system_prompt: str | None = None
@@ -54,7 +59,9 @@ class DataConfig:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
         if not self.train_files and self.synthetic is None:
             raise FieldError("train_files", "give parquet files, or a data.synthetic block")
-        for name in ("prompt_key", "answer_key", "source_key"):
+        if not self.image_placeholder.strip():
+            raise FieldError("image_placeholder", "must be a non-empty marker such as '<image>'")
+        for name in ("prompt_key", "answer_key", "source_key", "image_key"):
             key = getattr(self, name)
             if key is not None and (not key or "" in key.split(".")):
                 raise FieldError(name, f"must name a column, or a field as column.field, got {key!r}")

@@ -30,7 +30,9 @@ a *row* are bad rows:
 - it has more than `max_prompt_length` tokens. Such prompts are *rejected*, not truncated: a
   cut question is a different question, and its reward would be noise;
 - with an `answer_check` (the reward needs answers, see `rl3d.rewards.answer_check_for`): the
-  answer is null or `answer_check` raises ValueError/TypeError on it.
+  answer is null or `answer_check` raises ValueError/TypeError on it;
+- with an image column (`data.image_key`, `rl3d.data.images`): an image is neither bytes nor a
+  path, does not decode, or the framed prompt's `data.image_placeholder`s do not count the images.
 
 With ``on_bad_row: skip`` each bad row is logged with ``file:row`` (rows count from 0 within
 each file), recorded in `dataset.bad_rows` and skipped; with ``on_bad_row: error`` the first one
@@ -54,6 +56,7 @@ from typing import Any, overload
 
 from rl3d.data.columns import answer_key_of, check_layout, column_of, messages_of, type_at, value_at
 from rl3d.data.errors import DataError
+from rl3d.data.images import ImageRef, check_image_column, check_row_images, image_refs
 from rl3d.data.synthetic import get_synthetic_task
 
 logger = logging.getLogger(__name__)
@@ -70,6 +73,7 @@ class PromptItem:
     source: str  # "file:row" (row from 0) or "synthetic:<task>:<i>"
     data_source: str | None = None  # the row's `data.source_key` column, when the file has one
     messages: list[dict[str, str]] | None = None  # a chat row's messages, as the template framed them
+    images: tuple[ImageRef, ...] = ()  # encoded bytes or absolute paths (`rl3d.data.images`)
 
 
 @dataclass
@@ -175,6 +179,7 @@ class _ParquetLoader:
         )
         if messages or cfg.chat_template == "always":
             self._check_chat_template(path)
+        image_key = check_image_column(path, schema, cfg)
         answer_key = answer_key_of(cfg, schema)
         answer_key = answer_key if answer_key and type_at(schema, answer_key) is not None else None
         source_key = cfg.source_key if type_at(schema, cfg.source_key) is not None else None
@@ -183,13 +188,13 @@ class _ParquetLoader:
                 f"{path}: reward.fn_by_source needs each row's source, but the file has no column "
                 f"{cfg.source_key!r} (data.source_key); columns: {', '.join(schema.names)}"
             )
-        keys = [k for k in (cfg.prompt_key, answer_key, source_key) if k]
+        keys = [k for k in (cfg.prompt_key, answer_key, source_key, image_key) if k]
         wanted = [column_of(k, schema.names) for k in keys] + ([] if messages else self.template_cols)
         columns = list(dict.fromkeys(wanted))
         row = 0
         for group in range(parquet.num_row_groups):
             for record in parquet.read_row_group(group, columns=columns).to_pylist():
-                self._add_row(record, f"{path}:{row}", answer_key, source_key)
+                self._add_row(record, f"{path}:{row}", answer_key, source_key, image_key)
                 row += 1
 
     def _check_chat_template(self, path: str) -> None:
@@ -199,10 +204,18 @@ class _ParquetLoader:
                 f"but the tokenizer has none ({type(self.tokenizer).__name__}; data.tokenizer names one)"
             )
 
-    def _add_row(self, record: dict[str, Any], source: str, answer_key: str | None, source_key: str | None):
+    def _add_row(
+        self,
+        record: dict[str, Any],
+        source: str,
+        answer_key: str | None,
+        source_key: str | None,
+        image_key: str | None,
+    ):
         data_source = value_at(record, source_key) if source_key else None
         try:
             text, prompt_ids, answer = self._parse_row(record, answer_key, data_source)
+            images = self._images(record, text, source, image_key)
         except _BadRow as bad:
             self._bad(source, str(bad))
             return
@@ -211,8 +224,19 @@ class _ParquetLoader:
         prompt = value_at(record, self.cfg.prompt_key)
         messages = self._with_system(messages_of(prompt)) if isinstance(prompt, list) else None
         self.items.append(
-            PromptItem(len(self.items), prompt_ids, text, answer, source, data_source, messages)
+            PromptItem(len(self.items), prompt_ids, text, answer, source, data_source, messages, images)
         )
+
+    def _images(self, record: dict[str, Any], text: str, source: str, image_key: str | None):
+        """The row's images, each decoded once to check it; placeholders counted in the framed text."""
+        if image_key is None:
+            return ()
+        try:
+            refs = image_refs(value_at(record, image_key), Path(source.rsplit(":", 1)[0]).parent)
+            check_row_images(refs, [text], self.cfg)
+        except ValueError as err:
+            raise _BadRow(str(err)) from None
+        return tuple(refs)
 
     def _prompt_text(self, record: dict[str, Any]) -> tuple[str, bool]:
         """The prompt as text, and whether it is already framed by the chat template."""

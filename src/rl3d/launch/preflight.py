@@ -158,6 +158,7 @@ def _check_data(check: _Check) -> None:
 
     from rl3d.data import DataError, check_first_row, check_layout, template_columns
     from rl3d.data.columns import type_at
+    from rl3d.data.images import check_images_of_first_row
     from rl3d.rewards import answer_check_for
 
     cfg = check.cfg
@@ -187,6 +188,7 @@ def _check_data(check: _Check) -> None:
                 name, schema, cfg.data, template_columns=columns, needs_answer=needs_answer
             )
             check_first_row(name, cfg.data, messages=messages)
+            check_images_of_first_row(name, cfg.data)  # the image column's type, row 0's images
         except DataError as err:
             raise check.fail(key, str(err)) from None
         if cfg.reward.fn_by_source is not None and type_at(schema, cfg.data.source_key) is None:

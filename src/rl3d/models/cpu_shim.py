@@ -17,8 +17,9 @@ module remaps exactly those to the CPU, and nothing else:
    CPU; the global `torch` is untouched.
 4. Tensor-method calls: grad clipping asserts `torch.cuda.FloatTensor`, the optimizers sort
    params by `torch.cuda.*Tensor` type names, tied-embedding setup and the distributed
-   optimizer's checkpoint gather call `.cuda()`; inside exactly those calls a CPU tensor
-   reports its CUDA type name and `.cuda()` is a no-op.
+   optimizer's checkpoint gather call `.cuda()`, and so does the CLIP ViT's constructor (LLaVA's
+   vision tower); inside exactly those calls a CPU tensor reports its CUDA type name and
+   `.cuda()` is a no-op.
 5. In 0.19, the grad buffer reads `torch.cuda.current_stream` (covered by the module `torch`
    of item 3: on CPU there is one stream and nothing to wait on). The mixture-of-experts
    all-to-all token dispatcher makes a side `torch.cuda.Stream` for its device-to-host copies
@@ -45,6 +46,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import inspect
 import logging
 import os
 from typing import Any
@@ -115,6 +117,22 @@ def define_missing_te_gemm() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None
+
+
+def define_clip_vit_norm_without_te() -> None:
+    """megatron-core's CLIP ViT takes its pre-norm class as a default argument, Transformer
+    Engine's `TENorm` or, without TE, `torch.nn.LayerNorm`, which it then builds with a
+    `config=` keyword that torch's norm refuses (LLaVA passes no norm of its own). Without TE the
+    default becomes megatron's `WrappedTorchNorm`, the local layer spec's LayerNorm (the same
+    torch LayerNorm behind megatron's constructor signature). Needed without TE on any device,
+    so called by the LLaVA builder."""
+    from megatron.core.models.vision import clip_vit_model
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    init = inspect.unwrap(clip_vit_model.CLIPViTModel.__init__)  # under the CPU shim's wrapper
+    defaults = init.__defaults__
+    assert defaults is not None
+    init.__defaults__ = tuple(WrappedTorchNorm if d is torch.nn.LayerNorm else d for d in defaults)
 
 
 def activate(device: str | None = None) -> bool:
@@ -389,14 +407,16 @@ def _cuda_tensor_methods() -> Any:
     """Inside one megatron call: CPU tensors report CUDA type names and `.cuda()` is a no-op.
 
     Scoped to the wrapped call; megatron makes these calls on the main thread at setup time.
+    Calls nest (LLaVA's constructor builds a GPTModel, whose embedding setup is wrapped too): each
+    exit restores what its entry found.
     """
+    found = torch.Tensor.type, torch.Tensor.cuda
     torch.Tensor.type = _type_as_cuda
     torch.Tensor.cuda = _cuda_stays_on_cpu
     try:
         yield
     finally:
-        torch.Tensor.type = _tensor_type
-        torch.Tensor.cuda = _tensor_cuda
+        torch.Tensor.type, torch.Tensor.cuda = found
 
 
 def _with_cuda_tensor_methods(fn: Any) -> Any:
@@ -434,3 +454,8 @@ def _patch_tensor_method_calls() -> None:
     cut = _with_cuda_tensor_methods(rope_utils.get_pos_emb_on_this_cp_rank)
     rope_utils.get_pos_emb_on_this_cp_rank = cut
     rotary_pos_embedding.get_pos_emb_on_this_cp_rank = cut  # imported by name
+    # The CLIP ViT (LLaVA's vision tower) moves its position ids `.cuda()` when it is built.
+    from megatron.core.models.vision import clip_vit_model
+
+    vit = clip_vit_model.CLIPViTModel
+    vit.__init__ = _with_cuda_tensor_methods(vit.__init__)

@@ -96,3 +96,28 @@ def test_rng_tracker_forks_cpu_generator(groups_1x1):
     with tracker.fork():
         second = torch.rand(3)
     assert not torch.equal(first, second)  # the forked stream advances
+
+
+def test_cuda_tensor_method_scopes_nest():
+    """LLaVA's CLIP ViT constructor runs in a scope, and the GPTModel it builds enters another:
+    leaving the inner one keeps the outer one's remap, leaving the outer one undoes it."""
+    with cpu_shim._cuda_tensor_methods():
+        with cpu_shim._cuda_tensor_methods():
+            assert torch.arange(2).cuda().device.type == "cpu"
+        assert torch.arange(2).cuda().device.type == "cpu"
+    assert torch.Tensor.cuda is cpu_shim._tensor_cuda and torch.Tensor.type is cpu_shim._tensor_type
+
+
+def test_clip_vit_builds_on_cpu_without_transformer_engine(groups_1x1):
+    from megatron.core.models.vision.clip_vit_model import CLIPViTModel
+    from megatron.core.models.vision.vit_layer_specs import get_vit_layer_with_local_spec
+    from megatron.core.transformer import TransformerConfig
+
+    cpu_shim.define_clip_vit_norm_without_te()
+    cpu_shim.define_clip_vit_norm_without_te()  # idempotent
+    config = TransformerConfig(
+        num_layers=1, hidden_size=8, num_attention_heads=2, use_cpu_initialization=True, add_bias_linear=True
+    )
+    vit = CLIPViTModel(config, get_vit_layer_with_local_spec(), img_h=8, img_w=8, patch_dim=4)
+    assert vit.position_ids.device.type == "cpu"
+    assert vit(torch.randn(1, 3, 8, 8)).shape == (1, 5, 8)  # 4 patches and the class token
