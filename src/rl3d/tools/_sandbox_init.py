@@ -16,6 +16,7 @@ system steps are skipped.
 """
 
 import ctypes
+import errno
 import json
 import os
 import signal
@@ -31,6 +32,10 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
+SYS_MOUNT_SETATTR = 442  # the same number on every architecture (Linux 5.12)
+AT_FDCWD, AT_RECURSIVE = -100, 0x8000
+# mount_setattr's attributes are MS_'s first four bits, in the same order
+MOUNT_ATTRS = {MS_RDONLY: 0x1, MS_NOSUID: 0x2, MS_NODEV: 0x4, MS_NOEXEC: 0x8}
 DEVICES = ("null", "zero", "full", "random", "urandom")
 PTYS = 16  # terminals a run may open (its own devpts); each also counts in the host's kernel.pty.max
 
@@ -46,8 +51,34 @@ class _Mounter:
             raise OSError(errno, f"mount {source} on {target}: {os.strerror(errno)}")
 
     def bind_read_only(self, source: str, target: str, extra: int = MS_NODEV) -> None:
+        """Bind `source`, and every mount under it, read-only and nosuid (plus `extra`) on `target`.
+
+        A bind remount changes one mount only: a mount under a bound directory (a container's
+        volume under /usr or /etc) would stay writable. mount_setattr sets the flags on the whole
+        tree at once; without it (before Linux 5.12) each mount under `target` is remounted."""
         self(source, target, None, MS_BIND | MS_REC)
-        self(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | extra)
+        flags = MS_RDONLY | MS_NOSUID | extra
+        attr = (ctypes.c_uint64 * 4)(sum(bit for ms, bit in MOUNT_ATTRS.items() if flags & ms), 0, 0, 0)
+        call = self.libc.syscall(
+            SYS_MOUNT_SETATTR, AT_FDCWD, target.encode(), AT_RECURSIVE, attr, ctypes.sizeof(attr)
+        )
+        if call == 0:
+            return
+        if ctypes.get_errno() != errno.ENOSYS:
+            raise OSError(ctypes.get_errno(), f"mount_setattr on {target}: {os.strerror(ctypes.get_errno())}")
+        self.remount_each(target, flags)
+
+    def remount_each(self, target: str, flags: int) -> None:
+        """Bind-remount every mount at or under `target` with `flags`, parents first."""
+        for point in _mounts_under(target):
+            self(None, point, None, MS_BIND | MS_REMOUNT | flags)
+
+
+def _mounts_under(target: str) -> list[str]:
+    """The mount points at or under `target`, parents first (from /proc/self/mountinfo)."""
+    with open("/proc/self/mountinfo") as info:
+        points = [line.split()[4].encode().decode("unicode_escape") for line in info]
+    return sorted({p for p in points if p == target or p.startswith(target + "/")}, key=len)
 
 
 def build_root(libc, settings: dict) -> None:
