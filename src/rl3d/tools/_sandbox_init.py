@@ -152,6 +152,11 @@ def _scratch(mount: _Mounter, libc, root: str, settings: dict) -> None:
 
 
 def _worker(libc, code: str, settings: dict) -> int:
+    # The kernel's OOM killer takes the code (and what it forks, which inherits this) before
+    # anything else: the launcher, which must report, and the trainer, when a run fills the
+    # trainer's own cgroup. Raising the score needs no privilege; lowering it again does.
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
     os.chdir(settings["scratch"])
     _sandbox_child.set_limits(settings)
     if os.geteuid() == 0:

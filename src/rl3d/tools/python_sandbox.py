@@ -142,7 +142,8 @@ def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
         status = _read_status(status_r)
         if "setup_error" in status:
             raise RuntimeError(f"sandbox: isolation '{config.isolation}' failed: {status['setup_error']}")
-        if not status and not wall_timed_out:
+        oom_killed = group.oom_killed() if group is not None else False
+        if not status and not wall_timed_out and not oom_killed:
             raise RuntimeError(
                 f"sandbox: the launcher exited ({proc.returncode}) before the code ran: {err.text()[-500:]}"
             )
@@ -154,7 +155,7 @@ def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
             wall_timed_out=wall_timed_out or bool(status.get("wall_killed")),
             pid=proc.pid,
             cpu_seconds=status.get("cpu_seconds"),
-            oom_killed=group.oom_killed() if group is not None else False,
+            oom_killed=oom_killed,
         )
     finally:
         for fd in (status_r, status_w):

@@ -1,0 +1,96 @@
+"""The kernel's OOM killer takes the sandboxed code, never the launcher or the trainer: memory the
+code holds in the kernel, or runs that together fill the trainer's own cgroup, end the code, and
+the call reports a memory kill with the code's output kept."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from rl3d.tools._sandbox_cgroup import usable
+from rl3d.tools.python_sandbox import SandboxConfig, isolation_problem, run_python, to_result
+
+FAST = {"cpu_seconds": 10, "wall_seconds": 40, "memory_mb": 128}
+PROBLEM = isolation_problem(SandboxConfig(**FAST))
+MEMORY = usable().get("memory")
+pytestmark = pytest.mark.skipif(
+    PROBLEM is not None or MEMORY is None, reason=f"needs kernel isolation ({PROBLEM}) and a memory cgroup"
+)
+
+# SysV message queues until the run's cgroup is full: kernel memory, charged to the run but in no
+# process's resident set, so before the worker's OOM score the launcher (the larger) was taken.
+MESSAGE_QUEUES = r"""
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print("before", flush=True)
+message = ctypes.create_string_buffer(8200)
+ctypes.memset(message, 1, 8)  # mtype 1
+for _ in range(32000):
+    queue = libc.msgget(0, 0o1600)  # IPC_PRIVATE, IPC_CREAT, 0600
+    if queue < 0:
+        break
+    while libc.msgsnd(queue, message, 8192, 0o4000) == 0:  # IPC_NOWAIT
+        pass
+print("not reached")
+"""
+
+
+def test_memory_the_code_holds_in_the_kernel_kills_the_code_and_is_reported():
+    config = SandboxConfig(**FAST)
+    raw = run_python(MESSAGE_QUEUES, config)
+    result = to_result(raw, config)
+    assert raw.oom_killed and raw.returncode == -9, raw  # the worker, not the launcher
+    assert result.text == "before\n" and result.error == "memory limit of 128 MiB exceeded (killed)"
+
+
+# A trainer stand-in of 400 MiB in a cgroup of 700 MiB of its own starts three runs of 200 MiB at
+# once, each inside its own limit of 256 MiB: together they fill the trainer's cgroup.
+TRAINER = r"""
+import json, os, sys
+from concurrent.futures import ThreadPoolExecutor
+with open(os.path.join(sys.argv[2], "cgroup.procs"), "w") as f:
+    f.write(str(os.getpid()))
+sys.path.insert(0, sys.argv[1])
+from rl3d.tools.python_sandbox import SandboxConfig, run_python, to_result
+held = bytearray(b"\1") * (400 << 20)
+config = SandboxConfig(cpu_seconds=10, wall_seconds=40, memory_mb=256)
+code = "x = bytearray(b'\\1') * (200 << 20)\nprint('holding', flush=True)\nimport time\ntime.sleep(4)"
+with ThreadPoolExecutor(3) as pool:
+    results = list(pool.map(lambda _: to_result(run_python(code, config), config), range(3)))
+print(json.dumps([[r.text, r.error] for r in results]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="makes a memory cgroup for the trainer stand-in")
+def test_runs_that_fill_the_trainers_cgroup_kill_runs_not_the_trainer():
+    version, parent = MEMORY
+    trainer_group = Path(parent) / f"rl3d-test-trainer-{uuid.uuid4().hex[:8]}"
+    trainer_group.mkdir()
+    try:
+        limit = "memory.max" if version == 2 else "memory.limit_in_bytes"
+        (trainer_group / limit).write_text(str(700 << 20))
+        src = str(Path(__file__).resolve().parents[3] / "src")
+        proc = subprocess.run(
+            [sys.executable, "-c", TRAINER, src, str(trainer_group)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert proc.returncode == 0, f"the trainer stand-in died ({proc.returncode}): {proc.stderr[-1500:]}"
+        results = json.loads(proc.stdout.splitlines()[-1])
+        killed = [r for r in results if r[1] is not None]
+        assert killed, results  # 1000 MiB cannot fit in 700: some run was taken
+        assert all(error == "memory limit of 256 MiB exceeded (killed)" for _, error in killed), results
+        assert all(text == "holding\n" for text, error in results if error is None), results
+    finally:
+        for _ in range(50):  # rmdir fails while a killed process is still exiting
+            try:
+                trainer_group.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
