@@ -61,6 +61,12 @@ def set_limits(settings: dict) -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     files = int(settings["open_files"])
     resource.setrlimit(resource.RLIMIT_NOFILE, (files, files))
+    if settings.get("max_processes") is not None:
+        # No cgroup's pids.max: the kernel counts the processes of this real uid in this user
+        # namespace, which are the run's alone: a uid leased to it, or its own user namespace,
+        # where two more are that uid (the launcher, and the `unshare` that entered it first).
+        processes = int(settings["max_processes"]) + (2 if settings["drop_to"] is None else 0)
+        resource.setrlimit(resource.RLIMIT_NPROC, (processes, processes))
 
 
 def _make_hook(scratch: str, block_network: bool, strict: bool):

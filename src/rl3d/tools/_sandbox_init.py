@@ -37,6 +37,7 @@ AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 # mount_setattr's attributes are MS_'s first four bits, in the same order
 MOUNT_ATTRS = {MS_RDONLY: 0x1, MS_NOSUID: 0x2, MS_NODEV: 0x4, MS_NOEXEC: 0x8}
 DEVICES = ("null", "zero", "full", "random", "urandom")
+TREE_POLL_S = 0.05  # how often the launcher measures the run's memory when no cgroup bounds it
 PTYS = 16  # terminals a run may open (its own devpts); each also counts in the host's kernel.pty.max
 
 
@@ -207,19 +208,28 @@ def main() -> int:
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(rc)
-    status.write(json.dumps(wait_for(worker, settings["wall_seconds"] + 2)))
+    status.write(
+        json.dumps(wait_for(worker, settings["wall_seconds"] + 2, settings.get("tree_memory_bytes")))
+    )
     return 0
 
 
-def wait_for(worker: int, wall_seconds: float) -> dict:
+def wait_for(worker: int, wall_seconds: float, tree_memory_bytes: int | None = None) -> dict:
     """Wait for the worker, reaping what the code orphaned, until it exits or `wall_seconds`
     pass on this process's own monotonic clock (a second clock should the caller be gone); its
-    wait status and CPU time, measured here: nothing the code sends decides them."""
-    deadline, wall_killed = time.monotonic() + wall_seconds, False
+    wait status and CPU time, measured here: nothing the code sends decides them.
+
+    With `tree_memory_bytes` (no cgroup bounds the run's memory) it also measures, every
+    `TREE_POLL_S`, the anonymous memory of every process of the run's PID namespace (this
+    process is its PID 1) and kills them all once the sum passes the bound."""
+    deadline, wall_killed, memory_killed = time.monotonic() + wall_seconds, False, False
     while True:
         if not wall_killed and time.monotonic() >= deadline:
             os.kill(worker, signal.SIGKILL)
             wall_killed = True
+        if tree_memory_bytes is not None and not memory_killed and tree_memory() > tree_memory_bytes:
+            os.kill(-1, signal.SIGKILL)  # as PID 1: every process of the namespace but this one
+            memory_killed = True
         exited = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         if exited is not None and exited.si_pid == worker:
             cpu = _own_cpu_seconds(worker)  # read while it is a zombie, before it is reaped
@@ -229,12 +239,41 @@ def wait_for(worker: int, wall_seconds: float) -> dict:
             os.waitpid(exited.si_pid, 0)
             continue
         # SIGCHLD is blocked: it stays pending and ends this wait (or the code sent it: loop again)
-        signal.sigtimedwait({signal.SIGCHLD}, max(deadline - time.monotonic(), 0.01))
+        wait = max(deadline - time.monotonic(), 0.01)
+        signal.sigtimedwait({signal.SIGCHLD}, wait if tree_memory_bytes is None else min(wait, TREE_POLL_S))
     return {
         "wait_status": wait_status,
         "cpu_seconds": cpu if cpu is not None else usage.ru_utime + usage.ru_stime,
         "wall_killed": wall_killed,
+        "memory_killed": memory_killed,
     }
+
+
+def tree_memory() -> int:
+    """Bytes of anonymous memory of every other process in this PID namespace: proportional
+    (`Pss_Anon`), so pages a fork shares copy-on-write count once; each process's `RssAnon`
+    where the kernel has no `Pss_Anon`. The scratch's tmpfs is bounded by its own size."""
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            kib = _field(f"/proc/{entry}/smaps_rollup", "Pss_Anon")
+            if kib is None:
+                kib = _field(f"/proc/{entry}/status", "RssAnon")
+            total += (kib or 0) << 10
+        except (OSError, ValueError):
+            continue  # exited meanwhile, or a kernel thread
+    return total
+
+
+def _field(path: str, key: str) -> int | None:
+    """A "Key:  N kB" line's N from a /proc file (None: no such line)."""
+    with open(path) as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return None
 
 
 def _own_cpu_seconds(pid: int) -> float | None:

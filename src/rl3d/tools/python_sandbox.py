@@ -11,7 +11,10 @@
 - its own network (loopback down: nothing reachable), IPC and UTS namespaces;
 - a per-run cgroup when the machine has one to give (``cgroup: auto``; ``required`` refuses to
   run without it): ``max_processes``, ``memory_mb`` (+ the scratch) and ``cpus`` for everything
-  the call starts, killed at the end;
+  the call starts, killed at the end; without one (a trainer that is not root, ``cgroup: off``)
+  the run's tree is still bounded: ``max_processes`` by ``RLIMIT_NPROC`` (counted per uid in the
+  run's own user namespace, or per leased uid), ``memory_mb`` by the launcher, which measures the
+  anonymous memory of every process of the run every 50 ms and kills them all past it;
 - an unprivileged uid (``user``, 65534 = nobody, for a lone run; concurrent runs lease distinct
   uids below it, ``user_pool`` of them, `_sandbox_uids`; root of a user namespace when the
   trainer is not root) with no capabilities, no-new-privs, and a seccomp filter
@@ -43,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from rl3d.tools._sandbox_cgroup import RunCgroup, missing_controllers
+from rl3d.tools._sandbox_cgroup import usable as usable_controllers
 from rl3d.tools._sandbox_seccomp import supported as seccomp_problem
 from rl3d.tools._sandbox_uids import lease as uid_lease
 from rl3d.tools.base import Tool, ToolResult, register_tool
@@ -94,7 +98,8 @@ def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
     try:
         if not kernel and uid is not None:
             os.chown(scratch, uid, uid)  # the code may write its scratch dir, nothing of root's
-        if cgroup_usable(config):
+        controllers = set(usable_controllers()) if cgroup_usable(config) else set()
+        if controllers:
             memory = (config.memory_mb + (config.disk_mb if kernel else 0)) << 20
             group = RunCgroup.create(
                 max_processes=config.max_processes, memory_bytes=memory, cpus=config.cpus
@@ -114,6 +119,9 @@ def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
             "file_bytes": config.file_mb << 20,
             "open_files": config.open_files,
             "block_network": config.block_sockets,
+            # no cgroup for it: the launcher (PID 1 of the run) bounds the whole tree itself
+            "max_processes": config.max_processes if kernel and "pids" not in controllers else None,
+            "tree_memory_bytes": config.memory_mb << 20 if kernel and "memory" not in controllers else None,
         }
         # -I -S -B: no PYTHON* environment, no site-packages, no .pyc writes
         proc = subprocess.Popen(
@@ -155,7 +163,7 @@ def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
             wall_timed_out=wall_timed_out or bool(status.get("wall_killed")),
             pid=proc.pid,
             cpu_seconds=status.get("cpu_seconds"),
-            oom_killed=oom_killed,
+            oom_killed=oom_killed or bool(status.get("memory_killed")),
         )
     finally:
         for fd in (status_r, status_w):

@@ -135,8 +135,9 @@ def log_weaker_isolation(config: SandboxConfig) -> None:
     missing = missing_controllers()
     if config.cgroup == "auto" and (missing or in_user_namespace(config)):
         logger.warning(
-            "sandbox: no per-run cgroup for %s here (tools.python.cgroup: auto); process count, "
-            "memory and CPU are limited per process only",
+            "sandbox: no per-run cgroup for %s here (tools.python.cgroup: auto); the launcher bounds "
+            "the run's process count (RLIMIT_NPROC) and memory (measured every 50 ms), CPU time is "
+            "limited per process only",
             ", ".join(CONTROLLERS if in_user_namespace(config) else missing),
         )
 

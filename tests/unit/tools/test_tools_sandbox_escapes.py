@@ -342,49 +342,16 @@ def test_an_unprivileged_trainer_gets_the_boundary_through_a_user_namespace():
     assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status and "CapEff:\t0000000000000000" in status
 
 
-UNPRIVILEGED_RUN = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from rl3d.tools.python_sandbox import SandboxConfig, isolation_problem, run_python, to_result
-config = SandboxConfig(wall_seconds=20)
-problem = isolation_problem(config)
-try:
-    result = None if problem else to_result(run_python(sys.argv[2], config), config).__dict__
-except RuntimeError as err:
-    result = {"raised": str(err)}
-print(json.dumps({"problem": problem, "result": result}))
-"""
-
-
-def _as_unprivileged_trainer(code: str) -> dict:
-    """`code`'s result when a trainer of uid nobody runs it (through a user namespace)."""
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    src = Path(__file__).resolve().parents[3] / "src"
-    if os.geteuid() != 0 or not shutil.which("setpriv") or python is None:
-        pytest.skip("needs root, setpriv and a system python3 to run as uid nobody")
-    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    proc = subprocess.run(
-        [*drop, python, "-c", UNPRIVILEGED_RUN, str(src), code],
-        env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        pytest.skip(f"the source tree cannot be imported as uid nobody here: {proc.stderr[-300:]}")
-    report = json.loads(proc.stdout.splitlines()[-1])
-    if report["problem"]:
-        pytest.skip(f"no unprivileged user namespaces here: {report['problem']}")
-    return report["result"]
-
-
 @pytest.mark.parametrize("name", ["SIGALRM", "SIGINT"])
-def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name):
+def test_signals_to_the_launcher_in_a_user_namespace_change_nothing(name, as_unprivileged_trainer):
     """An unprivileged trainer's run is root of its user namespace, as its launcher is: the code
     may signal the launcher, which reports neither a wall-clock timeout nor a failure for it."""
-    result = _as_unprivileged_trainer(SIGNAL_LAUNCHER.format(name=name))
+    result = as_unprivileged_trainer(SIGNAL_LAUNCHER.format(name=name))
     assert result.get("text") == "before 1\nafter\n" and result.get("error") is None, result
     assert not result["timed_out"]
 
 
-def test_asyncio_pool_and_pty_work_for_an_unprivileged_trainer():
+def test_asyncio_pool_and_pty_work_for_an_unprivileged_trainer(as_unprivileged_trainer):
     """The private /dev/shm and devpts are made inside a user namespace too."""
     code = (
         "import asyncio, multiprocessing, os, pty\n"
@@ -393,7 +360,7 @@ def test_asyncio_pool_and_pty_work_for_an_unprivileged_trainer():
         "with multiprocessing.Pool(2) as pool:\n    print(pool.map(abs, [-1, 2]))\n"
         "parent, child = pty.openpty()\nos.write(child, b'x\\n')\nprint(os.read(parent, 9))\n"
     )
-    result = _as_unprivileged_trainer(code)
+    result = as_unprivileged_trainer(code)
     assert result.get("text") == "7\n[1, 2]\nb'x\\r\\n'\n" and result.get("error") is None, result
 
 

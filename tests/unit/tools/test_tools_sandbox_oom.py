@@ -94,3 +94,56 @@ def test_runs_that_fill_the_trainers_cgroup_kill_runs_not_the_trainer():
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+# Without a cgroup (`cgroup: off`, or any trainer that is not root): the whole tree stays bounded.
+FORKS = """
+import os, time
+started = 0
+try:
+    for _ in range(100):
+        if os.fork() == 0:
+            time.sleep(3)
+            os._exit(0)
+        started += 1
+except OSError as err:
+    print("refused", err.errno)
+print("started", started)
+"""
+# four processes of 213 MiB, each inside its own address-space limit of 256 MiB
+FOUR_HOLDERS = """
+import os, time
+print("forking", flush=True)
+for _ in range(4):
+    if os.fork() == 0:
+        held = bytearray(b"\\1") * (213 << 20)
+        time.sleep(5)
+        os._exit(0)
+time.sleep(5)
+print("all held")
+"""
+TREE = {"max_processes": 32, "memory_mb": 256}
+
+
+def check_process_count(result: dict) -> None:
+    """The worker and at most 31 more: the 32nd fork refused with EAGAIN (11)."""
+    assert result["error"] is None and result["text"] == "refused 11\nstarted 31\n", result
+
+
+def check_tree_memory(result: dict) -> None:
+    assert result["text"] == "forking\n", result
+    assert result["error"] == "memory limit of 256 MiB exceeded (killed)", result
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="as root: a leased uid of its own per run")
+@pytest.mark.parametrize(("code", "check"), [(FORKS, check_process_count), (FOUR_HOLDERS, check_tree_memory)])
+def test_a_run_without_a_cgroup_is_bounded_as_a_whole(code, check):
+    config = SandboxConfig(**{**FAST, **TREE, "cgroup": "off"})
+    check(to_result(run_python(code, config), config).__dict__)
+
+
+@pytest.mark.parametrize(("code", "check"), [(FORKS, check_process_count), (FOUR_HOLDERS, check_tree_memory)])
+def test_an_unprivileged_trainers_run_is_bounded_as_a_whole(code, check, as_unprivileged_trainer):
+    """In a user namespace there is no cgroup: before, 100 processes ran under max_processes 32,
+    and 4 x 213 MiB under memory_mb 256."""
+    check(as_unprivileged_trainer(code, **TREE))
