@@ -12,7 +12,6 @@ directory, starting or signalling processes and ctypes.
 import os
 import resource
 import sys
-import traceback
 
 _OWN_FILES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_sandbox_")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
@@ -142,6 +141,8 @@ def run(code: str, settings: dict) -> int:
         return 1
     except BaseException as err:
         namespace.clear()  # free what the code allocated (a MemoryError needs room to be printed)
+        import traceback  # only now: its imports cost every call's start-up several milliseconds
+
         # Show the code's frames only: not the sandbox's, nor the audit hook's.
         frames = [f for f in traceback.extract_tb(err.__traceback__) if not f.filename.startswith(_OWN_FILES)]
         lines = traceback.format_list(frames) + traceback.format_exception_only(type(err), err)

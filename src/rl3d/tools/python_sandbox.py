@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import marshal
 import math
 import os
 import shutil
@@ -136,7 +137,8 @@ def _run_as(uid: int | None, code: str, config: SandboxConfig) -> SandboxRun:
         )
         os.close(status_w)
         status_w = -1
-        stdin = json.dumps(settings).encode() + b"\n" + code.encode("utf-8", errors="replace")
+        blob = marshal.dumps(settings)  # the launcher's `read_settings`
+        stdin = len(blob).to_bytes(4, "little") + blob + code.encode("utf-8", errors="replace")
         try:
             # Each output limit counts bytes; a char is at most 4 of them in UTF-8.
             out, err, wall_timed_out = communicate(
@@ -226,7 +228,7 @@ def _read_status(fd: int) -> dict[str, Any]:
         raw = os.read(fd, 65536)
     except BlockingIOError:
         return {}
-    return json.loads(raw) if raw else {}
+    return marshal.loads(raw) if raw else {}
 
 
 def _remove_tree(path: str) -> None:
