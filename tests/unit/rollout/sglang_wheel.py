@@ -1,6 +1,6 @@
 """The pinned SGLang wheel's source, read with `ast`: never imported, never installed.
 
-`pip download --no-deps sglang==<pin>` fetches the wheel once into the git-ignored `.cache/wheels`
+`rl3d.testing.wheels.pinned_wheel` fetches the wheel once into the git-ignored `.cache/wheels`
 (tests skip, saying why, where PyPI is unreachable); the files are read from the zip directly.
 """
 
@@ -9,42 +9,18 @@ from __future__ import annotations
 import ast
 import functools
 import re
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from rl3d.rollout.sglang_weights import SGLANG_VERSION
-
-ROOT = Path(__file__).resolve().parents[3]
-CACHE = ROOT / ".cache" / "wheels"
-# the wheels differ by platform only; any one of them has the same Python source
-_PLATFORM = ["--only-binary=:all:", "--python-version", "3.11", "--platform", "manylinux_2_34_x86_64"]
+from rl3d.testing.wheels import ROOT, pinned_wheel  # noqa: F401  (ROOT: re-exported to the tests)
 
 
-@functools.lru_cache(maxsize=1)
 def _wheel_path() -> Path | str:
     """The wheel's path, or why there is none."""
-    found = sorted(CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-    if found:
-        return found[0]
-    CACHE.mkdir(parents=True, exist_ok=True)
-    errors = []
-    for extra in ([], _PLATFORM):
-        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", *extra,
-               f"sglang=={SGLANG_VERSION}", "-d", str(CACHE)]  # fmt: skip
-        try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        except (OSError, subprocess.TimeoutExpired) as err:
-            errors.append(str(err))
-            continue
-        found = sorted(CACHE.glob(f"sglang-{SGLANG_VERSION}-*.whl"))
-        if found:
-            return found[0]
-        errors.append(run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"rc={run.returncode}")
-    return f"could not download sglang=={SGLANG_VERSION} (is PyPI reachable?): {'; '.join(errors)}"
+    return pinned_wheel("sglang", SGLANG_VERSION)
 
 
 class Wheel:
