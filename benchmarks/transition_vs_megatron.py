@@ -52,6 +52,7 @@ import csv
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import time
@@ -74,12 +75,17 @@ SIDES = ("rl3d", "megatron_rl3d_groups", "megatron_default")
 MB = 1e6
 
 
-def parse_layout(text: str) -> tuple[tuple[int, int, int], int, int]:
-    """'P-T-D:TG[:PG]' -> ((p, t, d), t_g, p_g)."""
+def parse_layout(text: str) -> tuple[tuple[int, ...], int, int]:
+    """'P-T-D[eEP]:TG[:PG]' -> ((p, t, d[, ep]), t_g, p_g); `1-1-2e2:1`: experts over ep 2."""
     train, _, gen = text.partition(":")
+    train, _, ep = train.partition("e")
     p, t, d = (int(x) for x in train.split("-"))
     t_g, _, p_g = gen.partition(":")
-    return (p, t, d), int(t_g), int(p_g or 1)
+    return ((p, t, d, int(ep)) if ep else (p, t, d)), int(t_g), int(p_g or 1)
+
+
+def layout_name(layout: tuple[int, ...]) -> str:
+    return "-".join(map(str, layout[:3])) + (f" ep{layout[3]}" if len(layout) > 3 else "")
 
 
 # -- the CPU shim for megatron's gloo copy service --------------------------------------------------
@@ -100,6 +106,32 @@ def shim_gloo_copy_service() -> None:
 
     if not torch.cuda.is_available():
         gloo_copy_service.torch = _TorchWithoutCuda()
+
+
+# -- the benchmark's one patch of megatron's planner: SequentialMLP's expert names ------------------
+def shim_sequential_expert_names() -> None:
+    """megatron-core 0.16.1's planner finds an expert's index under expert parallelism only in
+    TEGroupedMLP's names (`experts.linear_fc1.weight3`, remapped from the rank's local index to the
+    global one); rl3d's CPU models are megatron's SequentialMLP (`experts.local_experts.3.
+    linear_fc1.weight`), whose local index it would match across ranks as if global. This teaches
+    its name resolution that form too, the same arithmetic; planning and execution are untouched."""
+    from megatron.core.resharding import utils
+
+    original = utils.assign_ep_resolved_name_inplace
+    local = re.compile(r"\.local_experts\.(\d+)\.")
+
+    def resolve(meta, *, base_name=None):
+        base = meta.name if base_name is None else base_name
+        found = local.search(base)
+        if not meta.is_ep or found is None:
+            return original(meta, base_name=base_name)
+        ranks = meta.expert_parallel_group_ranks
+        meta.global_expert_index = ranks.index(meta.owner_rank) * (meta.num_experts // len(ranks)) + int(
+            found.group(1)
+        )
+        meta.resolved_name = base[: found.start(1)] + str(meta.global_expert_index) + base[found.end(1) :]
+
+    utils.assign_ep_resolved_name_inplace = resolve
 
 
 # -- memory ------------------------------------------------------------------------------------------
@@ -206,6 +238,7 @@ def _timed(fn) -> tuple[float, float]:
 
 def _generation_groups(layout, rank: int, tp, pp, dp, self_group, *, tp_rank: int, pp_rank: int):
     """A `MegatronGroups` for a GPTModel of generation sizes `layout` on the given process groups."""
+    import torch.distributed as dist
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     from rl3d.models.bootstrap import MegatronGroups
@@ -220,7 +253,24 @@ def _generation_groups(layout, rank: int, tp, pp, dp, self_group, *, tp_rank: in
         dp_group=dp,
         mp_group=None,
         embedding_group=None,
-        pg_collection=ProcessGroupCollection(tp=tp, pp=pp, dp=dp, cp=self_group, embd=None),
+        # a mixture of experts' generation copy holds every expert (ep 1, cp 1); its tp x dp group
+        # is the whole world when there is one generation stage (the only case benchmarked)
+        pg_collection=ProcessGroupCollection(
+            tp=tp,
+            pp=pp,
+            dp=dp,
+            cp=self_group,
+            embd=None,
+            ep=self_group,
+            expt_tp=tp,
+            expt_dp=dp,
+            tp_cp=tp,
+            tp_ep=tp,
+            tp_dp_cp=dist.group.WORLD if layout.p == 1 else None,
+        ),  # fmt: skip
+        ep_group=self_group,
+        expert_dp_group=dp,
+        expert_tp_group=tp,
     )
 
 
@@ -344,7 +394,7 @@ class Sides:
                 t.fill_(float("nan"))  # every element must be written
         saved, self.src.pg_collection = self.src.pg_collection, src_pgs
         start = time.perf_counter()
-        plan = build_centralized_reshard_plan(self.src, dst, num_experts=None)
+        plan = build_centralized_reshard_plan(self.src, dst, num_experts=self.spec.num_experts or None)
         self.plan_s[side] = _slowest(time.perf_counter() - start)
         self.src.pg_collection = saved
         dst._cached_reshard_plan = plan  # what reshard_model_weights caches: later calls only execute
@@ -439,6 +489,7 @@ def worker(rank, world, model, cases, repeats, warmup, bucket_mb):
     from rl3d.models.bootstrap import destroy_megatron
 
     shim_gloo_copy_service()
+    shim_sequential_expert_names()
     results = []
     for layout, t_g, p_g in cases:
         sides = Sides(rank, world, model, layout, t_g, p_g, bucket_mb)
@@ -484,7 +535,7 @@ def summarize(model: str, layout, t_g: int, p_g: int, ranks: list[dict]) -> list
         row = {
             "model": model,
             "model_mb": round(first["model_bytes"] / MB, 1),
-            "train": "-".join(map(str, layout)),
+            "train": layout_name(layout),
             "gen": _gen_name(layout, t_g, p_g),
             "ranks": len(ranks),
             "side": side,

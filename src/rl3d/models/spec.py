@@ -337,7 +337,7 @@ _SCALED = re.compile(r"^(?P<base>.+)-shape-1/(?P<k>\d+)$")
 
 
 def get_model_spec(name: str) -> ModelSpec:
-    """Look up a spec by name; `BASE-shape-1/K` divides hidden, ffn and vocab by K."""
+    """Look up a spec by name; `BASE-shape-1/K` divides hidden, ffn (the experts' too) and vocab by K."""
     m = _SCALED.match(name)
     if m:
         base, k = get_model_spec(m["base"]), int(m["k"])
@@ -348,11 +348,14 @@ def get_model_spec(name: str) -> ModelSpec:
         while hidden % heads:  # keep GQA ratio, drop heads until they divide the hidden size
             heads //= 2
         groups = max(1, base.num_query_groups * heads // base.num_attention_heads)
+        widths = ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size")  # experts': scaled too
+        experts = {key: max(1, getattr(base, key) // k) for key in widths if getattr(base, key)}
         return replace(
             base,
             name=name,
             hidden_size=hidden,
             ffn_hidden_size=base.ffn_hidden_size // k,
+            **experts,
             vocab_size=max(1, base.vocab_size // k),
             num_attention_heads=heads,
             num_query_groups=groups,
