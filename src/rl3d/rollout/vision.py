@@ -161,15 +161,27 @@ class LlavaRolloutEngine(TorchRolloutEngine):
         super().__init__(spec.text, weights, **kwargs)
 
     def load_weights(self, weights: Any) -> None:
-        """A mapping of `LLaVAModel` parameter names (`language_model.*`, `vision_model.*`,
-        `vision_projection.*`) -> this rank's generation-TP shard, a tensor or a list of pieces."""
-        if not isinstance(weights, Mapping):
+        """The 3D-HybridEngine's `GenerationWeights` of `rl3d.hybrid_engine.vision_plan.llava_params`
+        (pieces used in place), or a mapping of `LLaVAModel` parameter names (`language_model.*`,
+        `vision_model.*`, `vision_projection.*`) -> this rank's generation-TP shard, a tensor or
+        a list of pieces."""
+        tp_size, tp_rank = self.tp.size, self.tp.rank
+        if isinstance(weights, Mapping):
+            pieces = {n: list(t) if isinstance(t, (list, tuple)) else [t] for n, t in weights.items()}
+        elif hasattr(weights, "pieces") and hasattr(weights, "full"):
+            if weights.released:
+                raise RuntimeError("the generation weights were released; reshard before generating")
+            from rl3d.ops.layouts import shard_for_tp
+
+            tp_size, tp_rank = weights.gen_tp, weights.gen_tp_rank
+            pieces = {n: list(p) for n, p in weights.pieces.items()}
+            for n, full in weights.full.items():  # a baseline strategy's whole tensor
+                pieces[n] = [shard_for_tp(full, weights.params[n].kind, tp_size, tp_rank)]
+        else:
             raise TypeError(
-                "LLaVA rollout engine: load_weights takes a mapping of LLaVAModel names to tensors "
-                "(the 3D-HybridEngine's GenerationWeights do not carry the tower yet), "
-                f"got {type(weights).__name__}"
+                "LLaVA rollout engine: load_weights takes GenerationWeights or a mapping of "
+                f"LLaVAModel names to tensors, got {type(weights).__name__}"
             )
-        pieces = {n: list(t) if isinstance(t, (list, tuple)) else [t] for n, t in weights.items()}
         decoder = {n[len(DECODER) :]: p for n, p in pieces.items() if n.startswith(DECODER)}
         if not decoder:
             raise ValueError("LLaVA rollout engine: no language_model.* parameters in the weights")
@@ -178,7 +190,7 @@ class LlavaRolloutEngine(TorchRolloutEngine):
             self.vision = VisionWeights(
                 self.llava, {n: [p.to(self.dtype) for p in ps] for n, ps in self.vision.pieces.items()}
             )
-        super().load_weights(ShardedWeights(self.spec, self.tp.size, self.tp.rank, decoder))
+        super().load_weights(ShardedWeights(self.spec, tp_size, tp_rank, decoder))
 
     def release_memory(self) -> None:
         super().release_memory()

@@ -135,3 +135,30 @@ def test_bad_inputs_name_the_prompt(llava):
     tensors = {n: p.detach() for n, p in model.named_parameters() if "vision_projection" not in n}
     with pytest.raises(ValueError, match="lack 4 vision tower / projector parameters"):
         LlavaRolloutEngine(spec, tensors)
+
+
+def test_the_transitions_parameter_list_is_the_models(llava):
+    """`llava_params` (what the 3D-HybridEngine plans over) names every parameter of the built
+    LLaVAModel with its shape and the split megatron-core trains it under; the plan of t=2 ->
+    t_g=1 counts every element, the tower's and projector's included."""
+    from rl3d.hybrid_engine.vision_plan import llava_params, plan_llava_transition, vision_params
+    from rl3d.models.llava_mapping import llava_shard_kinds
+    from rl3d.parallel import ParallelLayout
+
+    _, spec, model, _ = llava
+    params = {p.name: p for p in llava_params(spec, train_tp=1) if not p.tied_copy}
+    built = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    assert {n: p.shape for n, p in params.items()} == built
+    padded = model.language_model.vocab_size
+    assert {n: p.kind for n, p in params.items()} == llava_shard_kinds(spec, list(built), padded)
+    vision = vision_params(spec)
+    assert len(vision) == 5 + 12 * spec.vision_layers + 4
+    plan = plan_llava_transition(spec, ParallelLayout(1, 2, 1), 1, dtype="float32")
+    elements = sum(p.numel for p in llava_params(spec, train_tp=2) if not p.tied_copy)
+    assert plan.model_bytes == 4 * elements
+    # each rank of t=2 receives the other's TP shard: half of every TP-split tensor
+    split = sum(
+        p.numel for p in llava_params(spec, train_tp=2) if p.kind.tp_dim is not None and not p.tied_copy
+    )
+    ranks = plan.strategies["hybridflow"].ranks
+    assert [r.recv_bytes for r in ranks] == [4 * split // 2] * 2
