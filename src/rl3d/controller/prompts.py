@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from rl3d.data.images import IMAGES
 from rl3d.single_controller.batch import PROMPT_WIDTH, DataBatch
 
 
 def prompt_batch(items) -> DataBatch:
-    """`PromptItem`s as the DataBatch `generate_sequences` takes."""
-    return DataBatch(
+    """`PromptItem`s as the DataBatch `generate_sequences` takes. Rows with images
+    (`data.image_key`) carry them, still encoded, in `images` (each row's tuple; absent when no
+    row has one), so they travel with their rows wherever the batch is dealt."""
+    batch = DataBatch(
         meta={
             "prompt_ids": [list(i.prompt_ids) for i in items],
             "prompt_text": [i.prompt_text for i in items],
@@ -19,3 +22,6 @@ def prompt_batch(items) -> DataBatch:
         },
         info={PROMPT_WIDTH: max(len(i.prompt_ids) for i in items)},
     )
+    if any(getattr(i, "images", ()) for i in items):
+        batch.set(IMAGES, [tuple(i.images) for i in items])
+    return batch

@@ -33,6 +33,8 @@ from typing import Any
 from rl3d.data.columns import column_of, type_at, value_at
 from rl3d.data.errors import DataError
 
+IMAGES = "images"  # the rollout batch's column of each row's encoded images (`ImageRef`s)
+
 logger = logging.getLogger(__name__)
 
 ImageRef = bytes | str  # encoded bytes, or an absolute path

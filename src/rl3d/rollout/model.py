@@ -271,6 +271,11 @@ def _vocab_embed(
     return out
 
 
+def embed_tokens(w: ShardedWeights, tokens: torch.Tensor, tp: TPComm) -> torch.Tensor:
+    """The tokens' input embeddings, [..., hidden] (the vocab-parallel lookup, all-reduced)."""
+    return tp.all_reduce(_vocab_embed(w.pieces[EMBEDDING], tokens, tp.rank * w.vocab_rows, w.spec.vocab_size))
+
+
 def forward(
     w: ShardedWeights,
     tokens_BT: torch.Tensor,
@@ -280,16 +285,19 @@ def forward(
     mask_B1TL: torch.Tensor,
     tp: TPComm,
     record: list[torch.Tensor] | None = None,
+    embeds_BTH: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Run T new tokens of B cached rows; writes their K/V at cache slots [start, start+T) and
     returns this rank's vocab-parallel logits of the last position, [B, vocab_rows].
     `rope` is `RopeTable.gather` at the tokens' positions, `mask_B1TL` an additive mask (`causal_mask`).
-    `record` (MoE only), when given, gets each layer's expert ids [B*T, k] appended."""
+    `record` (MoE only), when given, gets each layer's expert ids [B*T, k] appended.
+    `embeds_BTH`, when given, is the input in place of the tokens' embeddings (`embed_tokens`;
+    a vision-language model's image positions replaced)."""
     spec = w.spec
     B, T = tokens_BT.shape
     end = start + T
     hd, hpg = spec.head_dim, spec.heads_per_group
-    x = tp.all_reduce(_vocab_embed(w.pieces[EMBEDDING], tokens_BT, tp.rank * w.vocab_rows, spec.vocab_size))
+    x = embed_tokens(w, tokens_BT, tp) if embeds_BTH is None else embeds_BTH
     cos, sin = rope
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw.input_norm, spec.norm_eps)

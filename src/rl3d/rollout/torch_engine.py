@@ -50,6 +50,7 @@ from rl3d.rollout.model import (
     additive_mask,
     causal_mask,
     decode_forward,
+    embed_tokens,
     forward,
 )
 from rl3d.rollout.rope import RopeTable
@@ -121,6 +122,8 @@ class TorchRolloutEngine:
         (`rollout.dtype`): then it holds a cast copy."""
         if isinstance(weights, Mapping):
             w = ShardedWeights.from_tensors(self.spec, weights, self.tp.size, self.tp.rank)
+        elif isinstance(weights, ShardedWeights):  # pieces already split (the LLaVA engine's decoder)
+            w = weights.checked()
         else:
             w = ShardedWeights.from_generation(weights)
         self.weight_copy_bytes = 0
@@ -239,6 +242,14 @@ class TorchRolloutEngine:
             )
         return rope
 
+    def _prefill_embeds(
+        self, tokens: torch.Tensor, first_prompt: int, embed: Callable
+    ) -> torch.Tensor | None:
+        """The prefill's input embeddings [B, T, hidden] in place of the tokens' (None: the
+        tokens'); `first_prompt` is the chunk's first prompt, `embed(tokens)` the decoder's
+        lookup. A vision-language engine (`rl3d.rollout.vision`) splices its images here."""
+        return None
+
     def _routes(self, num_rows: int, slots: int) -> torch.Tensor:
         spec = self.spec
         dtype = torch.int16 if spec.num_experts <= torch.iinfo(torch.int16).max else torch.int32
@@ -271,7 +282,8 @@ class TorchRolloutEngine:
         # routing record: [rows, slots, layers, k], slot width + s is response token s
         routes = self._routes(num_rows, slots) if self.record_routing else None
         record = None if routes is None else []
-        logits = forward(w, tokens, rope.gather(positions), cache, 0, mask, self.tp, record)
+        embeds = self._prefill_embeds(tokens, first_sample // n, lambda t: embed_tokens(w, t, self.tp))
+        logits = forward(w, tokens, rope.gather(positions), cache, 0, mask, self.tp, record, embeds)
         if record is not None:
             prefill = torch.stack(record, 1).view(num_prompts, width, *routes.shape[2:])
             routes[:, :width] = prefill.repeat_interleave(n, dim=0)

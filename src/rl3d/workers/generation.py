@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from rl3d.config import RL3DConfig
+from rl3d.data.images import IMAGES
 from rl3d.single_controller.batch import PAD_VALUES, PROMPT_WIDTH, ROUTING, DataBatch
 from rl3d.single_controller.dispatch import INPUT_ROW
 
@@ -61,6 +62,7 @@ class Generation:
     def __init__(self, cfg: RL3DConfig, engine: Any, tokenizer: Any, *, pad_token_id: int):
         self.cfg, self.engine, self.pad_token_id = cfg, engine, pad_token_id
         self.agent = None
+        self.images = None  # RuntimeImages, made at the first prompts with images
         if cfg.rollout.agent.enabled:
             from rl3d.agents import build_agent
 
@@ -78,6 +80,8 @@ class Generation:
         if not len(prompts):
             return None
         params = rollout_sampling(self.cfg, step=step, gen_dp_rank=gen_dp_rank, greedy=greedy)
+        if IMAGES in prompts:
+            return self._image_rollout(prompts, params)
         if self.agent is not None:
             return Generated(self._agent_rollout(prompts, params), None)
         out = self.engine.generate(list(prompts["prompt_ids"]), params)
@@ -90,6 +94,29 @@ class Generation:
         if out.routing is not None:  # the engine's record (algorithm.routing_replay: rollout)
             batch.set(ROUTING, routing_columns(batch, [out.routing[j] for j in order]))
         return Generated(batch, order)
+
+    def _image_rollout(self, prompts: DataBatch, params) -> Generated | None:
+        """Single-turn rows of prompts with images (`rl3d.rollout.vision`): each prompt's images
+        decoded and processed once for the vision tower; a prompt whose image no longer decodes
+        is dropped (logged and counted by `self.images`), its rows left out of the batch."""
+        from rl3d.workers.vision_inputs import image_pixels
+
+        if self.agent is not None:
+            raise ValueError("rollout.agent: prompts with images (data.image_key) run single-turn only")
+        if self.images is None:
+            from rl3d.data.images import RuntimeImages
+
+            self.images = RuntimeImages()
+        kept, pixels = image_pixels(self.engine, self.images, prompts, self.cfg.model.hf_path)
+        if not kept:
+            return None
+        ids = [prompts["prompt_ids"][i] for i in kept]
+        out = self.engine.generate(ids, params, images=pixels)
+        logps = out.token_logprobs(raw=out.raw_logprobs is not None)
+        responses, index = out.responses(), out.prompt_index.tolist()
+        order = sorted(range(len(out)), key=lambda j: index[j])
+        rows = [(kept[index[j]], responses[j], logps[j], out.finish_reasons[j]) for j in order]
+        return Generated(rows_to_batch(prompts, rows, self.pad_token_id), order)
 
     def _agent_rollout(self, prompts: DataBatch, params) -> DataBatch:
         """The agent's rows (`rl3d.agents.base.AgentRow`) as a batch. A row's first prompt fills

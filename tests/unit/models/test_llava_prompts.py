@@ -4,6 +4,7 @@
 image processor, and megatron's logits equal transformers' on the same prompts."""
 
 import io
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -23,6 +24,8 @@ from rl3d.models.llava import (
 )
 from rl3d.testing.chat import WORDS, save_chat_tokenizer, verl_row
 from rl3d.testing.tiny_hf import make_tiny_llava
+
+GRPO = Path(__file__).resolve().parents[3] / "recipes" / "quickstart_cpu_grpo.yaml"
 
 
 def _noise_png(seed: int, size: tuple[int, int]) -> bytes:
@@ -77,3 +80,45 @@ def test_parquet_rows_through_megatron_llava_equal_transformers(groups_1x1, setu
         diff = (ours - ref).abs().max().item()
         assert diff < 1e-5, (item.source, diff)  # measured: 7.2e-7 and 7.7e-7
     assert runtime.num_bad == 0
+
+
+def test_image_rows_roll_out_through_the_llava_engine(groups_1x1, setup):
+    """The loaded rows as the rollout's prompt batch (`prompt_batch`: images carried, still
+    encoded) through `Generation` on a `LlavaRolloutEngine`: n=4 rows a prompt, each row keeps
+    its prompt's images, the tokens are the engine's on the processed pixels, each prompt's
+    images are encoded once; a prompt whose image no longer decodes is dropped and counted."""
+    from rl3d.config import load_config
+    from rl3d.controller.prompts import prompt_batch
+    from rl3d.rollout.vision import LlavaRolloutEngine
+    from rl3d.single_controller.dispatch import INPUT_ROW
+    from rl3d.workers.generation import Generation, rollout_sampling
+
+    tok, _, hf_dir, path = setup
+    spec = read_llava_config(hf_dir)
+    model = build_llava(spec, groups_1x1)
+    load_llava_weights(model, spec, hf_dir, groups_1x1)
+    items = list(load_prompt_dataset(DataConfig(train_files=[path], max_prompt_length=64), tok))
+    engine = LlavaRolloutEngine(spec, {n: p.detach() for n, p in model.named_parameters()})
+    cfg = load_config(GRPO, ["rollout.max_new_tokens=5"]).config
+    prompts = prompt_batch(items).set("uid", torch.tensor([10, 11]))
+    assert prompts["images"] == [tuple(i.images) for i in items]
+    batch = Generation(cfg, engine, tok, pad_token_id=0).generate(prompts, step=1, gen_dp_rank=0).batch
+    n = cfg.rollout.n
+    assert batch["uid"].tolist() == [10] * n + [11] * n
+    assert batch["images"] == [items[0].images] * n + [items[1].images] * n
+    assert engine.images_encoded == 3  # 1 + 2 images, not n times
+    pixels = [llava_pixel_values(RuntimeImages().load(i), spec) for i in items]
+    direct = engine.generate(
+        [i.prompt_ids for i in items], rollout_sampling(cfg, step=1, gen_dp_rank=0), images=pixels
+    )
+    assert batch["response_ids"] == direct.responses()
+
+    prompts["images"][0] = (b"not an image",)
+    generation = Generation(cfg, engine, tok, pad_token_id=0)
+    dropped = generation.generate(prompts, step=1, gen_dp_rank=0).batch
+    assert dropped["uid"].tolist() == [11] * n and dropped[INPUT_ROW].tolist() == [1] * n
+    alone = engine.generate(
+        [items[1].prompt_ids], rollout_sampling(cfg, step=1, gen_dp_rank=0), images=pixels[1:]
+    )
+    assert dropped["response_ids"] == alone.responses()
+    assert generation.images.metrics() == {"data/bad_images": 1.0}
