@@ -138,6 +138,7 @@ def _activation_bytes(pool: PoolLayout, w: Workload) -> float:
         features = Features(
             ([SequenceParallel()] if split else []) + ([Recompute()] if role in pool.recompute else [])
         )
+        # the first stage (the most micro-batches in flight) and the last (the output layer)
         for in_flight, last in ((min(lay.p, micro), lay.p == 1), (1, True)):
             plain = MicroBatchShape(
                 w.seq_len, w.micro_batch_size, w.response_len, w.flash_attention, in_flight=in_flight
@@ -147,6 +148,7 @@ def _activation_bytes(pool: PoolLayout, w: Workload) -> float:
                 spec,
                 tp=lay.t,
                 layers=spec.num_layers // lay.p,
+                first_layer=(lay.p - 1) * (spec.num_layers // lay.p) if last else 0,
                 last_stage=last,
                 lm_head=role == "actor",
                 shape=shape,

@@ -67,15 +67,24 @@ def moe_bytes(spec: ModelSpec, tp: int, etp: int | None, tokens: int, dtype_byte
 
 
 def layer_bytes(
-    spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, etp: int | None = None
+    spec: ModelSpec,
+    tp: int,
+    shape: MicroBatchShape,
+    dtype_bytes: int,
+    *,
+    etp: int | None = None,
+    layer: int | None = None,
 ) -> int:
     """Bytes one decoder layer keeps for its backward (the module docstring's list); `etp`:
-    the experts' tensor parallelism (None: `tp`, megatron's default)."""
+    the experts' tensor parallelism (None: `tp`, megatron's default); `layer`: its global index,
+    which says whether a mixture of experts' layer is one of its dense first layers (None: a
+    mixture-of-experts layer, where the model has experts)."""
     s, b, B = shape.seq_len, shape.rows, dtype_bytes
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size // tp
     heads = spec.num_attention_heads // tp
     kv = max(spec.num_query_groups // tp, 1)
-    mlp = 0 if spec.num_experts else 4 * f
+    moe = spec.is_moe if layer is None else spec.is_moe_layer(layer)
+    mlp = 0 if moe else 4 * f
     per_token = (heads + 2 * kv) * d + 2 * (heads + kv) * d + heads * d + mlp
     if kv < heads:
         per_token += 2 * heads * d  # K and V repeated to every query head
@@ -84,7 +93,7 @@ def layer_bytes(
     else:
         scores = b * heads * s * s * (FP32 + (B if B != FP32 else 0))
     norms = hidden_positions(tp, shape) * b * 6 * h * B
-    experts = moe_bytes(spec, tp, etp, s * b, B) if spec.num_experts else 0
+    experts = moe_bytes(spec, tp, etp, s * b, B) if moe else 0
     return s * b * per_token * B + norms + scores + experts
 
 
@@ -113,6 +122,25 @@ def pipeline_buffer_bytes(spec: ModelSpec, tp: int, pp: int, shape: MicroBatchSh
     return 2 * hidden_positions(tp, shape) * shape.rows * spec.hidden_size * dtype_bytes
 
 
+def stage_layer_bytes(
+    spec: ModelSpec,
+    tp: int,
+    shape: MicroBatchShape,
+    dtype_bytes: int,
+    *,
+    etp: int | None,
+    first_layer: int,
+    layers: int,
+) -> list[int]:
+    """`layer_bytes` of each of a stage's layers (each kind computed once)."""
+    kinds = [spec.is_moe_layer(i) if spec.is_moe else False for i in range(first_layer, first_layer + layers)]
+    size = {
+        moe: layer_bytes(spec, tp, shape, dtype_bytes, etp=etp, layer=first_layer + kinds.index(moe))
+        for moe in set(kinds)
+    }
+    return [size[moe] for moe in kinds]
+
+
 def activation_bytes(
     spec: ModelSpec,
     *,
@@ -124,17 +152,21 @@ def activation_bytes(
     dtype_bytes: int,
     trains: bool,
     etp: int | None = None,
+    first_layer: int = 0,
 ) -> int:
     """Peak activation bytes of one rank's stage for `shape` (`trains`: a backward follows;
-    else a forward without autograd keeps one layer's tensors at a time)."""
-    one_layer = layer_bytes(spec, tp, shape, dtype_bytes, etp=etp)
+    else a forward without autograd keeps one layer's tensors at a time); the stage holds layers
+    `first_layer` to `first_layer + layers - 1` (a mixture of experts' dense first layers keep
+    a dense MLP's activations)."""
+    stage = stage_layer_bytes(spec, tp, shape, dtype_bytes, etp=etp, first_layer=first_layer, layers=layers)
+    one_layer = max(stage)
     head = output_bytes(spec, tp, shape, dtype_bytes, lm_head=lm_head) if last_stage else 0
     if not trains:
         return one_layer + head
     if shape.recompute:
         kept = layers * hidden_positions(tp, shape) * shape.rows * spec.hidden_size * dtype_bytes + one_layer
     else:
-        kept = layers * one_layer
+        kept = sum(stage)
     return shape.in_flight * (kept + head) + one_layer  # + the backward's transient
 
 
@@ -152,4 +184,6 @@ def kept_bytes(spec: ModelSpec, *, tp: int, layers: int, shape: MicroBatchShape,
         dtype_bytes=dtype_bytes,
         trains=True,
     )
-    return total - layer_bytes(spec, tp, shape, dtype_bytes)
+    return total - max(
+        stage_layer_bytes(spec, tp, shape, dtype_bytes, etp=None, first_layer=0, layers=layers)
+    )

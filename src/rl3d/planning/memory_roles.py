@@ -158,6 +158,7 @@ def role_train_bytes(
         spec,
         tp=layout.t,
         layers=spec.num_layers // layout.p,
+        first_layer=coords.pp * (spec.num_layers // layout.p),
         last_stage=coords.pp == layout.p - 1,
         lm_head=role.model_role == "actor",
         shape=shape,
