@@ -1,14 +1,17 @@
-"""The actor at `actor.parallel.cp: 2` against the same actor at CP 1, fp32, on two gloo ranks.
+"""The actor and the critic at `<role>.parallel.cp: 2` against the same roles at CP 1, fp32, on two
+gloo ranks.
 
-tiny-llama from an HF directory, a left-padded batch whose length (13) pads to a multiple of
-2 * cp. CP 1 runs as two data replicas that each compute the whole batch (what they reduce is
-then each one's own gradient); CP 2 as one replica whose two CP ranks split every sequence by
-megatron's load-balanced chunks, attention by ring, outputs gathered back per sample. Log-probs
-and entropies of the response tokens (`compute_log_prob`) equal CP 1's within 1e-6 on both CP
-ranks (measured 4.8e-7), and so do the gradients DDP leaves after a backward of a weighted sum
-of log-probs and entropies, relative to each parameter's largest entry (measured 6.3e-7; megatron's
-schedule scales each CP rank's loss by cp and its DDP averages over the data-and-context group:
-the CP ranks' shares sum to CP 1's gradient).
+tiny-llama from an HF directory (the PPO demo's recipe, critic colocated), a left-padded batch
+whose length (13) pads to a multiple of 2 * cp. CP 1 runs as two data replicas that each compute
+the whole batch (what they reduce is then each one's own gradient); CP 2 as one replica whose two
+CP ranks split every sequence by megatron's load-balanced chunks, attention by ring, outputs
+gathered back per sample. Log-probs and entropies of the response tokens (`compute_log_prob`)
+equal CP 1's within 1e-6 on both CP ranks (measured 4.8e-7), and so do the gradients DDP leaves
+after a backward of a weighted sum of log-probs and entropies, relative to each parameter's
+largest entry (measured 6.3e-7; megatron's schedule scales each CP rank's loss by cp and its DDP
+averages over the data-and-context group: the CP ranks' shares sum to CP 1's gradient). The
+critic's values equal CP 1's within 1e-6 (measured 7.5e-8), its gradients of a weighted sum of
+values too (measured 7.7e-7 relative).
 """
 
 import pytest
@@ -18,25 +21,40 @@ from rl3d.testing.spawn import run_distributed
 
 pytestmark = pytest.mark.distributed
 
-RECIPE = "recipes/quickstart_cpu_grpo.yaml"
+RECIPE = "recipes/quickstart_cpu_ppo.yaml"
 B, P, R = 4, 8, 5
 TOL = 1e-6
 
 
-def _actor(hf_dir, world, tp, cp):
+def _workers(hf_dir, world, tp, cp):
+    """The actor and a colocated critic (from the same HF weights, its value head seeded)."""
     from rl3d.config import load_config
     from rl3d.config.pools import layout_of
     from rl3d.models.bootstrap import init_megatron
     from rl3d.models.spec import spec_of
     from rl3d.workers.context import RoleContext
-    from rl3d.workers.roles import ActorRolloutWorker
+    from rl3d.workers.roles import ActorRolloutWorker, CriticWorker
 
     dp = world // (tp * cp)
-    overrides = [f"model.hf_path={hf_dir}", f"actor.parallel={{pp: 1, tp: {tp}, dp: {dp}, cp: {cp}}}"]
+    layout = f"{{pp: 1, tp: {tp}, dp: {dp}, cp: {cp}}}"
+    overrides = [f"model.hf_path={hf_dir}", f"actor.parallel={layout}", f"critic.parallel={layout}"]
     overrides += [f"launch.nproc_per_node={world}", f"rollout.t_g={tp}"]
     cfg = load_config(RECIPE, overrides).config
     groups = init_megatron(layout_of(cfg.actor.parallel), seed=cfg.trainer.seed)
-    return ActorRolloutWorker(RoleContext(cfg, spec_of(cfg.model), groups, tokenizer=None))
+    ctx = RoleContext(cfg, spec_of(cfg.model), groups, tokenizer=None, init_path=str(hf_dir))
+    return ActorRolloutWorker(ctx), CriticWorker(ctx)
+
+
+def _grads(engine):
+    return {n: p.main_grad.clone() for n, p in engine.unwrapped().named_parameters()}
+
+
+def _relative(grads, reference):
+    """The largest difference of a parameter's gradient relative to its largest entry (fp32
+    rounds gradients of size 7 at 5e-7)."""
+    return max(
+        ((grads[n] - g).abs().max() / g.abs().max().clamp(min=1e-30)).item() for n, g in reference.items()
+    )
 
 
 def _batch(vocab):
@@ -57,31 +75,32 @@ def worker(rank, world, hf_dir, tp):
 
     out = {}
     for cp in (1, 2):
-        actor = _actor(hf_dir, world, tp, cp)
+        actor, critic = _workers(hf_dir, world, tp, cp)
         batch = _batch(actor.spec.vocab_size)
         w = torch.randn(B, R, generator=torch.Generator().manual_seed(11))
-        logp = actor.compute_log_prob(batch)
+        logp, values = actor.compute_log_prob(batch), critic.compute_values(batch)
 
         def loss_of(o, m, actor=actor, w=w):
             lp, ent = actor._logp_entropy(o, m, actor.role)
             return (lp * w).sum() + 0.1 * (ent * w).sum(), {}
 
         actor.role.forward_backward(batch, B, loss_of)
-        grads = {n: p.main_grad.clone() for n, p in actor.role.unwrapped().named_parameters()}
-        out[cp] = (logp, grads, actor.groups.holds_outputs)
+        critic.role.forward_backward(batch, B, lambda o, m, c=critic, w=w: ((c._values(o, m) * w).sum(), {}))
+        out[cp] = (logp, values, _grads(actor.role), _grads(critic.role), actor.groups.holds_outputs)
         destroy_megatron()
-    (logp1, grads1, _), (logp2, grads2, holds2) = out[1], out[2]
-    # each parameter's difference relative to its largest gradient entry (as the ring attention
-    # model test): the gradients reach 7.6 here, where fp32 rounds at 5e-7
-    rel = {
-        n: ((grads2[n] - grads1[n]).abs().max() / grads1[n].abs().max().clamp(min=1e-30)).item()
-        for n in grads1
+    (logp1, values1, actor1, critic1, _), (logp2, values2, actor2, critic2, holds2) = out[1], out[2]
+    diffs = {
+        "actor_grad": _relative(actor2, actor1),
+        "critic_grad": _relative(critic2, critic1),
+        "holds": holds2,
     }
-    diffs = {"grad": max(rel.values()), "holds": holds2}
-    diffs["grad_scale"] = max(g.abs().max().item() for g in grads1.values())
+    diffs["grad_scale"] = min(
+        max(g.abs().max().item() for g in grads.values()) for grads in (actor1, critic1)
+    )
     if logp1 is not None and logp2 is not None:  # the last stage's TP rank 0 (every CP rank computes them)
         diffs["logp"] = (logp2["old_logp"] - logp1["old_logp"]).abs().max().item()
         diffs["entropy"] = (logp2["old_logp_entropy"] - logp1["old_logp_entropy"]).abs().max().item()
+        diffs["values"] = (values2["values"] - values1["values"]).abs().max().item()
     return diffs
 
 
@@ -99,10 +118,10 @@ def check(results, tp):
     assert [r["holds"] for r in results] == [True] + [False] * (len(results) - 1), results
     for got in results:
         assert got["grad_scale"] > 1e-3, got  # gradients that are not all zero
-        assert got["grad"] <= TOL, got
+        assert got["actor_grad"] <= TOL and got["critic_grad"] <= TOL, got
         if "logp" in got:
-            assert got["logp"] <= TOL and got["entropy"] <= TOL, got
+            assert max(got["logp"], got["entropy"], got["values"]) <= TOL, got
 
 
-def test_actor_logprobs_and_gradients_at_cp2_equal_cp1(hf_dir):
+def test_actor_and_critic_at_cp2_equal_cp1(hf_dir):
     check(run_distributed(worker, 2, str(hf_dir), 1, timeout_s=300), 1)
