@@ -111,7 +111,7 @@ class ParallelLayout:
 
     @property
     def world_size(self) -> int:
-        return self.p * self.stage_size
+        return self.p * self.t * self.cp * self.d  # spelled out: planners call it in their inner loops
 
     def as_data_replicas(self) -> ParallelLayout:
         """This layout with its CP ranks counted as data replicas (`p-t-(d*cp)`): the same ranks
