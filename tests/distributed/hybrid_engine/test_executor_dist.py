@@ -249,6 +249,6 @@ def test_transition_reads_cp_ranks_as_data_replicas():
     strategies, dtypes = ("hybridflow",), ("float32",)
     world = ParallelLayout(*layout).world_size
     results = run_distributed(
-        transition_worker, world, "tiny-llama", layout, 1, 1, strategies, dtypes, 0, timeout_s=240
+        transition_worker, world, "tiny-llama", layout, 1, 1, strategies, dtypes, 0, timeout_s=480
     )
     check_against_plan(results, "tiny-llama", layout, 1, 1, strategies, dtypes)
