@@ -125,3 +125,9 @@ def check(results, tp):
 
 def test_actor_and_critic_at_cp2_equal_cp1(hf_dir):
     check(run_distributed(worker, 2, str(hf_dir), 1, timeout_s=300), 1)
+
+
+@pytest.mark.slow
+def test_actor_and_critic_at_tp2_cp2_equal_tp2_cp1(hf_dir):
+    """The same at TP 2 (4 ranks): CP 2 x TP 2 against DP 2 x TP 2."""
+    check(run_distributed(worker, 4, str(hf_dir), 2, timeout_s=900), 2)
