@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from rl3d.config.async_rollout import ROLLOUT_POOL, check_async_rollout
+from rl3d.config.context_parallel import check_context_parallel
 from rl3d.config.distill import check_teacher_layout
 from rl3d.config.errors import ConfigError
 from rl3d.config.gpu import check_gpu_path
@@ -35,6 +36,7 @@ def check_config(cfg: RL3DConfig, source_of: Callable[[str], str | None]) -> Non
     check_warm_start(cfg, fail)
     check_lora(cfg, fail)
     check_routing_replay(cfg, fail)
+    check_context_parallel(cfg, fail)
 
 
 def _check_layouts(cfg: RL3DConfig, fail) -> None:
@@ -85,7 +87,7 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
     _check_expert_tp_transition(cfg, fail)
     try:
         GenerationLayout.from_training(
-            ParallelLayout(par.pp, par.tp, par.dp), cfg.rollout.t_g, cfg.rollout.p_g
+            ParallelLayout(par.pp, par.tp, par.dp, cp=par.cp), cfg.rollout.t_g, cfg.rollout.p_g
         )
     except ValueError as err:
         key = "rollout.t_g" if "t_g" in str(err) else "rollout.p_g"
@@ -94,7 +96,10 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
     needed = sum(p.size for p in pools)
     if world != needed:
         what = " + ".join(
-            f"{p.name} p*t*d = {p.layout.p}*{p.layout.t}*{p.layout.d} = {p.size}" for p in pools
+            f"{p.name} p*t*d = {p.layout.p}*{p.layout.t}*{p.layout.d} = {p.size}"
+            if p.layout.cp == 1
+            else f"{p.name} p*t*cp*d = {p.layout.p}*{p.layout.t}*{p.layout.cp}*{p.layout.d} = {p.size}"
+            for p in pools
         )
         raise fail(
             "launch.nproc_per_node",
@@ -103,11 +108,12 @@ def _check_layouts(cfg: RL3DConfig, fail) -> None:
         )
     if cfg.critic_enabled and cfg.critic.colocate:
         cp = cfg.critic.parallel
-        if (cp.tp, cp.pp, cp.dp) != (par.tp, par.pp, par.dp):
+        if (cp.tp, cp.pp, cp.dp, cp.cp) != (par.tp, par.pp, par.dp, par.cp):
             raise fail(
                 "critic.parallel",
-                f"a colocated critic uses the actor's layout tp={par.tp} pp={par.pp} dp={par.dp}, "
-                f"got tp={cp.tp} pp={cp.pp} dp={cp.dp} (or set critic.colocate: false for its own pool)",
+                f"a colocated critic uses the actor's layout tp={par.tp} pp={par.pp} dp={par.dp} "
+                f"cp={par.cp}, got tp={cp.tp} pp={cp.pp} dp={cp.dp} cp={cp.cp} "
+                "(or set critic.colocate: false for its own pool)",
             )
     _check_sequence_parallel(cfg, spec, fail)
 

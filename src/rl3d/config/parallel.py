@@ -23,11 +23,19 @@ class ParallelConfig:
     # Megatron's sequence parallelism at tp > 1 (rl3d.models.sequence_parallel): auto = on for a
     # mixture of experts (megatron trains one at tp > 1 only so), off for a dense model.
     sequence_parallel: bool | Literal["auto"] = "auto"
+    # Context parallelism: each sequence split over cp ranks (megatron's load-balanced 2*cp
+    # chunks; attention by ring over them without Transformer Engine: rl3d.models.ring_attention).
+    # The cp ranks get the same samples: tp * pp * cp * dp ranks in all (docs/long_context.md).
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "ep"):
+        for name in ("tp", "pp", "dp", "ep", "cp"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
+        if self.cp > 1 and (self.ep > 1 or self.etp not in (None, self.tp)):
+            raise FieldError(
+                "cp", f"cp={self.cp} with experts split (ep={self.ep}, etp={self.etp}) is not built; use cp 1"
+            )
         if self.etp is None or self.etp == self.tp:
             if self.dp % self.ep:
                 raise FieldError(
@@ -51,4 +59,4 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp

@@ -27,7 +27,9 @@ __all__ = ["Pool", "hosting", "layout_of", "pool_of", "role_pools", "weight_sync
 
 def layout_of(par: ParallelConfig) -> ParallelLayout:
     """The layout a `parallel` section asks for."""
-    return ParallelLayout(par.pp, par.tp, par.dp, ep=getattr(par, "ep", 1), etp=getattr(par, "etp", None))
+    return ParallelLayout(
+        par.pp, par.tp, par.dp, ep=getattr(par, "ep", 1), etp=getattr(par, "etp", None), cp=par.cp
+    )
 
 
 def role_pools(cfg: RL3DConfig) -> list[Pool]:
@@ -59,7 +61,7 @@ def weight_sync_plan(cfg: RL3DConfig, spec):
 
     return plan_pool_transition(
         spec,
-        role_pools(cfg)[0].layout,
+        role_pools(cfg)[0].layout.as_data_replicas(),  # CP ranks hold the same weights as DP ranks
         gen_tp=cfg.rollout.pool.tp,
         gen_dp=cfg.rollout.pool.dp,
         dtype=cfg.model.dtype,

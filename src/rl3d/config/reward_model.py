@@ -41,15 +41,16 @@ class RewardModelLayout:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    cp: int = 1  # context parallelism, as `<role>.parallel.cp`
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp"):
+        for name in ("tp", "pp", "dp", "cp"):
             if getattr(self, name) <= 0:
                 raise FieldError(name, f"must be > 0, got {getattr(self, name)}")
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,12 +96,13 @@ def check_reward_models(cfg: Any, fail) -> None:
         if (
             section.colocate
             and par is not None
-            and (par.tp, par.pp, par.dp) != (actor.tp, actor.pp, actor.dp)
+            and (par.tp, par.pp, par.dp, par.cp) != (actor.tp, actor.pp, actor.dp, actor.cp)
         ):
             raise fail(
                 f"{key}.parallel",
-                f"a colocated model uses the actor's layout tp={actor.tp} pp={actor.pp} dp={actor.dp}, "
-                f"got tp={par.tp} pp={par.pp} dp={par.dp} (or set {key}.colocate: false for its own pool)",
+                f"a colocated model uses the actor's layout tp={actor.tp} pp={actor.pp} dp={actor.dp} "
+                f"cp={actor.cp}, got tp={par.tp} pp={par.pp} dp={par.dp} cp={par.cp} "
+                f"(or set {key}.colocate: false for its own pool)",
             )
 
 

@@ -105,6 +105,10 @@ def check_rm_job(cfg: RMJobConfig, fail) -> None:
         raise fail("parallel.tp", f"tp={par.tp} must divide the model's {spec.num_query_groups} KV heads")
     if spec.num_layers % par.pp:
         raise fail("parallel.pp", f"pp={par.pp} must divide the model's {spec.num_layers} layers")
+    if par.cp > 1:
+        raise fail(
+            "parallel.cp", f"cp={par.cp}: the reward-model job does not train under context parallelism"
+        )
     if cfg.launch.world_size != par.world_size:
         raise fail(
             "launch.nproc_per_node",

@@ -198,7 +198,7 @@ def warm_start(actor: Any, cfg: Any, tokenizer: Any, run_dir: Path | None = None
     pad = pad_id_of(tokenizer)
     dp, dp_rank = groups.layout.d, groups.dp_rank
     local = ws.batch_size // dp
-    collector = groups.is_last_stage and groups.tp_rank == 0 and dp_rank == 0
+    collector = groups.holds_outputs and dp_rank == 0
     lrs = [g["lr"] for g in role.optimizer.param_groups]
     scheduler, role.scheduler = role.scheduler, None  # SFT steps are not RL steps
     for g in role.optimizer.param_groups:

@@ -8,11 +8,16 @@ Sequences in a batch are `input_ids` = [left-padded prompt | right-padded respon
 Under sequence parallelism (`rl3d.models.sequence_parallel`) every forward's length is a
 multiple of the TP size: a padded micro-batch gets pad columns on the left (mask 0; the model's
 output over them is dropped before the loss reads it), a packed row pad tokens at its end.
+
+Under context parallelism (`<role>.parallel.cp`) the padded length is also a multiple of
+`2 * cp` (the pad columns again on the left), each CP rank runs its part of the sequence and the
+last stage's output comes back whole on every CP rank (`rl3d.models.context_parallel`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +25,7 @@ import torch
 
 from rl3d.engine.features import Features
 from rl3d.engine.techniques import Packing, SequenceParallel
+from rl3d.models.context_parallel import gather_positions, split_inputs
 from rl3d.models.packing import (
     PACKED,
     pack_rows,
@@ -82,13 +88,18 @@ class MicroBatches:
     around each forward). `response_outputs` runs the output layer on the response positions
     alone: on for the roles whose every reader of the output reads those positions' log-probs
     (`RESPONSE_ONLY_ROLES`), off for the critic (a value head of width 1: nothing to save) and
-    the reward model (it reads each sequence's last token)."""
+    the reward model (it reads each sequence's last token), and off under context parallelism
+    (a CP rank holds positions spread over the sequence)."""
 
     def __init__(self, model: Any, groups: Any, *, role: str, features: Features):
         self.model, self.groups, self.role, self.features = model, groups, role, features
         self.packing = features.get(Packing)
-        self.multiple = groups.layout.t if features.get(SequenceParallel) else 1
-        self.response_outputs = role in RESPONSE_ONLY_ROLES
+        self.cp = groups.layout.cp
+        assert self.cp == 1 or self.packing is None, "packing under context parallelism (refused by config)"
+        # a CP rank's part (T / cp positions) splits again over TP under sequence parallelism
+        split = groups.layout.t if features.get(SequenceParallel) else 1
+        self.multiple = split if self.cp == 1 else self.cp * math.lcm(split, 2)  # 2 * cp chunks
+        self.response_outputs = role in RESPONSE_ONLY_ROLES and self.cp == 1
 
     def split(self, batch: DataBatch, micro_batch_size: int) -> tuple[list[DataBatch], list[int] | None]:
         """Micro-batches on this rank's device (the controller's batches live on the host), and
@@ -140,8 +151,13 @@ class MicroBatches:
                     strip = pad
                 # the first pad columns' tokens are not the batch's
                 around = self.features.around_forward(seq, lead=pad * len(micro), trail=0)
+                inputs = seq["input_ids"], position_ids_of(mask), attention_mask_4d(mask)
+                if self.cp > 1:
+                    inputs = split_inputs(*inputs, cp=self.cp, rank=self.groups.cp_rank)
                 with cut or contextlib.nullcontext(), around:
-                    out = chunk(seq["input_ids"], position_ids_of(mask), attention_mask_4d(mask))
+                    out = chunk(*inputs)
+                if self.cp > 1 and self.groups.is_last_stage:
+                    out = gather_positions(out, self.groups.cp_group)
             else:
                 te = self.packing.te
                 args, kwargs = packed_model_inputs(row, te=te)

@@ -21,10 +21,11 @@ PREFLIGHT_DONE_ENV = "RL3D_PREFLIGHT_DONE"
 def describe(loaded) -> str:
     cfg = loaded.config
     par = cfg.actor.parallel
+    cp = f" cp={par.cp}" if par.cp > 1 else ""
     lines = [
         f"recipe       {loaded.recipe}  ({cfg.description or 'no description'})",
         f"model        {cfg.model.label} ({cfg.model.dtype})",
-        f"actor        train p-t-d = {par.pp}-{par.tp}-{par.dp}; generate t_g={cfg.rollout.t_g}, "
+        f"actor        train p-t-d = {par.pp}-{par.tp}-{par.dp}{cp}; generate t_g={cfg.rollout.t_g}, "
         f"p_g={cfg.rollout.p_g} with the {cfg.rollout.engine} engine",
         f"algorithm    {cfg.algorithm.adv_estimator}; critic {'on' if cfg.critic_enabled else 'off'}, "
         f"reference {'on' if cfg.reference_enabled else 'off'}",

@@ -34,7 +34,7 @@ class MegatronGroups:
     coords: RankCoords
     tp_group: Any
     pp_group: Any
-    dp_group: Any
+    dp_group: Any  # the d ranks that get different samples (same pp, cp and tp)
     mp_group: Any  # the t*p ranks of this rank's replica
     embedding_group: Any  # first and last PP stage (tied embeddings)
     pg_collection: Any  # megatron.core.process_groups_config.ProcessGroupCollection
@@ -42,6 +42,8 @@ class MegatronGroups:
     ep_group: Any = None  # the layout.ep ranks splitting the experts (a MoE model's all-to-all)
     expert_dp_group: Any = None  # the ranks holding the same expert shard
     expert_tp_group: Any = None  # the layout.expert_t ranks splitting each of their experts
+    cp_group: Any = None  # the layout.cp ranks splitting each sequence (ring attention)
+    dp_cp_group: Any = None  # the cp*d ranks holding this rank's weight shard (gradients reduced)
     # where this rank computes: the world's backend says (NCCL: this rank's bound GPU)
     device: torch.device = torch.device("cpu")
 
@@ -56,6 +58,16 @@ class MegatronGroups:
     @property
     def dp_rank(self) -> int:
         return self.coords.dp
+
+    @property
+    def cp_rank(self) -> int:
+        return self.coords.cp
+
+    @property
+    def holds_outputs(self) -> bool:
+        """This rank returns its replica's outputs: the last stage's TP and CP rank 0 (its
+        peers in the TP and CP groups hold the same)."""
+        return self.coords.tp == 0 and self.coords.cp == 0 and self.is_last_stage
 
     @property
     def ep_rank(self) -> int:
@@ -107,10 +119,11 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
 
     if parallel_state.model_parallel_is_initialized():
         raise RuntimeError("megatron is already initialised in this process; call destroy_megatron()")
-    # Megatron's default order makes tp fastest, then dp, then pp: the layout's rank formula.
+    # Megatron's default order makes tp fastest, then cp, then dp, then pp: the layout's rank formula.
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=layout.t,
         pipeline_model_parallel_size=layout.p,
+        context_parallel_size=layout.cp,
         expert_model_parallel_size=layout.ep,
         expert_tensor_parallel_size=layout.expert_t,
         order="tp-cp-ep-dp-pp",
@@ -134,6 +147,8 @@ def init_megatron(layout: ParallelLayout, *, seed: int = 1234) -> MegatronGroups
         ep_group=pgs.ep,
         expert_dp_group=pgs.expt_dp,
         expert_tp_group=pgs.expt_tp,
+        cp_group=pgs.cp,
+        dp_cp_group=pgs.dp_cp,
         device=device,
     )
     _check_matches_layout(groups)
@@ -151,6 +166,8 @@ def _check_matches_layout(groups: MegatronGroups) -> None:
         "tp": _own_group(layout.tp_groups(), rank),
         "pp": _own_group(layout.pp_groups(), rank),
         "dp": _own_group(layout.dp_groups(), rank),
+        "cp": _own_group(layout.cp_groups(), rank),
+        "dp_cp": _own_group(layout.dp_cp_groups(), rank),
         "mp": _own_group(layout.model_parallel_groups(), rank),
         "ep": _own_group(layout.ep_groups(), rank),
         "expert_dp": _own_group(layout.expert_dp_groups(), rank),
@@ -160,6 +177,8 @@ def _check_matches_layout(groups: MegatronGroups) -> None:
         "tp": _ranks(groups.tp_group),
         "pp": _ranks(groups.pp_group),
         "dp": _ranks(groups.dp_group),
+        "cp": _ranks(groups.cp_group),
+        "dp_cp": _ranks(groups.dp_cp_group),
         "mp": _ranks(groups.mp_group),
         "ep": _ranks(groups.ep_group),
         "expert_dp": _ranks(groups.expert_dp_group),

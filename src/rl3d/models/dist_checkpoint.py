@@ -107,8 +107,9 @@ def _sharded_state(ddp: Any, optimizer: Any, groups: MegatronGroups, *, is_loadi
     state["rng"] = ShardedObject(
         "rng_state",
         _rng_state(),
-        (layout.p, layout.t, layout.d),
-        (coords.pp, coords.tp, coords.dp),
+        # one per rank: CP ranks are data replicas here (at cp 1 the shape is p, t, d)
+        (layout.p, layout.t, layout.d * layout.cp),
+        (coords.pp, coords.tp, coords.dp * layout.cp + coords.cp),
         replica_id=0,
     )
     return state

@@ -3,15 +3,20 @@
 Pure Python: no torch.distributed, no megatron globals. Process groups are built from these
 objects once (see `rl3d.parallel.groups`) and handed to whatever needs them.
 
-Training layout `p-t-d` uses megatron-core's default rank order (tp fastest, then dp, then pp):
-    rank = tp + t * (dp + d * pp)
+Training layout `p-t-d` uses megatron-core's default rank order `tp-cp-ep-dp-pp` (tp fastest,
+then cp, then dp, then pp):
+    rank = tp + t * (cp + c * (dp + d * pp))
+Context parallelism `cp` (c ranks) splits each sequence over c ranks that hold the same weights
+and the same samples: for the weights they are data replicas (megatron reduces gradients over
+the c*d ranks of `dp_cp_groups`), for the data one replica (`d` data-parallel ranks get samples).
 
 Expert parallelism `ep` splits each layer's experts over `ep` ranks, each expert's fc1/fc2 tensor
 parallel over `etp` ranks (default t). megatron-core decomposes each stage's t*d ranks a second
 time for the experts, in its order tp-ep-dp: with L = tp + t * dp a rank's index in its stage,
     L = etp_rank + etp * (ep_rank + ep * edp)
 so `etp` divides `t` (rl3d's rule: an expert's shards stay inside one dense TP group) and
-`ep * etp` divides `t * d`. With etp = t this is dp = ep_rank + ep * edp. Dense weights stay
+`ep * etp` divides `t * d` (experts under context parallelism are not built: ep > 1 needs cp 1).
+With etp = t this is dp = ep_rank + ep * edp. Dense weights stay
 replicated over all `d` ranks; an expert's shard over the `t d / (etp ep)` expert-data-parallel
 ranks (same ep_rank and etp_rank).
 
@@ -50,22 +55,29 @@ class RankCoords:
     ep: int = 0
     etp: int = 0
     edp: int = 0
+    cp: int = 0
 
 
 @dataclass(frozen=True)
 class ParallelLayout:
     """Megatron training layout: `p` pipeline stages x `t` tensor ranks x `d` data replicas, the
-    experts of a mixture of experts split over `ep` ranks and each expert over `etp` (None: t)."""
+    experts of a mixture of experts split over `ep` ranks and each expert over `etp` (None: t),
+    each sequence split over `cp` context-parallel ranks."""
 
     p: int
     t: int
     d: int
     ep: int = 1
     etp: int | None = None
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for name in ("p", "t", "d", "ep"):
+        for name in ("p", "t", "d", "ep", "cp"):
             _check_positive(name, getattr(self, name))
+        if self.cp > 1 and (self.ep > 1 or self.etp is not None):
+            raise ValueError(
+                f"experts under context parallelism are not built: cp={self.cp} needs ep 1, etp t"
+            )
         if self.etp is not None:
             _check_positive("etp", self.etp)
             if self.etp == self.t:  # the default, spelled out: one layout, one equality
@@ -90,28 +102,47 @@ class ParallelLayout:
     @property
     def expert_d(self) -> int:
         """The expert data-parallel size: ranks holding the same expert shard, per stage."""
-        return self.t * self.d // (self.ep * self.expert_t)
+        return self.stage_size // (self.ep * self.expert_t)
+
+    @property
+    def stage_size(self) -> int:
+        """The ranks of one pipeline stage: t * cp * d."""
+        return self.t * self.cp * self.d
 
     @property
     def world_size(self) -> int:
-        return self.p * self.t * self.d
+        return self.p * self.t * self.cp * self.d  # spelled out: planners call it in their inner loops
 
-    def rank_of(self, *, pp: int, dp: int, tp: int) -> int:
-        assert 0 <= pp < self.p and 0 <= dp < self.d and 0 <= tp < self.t, (pp, dp, tp)
-        return tp + self.t * (dp + self.d * pp)
+    def as_data_replicas(self) -> ParallelLayout:
+        """This layout with its CP ranks counted as data replicas (`p-t-(d*cp)`): the same ranks
+        hold the same weight shards (rank = tp + t * (cp + c * dp + c * d * pp)), which is all a
+        weight transition reads."""
+        if self.cp == 1:
+            return self
+        return ParallelLayout(self.p, self.t, self.d * self.cp)
+
+    def rank_of(self, *, pp: int, dp: int, tp: int, cp: int = 0) -> int:
+        assert 0 <= pp < self.p and 0 <= dp < self.d and 0 <= tp < self.t and 0 <= cp < self.cp, (
+            pp,
+            dp,
+            tp,
+            cp,
+        )
+        return tp + self.t * (cp + self.cp * (dp + self.d * pp))
 
     def coords(self, rank: int) -> RankCoords:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside world of size {self.world_size} ({self})")
         tp = rank % self.t
-        dp = (rank // self.t) % self.d
-        pp = rank // (self.t * self.d)
-        etp, rest = rank % self.expert_t, (rank % (self.t * self.d)) // self.expert_t
-        return RankCoords(pp=pp, dp=dp, tp=tp, ep=rest % self.ep, etp=etp, edp=rest // self.ep)
+        cp = (rank // self.t) % self.cp
+        dp = (rank // (self.t * self.cp)) % self.d
+        pp = rank // self.stage_size
+        etp, rest = rank % self.expert_t, (rank % self.stage_size) // self.expert_t
+        return RankCoords(pp=pp, dp=dp, tp=tp, ep=rest % self.ep, etp=etp, edp=rest // self.ep, cp=cp)
 
     def expert_rank_of(self, *, pp: int, edp: int, ep: int, etp: int) -> int:
         assert 0 <= edp < self.expert_d and 0 <= ep < self.ep and 0 <= etp < self.expert_t, (edp, ep, etp)
-        return pp * self.t * self.d + etp + self.expert_t * (ep + self.ep * edp)
+        return pp * self.stage_size + etp + self.expert_t * (ep + self.ep * edp)
 
     def ep_groups(self) -> list[list[int]]:
         """The `ep` ranks that split one layer's experts (with etp = t: consecutive DP indices)."""
@@ -140,37 +171,46 @@ class ParallelLayout:
             for e in range(self.ep)
         ]
 
+    def _cells(self, *axes: str) -> list[dict[str, int]]:
+        """Every combination of the named axes' indices (the others vary in the groups)."""
+        sizes = {"pp": self.p, "dp": self.d, "cp": self.cp, "tp": self.t}
+        cells: list[dict[str, int]] = [{}]
+        for axis in axes:
+            cells = [{**c, axis: i} for c in cells for i in range(sizes[axis])]
+        return cells
+
     def tp_groups(self) -> list[list[int]]:
-        return [
-            [self.rank_of(pp=pp, dp=dp, tp=tp) for tp in range(self.t)]
-            for pp in range(self.p)
-            for dp in range(self.d)
-        ]
+        return [[self.rank_of(**c, tp=tp) for tp in range(self.t)] for c in self._cells("pp", "dp", "cp")]
+
+    def cp_groups(self) -> list[list[int]]:
+        """The `cp` ranks that split one sequence (ring attention runs over them)."""
+        return [[self.rank_of(**c, cp=cp) for cp in range(self.cp)] for c in self._cells("pp", "dp", "tp")]
 
     def dp_groups(self) -> list[list[int]]:
+        """The `d` ranks that get different samples (same pp, cp, tp)."""
+        return [[self.rank_of(**c, dp=dp) for dp in range(self.d)] for c in self._cells("pp", "cp", "tp")]
+
+    def dp_cp_groups(self) -> list[list[int]]:
+        """The c*d ranks holding the same weight shard (gradients are reduced over them)."""
         return [
-            [self.rank_of(pp=pp, dp=dp, tp=tp) for dp in range(self.d)]
-            for pp in range(self.p)
-            for tp in range(self.t)
+            sorted(self.rank_of(**c, dp=dp, cp=cp) for dp in range(self.d) for cp in range(self.cp))
+            for c in self._cells("pp", "tp")
         ]
 
     def pp_groups(self) -> list[list[int]]:
-        return [
-            [self.rank_of(pp=pp, dp=dp, tp=tp) for pp in range(self.p)]
-            for dp in range(self.d)
-            for tp in range(self.t)
-        ]
+        return [[self.rank_of(**c, pp=pp) for pp in range(self.p)] for c in self._cells("dp", "cp", "tp")]
 
     def model_parallel_groups(self) -> list[list[int]]:
-        """The t*p ranks of each training replica (one DP index), in rank order."""
+        """The t*p ranks of each training replica (one DP and CP index), in rank order."""
         return [
-            sorted(self.rank_of(pp=pp, dp=dp, tp=tp) for pp in range(self.p) for tp in range(self.t))
-            for dp in range(self.d)
+            sorted(self.rank_of(**c, pp=pp, tp=tp) for pp in range(self.p) for tp in range(self.t))
+            for c in self._cells("dp", "cp")
         ]
 
     def __str__(self) -> str:
         etp = f" etp={self.etp}" if self.etp is not None else ""
-        return f"{self.p}-{self.t}-{self.d}" + (f" ep={self.ep}" if self.ep > 1 else "") + etp
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        return f"{self.p}-{self.t}-{self.d}" + (f" ep={self.ep}" if self.ep > 1 else "") + etp + cp
 
 
 @dataclass(frozen=True)
@@ -197,6 +237,10 @@ class GenerationLayout:
     p_g: int
 
     def __post_init__(self) -> None:
+        if self.train.cp > 1:
+            raise ValueError(
+                f"a generation layout reads CP ranks as data replicas: build it from_training ({self.train})"
+            )
         _check_positive("t_g", self.t_g)
         _check_positive("p_g", self.p_g)
         if self.train.t % self.t_g:
@@ -206,7 +250,9 @@ class GenerationLayout:
 
     @classmethod
     def from_training(cls, train: ParallelLayout, t_g: int, p_g: int = 1) -> GenerationLayout:
-        return cls(train=train, t_g=t_g, p_g=p_g)
+        """The generation layout of `train`, whose CP ranks count as data replicas (they hold the
+        same weights): `train.as_data_replicas()` is this layout's `train`."""
+        return cls(train=train.as_data_replicas(), t_g=t_g, p_g=p_g)
 
     @property
     def r(self) -> int:

@@ -101,7 +101,7 @@ def save_reward_model(role, dst: Path, *, meta: dict) -> None:
     layout = groups.layout
     params = model_tensors(model)
     names = stage_param_names(spec, layout.p, groups.pp_rank, role="critic")
-    if groups.dp_rank == 0:
+    if groups.dp_rank == 0 and groups.cp_rank == 0:  # one writer per shard
         tensors = {
             local: local_param(params, local).detach().to("cpu").contiguous()
             for name, local in names.items()
@@ -110,7 +110,7 @@ def save_reward_model(role, dst: Path, *, meta: dict) -> None:
         out = dst / shard_dir_name(groups.tp_rank, groups.pp_rank)
         out.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
-        if groups.tp_rank == 0 and groups.is_last_stage:
+        if groups.holds_outputs:
             head = model.output_layer.weight.detach().to("cpu").contiguous()
             save_file({"weight": head}, str(dst / HEAD_FILE), metadata={"format": "pt"})
     if groups.rank == 0:
@@ -198,7 +198,7 @@ class RewardModelWorker:
         return DispatchInfo(
             dp_rank=g.dp_rank,
             dp_size=g.layout.d,
-            is_collector=g.tp_rank == 0 and g.is_last_stage,
+            is_collector=g.holds_outputs,
             # packed: the whole batch's tokens balanced over the DP ranks (no mini-batches here)
             token_balance=WHOLE_BATCH if self.section.packing else 0,
         )

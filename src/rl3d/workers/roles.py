@@ -31,7 +31,7 @@ def _megatron_info(groups: MegatronGroups, gen=None, *, mini_batch_size: int) ->
     info = DispatchInfo(
         dp_rank=groups.dp_rank,
         dp_size=groups.layout.d,
-        is_collector=groups.tp_rank == 0 and groups.is_last_stage,
+        is_collector=groups.holds_outputs,
         token_balance=mini_batch_size,
     )
     if gen is None:
@@ -40,7 +40,7 @@ def _megatron_info(groups: MegatronGroups, gen=None, *, mini_batch_size: int) ->
     return dataclasses.replace(
         info,
         gen_dp_rank=coords.dp_g,
-        gen_dp_size=gen.d_g * groups.layout.d,
+        gen_dp_size=gen.d_g * gen.train.d,  # CP ranks generate as data replicas
         is_gen_collector=coords.tp_g == 0,
     )
 

@@ -236,3 +236,19 @@ def test_hf_layout_and_release_after_rollout():
     for r in results:
         assert r["hf_ok"] and r["buffer_bytes"] > 0 and not r["usable_after"] and r["unchanged"]
         assert (r["kept"], r["devices"]) == (0, set())
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_transition_reads_cp_ranks_as_data_replicas():
+    """Training at TP 2 x CP 2 (4 ranks, each holding the TP shard its coordinates in the CP
+    layout name), generating at t_g 1: the transition plans and runs on the layout with CP
+    counted as data replicas (1-2-2), every rank gets the whole model bit for bit and counts
+    exactly the planned bytes."""
+    layout = (1, 2, 1, 1, None, 2)  # p, t, d, ep, etp, cp
+    strategies, dtypes = ("hybridflow",), ("float32",)
+    world = ParallelLayout(*layout).world_size
+    results = run_distributed(
+        transition_worker, world, "tiny-llama", layout, 1, 1, strategies, dtypes, 0, timeout_s=480
+    )
+    check_against_plan(results, "tiny-llama", layout, 1, 1, strategies, dtypes)

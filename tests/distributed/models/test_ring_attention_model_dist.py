@@ -9,8 +9,8 @@ part of the tokens and of the [b, 1, s, s] mask by megatron's `get_batch_on_this
 within 1e-6 (measured 3.6e-7: the softmax sums are merged differently), and the parameters'
 gradients of a weighted sum of the logits, summed over the CP ranks (as megatron's DDP reduces
 over DP x CP), equal CP 1's within 1e-6 of each parameter's largest gradient entry (measured
-4.4e-7).
-megatron's process groups are built here directly: rl3d's layouts have no CP dimension yet.
+4.4e-7). megatron's groups come from `init_megatron`: CP 1 as `ParallelLayout(1, 1, 2)`, CP 2 as
+`ParallelLayout(1, 1, 1, cp=2)`.
 """
 
 import pytest
@@ -26,36 +26,16 @@ TOL = 1e-6
 GRAD_TOL = 1e-6  # relative to each parameter's largest gradient entry
 
 
-def build(cp):
+def build(cp, world):
     """tiny-qwen2 (8 query heads over 2 key-value groups) from rl3d's builder on megatron's groups
-    with CP `cp`; the groups are made here by hand since rl3d's layouts have no CP yet."""
-    from megatron.core import parallel_state
-    from megatron.core.process_groups_config import ProcessGroupCollection
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    from rl3d.models.bootstrap import MegatronGroups
+    with CP `cp` (the other ranks data replicas)."""
+    from rl3d.models.bootstrap import init_megatron
     from rl3d.models.builder import build_gpt
     from rl3d.models.spec import get_model_spec
     from rl3d.parallel.layout import ParallelLayout
 
-    parallel_state.initialize_model_parallel(
-        context_parallel_size=cp, order="tp-cp-ep-dp-pp", create_gloo_process_groups=True
-    )
-    model_parallel_cuda_manual_seed(1)
-    pgs = ProcessGroupCollection.use_mpu_process_groups()
-    layout = ParallelLayout(p=1, t=1, d=1)  # one replica, whose sequence the CP ranks split
-    groups = MegatronGroups(
-        layout=layout,
-        rank=0,
-        coords=layout.coords(0),
-        tp_group=pgs.tp,
-        pp_group=pgs.pp,
-        dp_group=pgs.dp,
-        mp_group=pgs.mp,
-        embedding_group=pgs.embd,
-        pg_collection=pgs,
-    )
-    return build_gpt(get_model_spec("tiny-qwen2"), groups)
+    groups = init_megatron(ParallelLayout(p=1, t=1, d=world // cp, cp=cp), seed=1)
+    return build_gpt(get_model_spec("tiny-qwen2"), groups), groups
 
 
 def batch():
@@ -71,43 +51,40 @@ def batch():
 
 
 def worker(rank, world):
-    from megatron.core import parallel_state
     from megatron.core.utils import get_batch_on_this_cp_rank
 
-    from rl3d.models import cpu_shim
+    from rl3d.models.bootstrap import destroy_megatron
     from rl3d.models.ring_attention import cp_positions
 
-    cpu_shim.activate("cpu")
     full = batch()
-    torch.manual_seed(0)  # the same weights on both ranks: at CP 2 they are one model
-    model = build(1)
+    model, _ = build(1, world)  # init_megatron seeds alike on both ranks: at CP 2 they are one model
     weights = {k: v.clone() for k, v in model.state_dict().items() if isinstance(v, torch.Tensor)}
     logits_full = model(full["tokens"], full["position_ids"], full["attention_mask"])
     w = torch.randn(logits_full.shape, generator=torch.Generator().manual_seed(5))
     (logits_full * w).sum().backward()
     grads_full = {name: p.grad.clone() for name, p in model.named_parameters()}
     logits_full = logits_full.detach()
-    parallel_state.destroy_model_parallel()
+    destroy_megatron()
 
-    model = build(world)
+    model, groups = build(world, world)
     missing = model.load_state_dict(weights, strict=False)
     assert not missing.unexpected_keys and not missing.missing_keys, missing
-    local = get_batch_on_this_cp_rank(batch(), cp_group=parallel_state.get_context_parallel_group())
+    local = get_batch_on_this_cp_rank(batch(), cp_group=groups.cp_group)
     logits = model(local["tokens"], local["position_ids"], local["attention_mask"])
     pos = cp_positions(S, world, rank)
     (logits * w[:, pos]).sum().backward()
     grad_diff = 0.0
     for name, param in model.named_parameters():
         grad = param.grad.clone()
-        torch.distributed.all_reduce(grad, group=parallel_state.get_context_parallel_group())
+        torch.distributed.all_reduce(grad, group=groups.cp_group)
         scale = grads_full[name].abs().max().item()
         grad_diff = max(grad_diff, (grad - grads_full[name]).abs().max().item() / scale)
-    parallel_state.destroy_model_parallel()
+    destroy_megatron()
     return (logits.detach() - logits_full[:, pos]).abs().max().item(), grad_diff
 
 
 def test_tiny_gpt_at_cp2_equals_cp1():
-    results = run_distributed(worker, 2)
+    results = run_distributed(worker, 2, timeout_s=300)
     logits_diff = max(r[0] for r in results)
     grad_diff = max(r[1] for r in results)
     print(f"max |logits(CP 2) - logits(CP 1)|: {logits_diff}, relative of the gradients: {grad_diff}")

@@ -160,3 +160,58 @@ def test_etp_1_at_tp_2_makes_a_tp_group_an_ep_group():
 def test_expert_tensor_parallel_refusals(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ParallelLayout(p=1, **kwargs)
+
+
+def _megatron_dense_groups(layout):
+    """megatron-core's own decoder rank generator (pure Python), as initialize_model_parallel
+    builds it with context_parallel_size: each group's ranks in megatron's order."""
+    from megatron.core.parallel_state import RankGenerator
+
+    gen = RankGenerator(
+        tp=layout.t, ep=1, dp=layout.d, pp=layout.p, cp=layout.cp, order="tp-cp-ep-dp-pp", rank_offset=0
+    )
+    return {axis: sorted(gen.get_ranks(token)) for axis, token in DENSE_AXES.items()}
+
+
+DENSE_AXES = {"tp": "tp", "cp": "cp", "dp": "dp", "dp_cp": "dp-cp", "pp": "pp", "mp": "tp-pp"}
+
+
+@pytest.mark.parametrize(
+    ("p", "t", "d", "cp"),
+    [(1, 1, 1, 2), (1, 1, 2, 2), (1, 2, 1, 4), (2, 2, 2, 2), (2, 1, 3, 2), (1, 2, 2, 1)],
+)
+def test_context_parallel_groups_equal_megatrons_rank_generator(p, t, d, cp):
+    layout = ParallelLayout(p=p, t=t, d=d, cp=cp)
+    ours = {
+        "tp": layout.tp_groups(),
+        "cp": layout.cp_groups(),
+        "dp": layout.dp_groups(),
+        "dp_cp": layout.dp_cp_groups(),
+        "pp": layout.pp_groups(),
+        "mp": layout.model_parallel_groups(),
+    }
+    # each group's member order and sizes as megatron's (the lists of groups sorted)
+    assert {axis: sorted(groups) for axis, groups in ours.items()} == _megatron_dense_groups(layout)
+    assert layout.world_size == p * t * d * cp
+    for rank in range(layout.world_size):
+        c = layout.coords(rank)
+        assert layout.rank_of(pp=c.pp, dp=c.dp, tp=c.tp, cp=c.cp) == rank
+        assert next(g for g in layout.cp_groups() if rank in g).index(rank) == c.cp
+        assert next(g for g in layout.dp_groups() if rank in g).index(rank) == c.dp
+
+
+def test_cp_ranks_are_data_replicas_for_the_weights():
+    layout = ParallelLayout(p=2, t=2, d=2, cp=2)
+    flat = layout.as_data_replicas()
+    assert (flat.p, flat.t, flat.d, flat.cp) == (2, 2, 4, 1) and str(layout) == "2-2-2 cp=2"
+    for rank in range(layout.world_size):  # the same weight shard: the same (pp, tp)
+        a, b = layout.coords(rank), flat.coords(rank)
+        assert (a.pp, a.tp, a.cp + layout.cp * a.dp) == (b.pp, b.tp, b.dp)
+    gen = GenerationLayout.from_training(layout, t_g=1)
+    assert gen.train == flat and gen.world_size == layout.world_size
+    with pytest.raises(ValueError, match="build it from_training"):
+        GenerationLayout(train=layout, t_g=1, p_g=1)
+    with pytest.raises(ValueError, match="experts under context parallelism are not built"):
+        ParallelLayout(p=1, t=1, d=2, ep=2, cp=2)
+    with pytest.raises(ValueError, match="cp must be a positive integer"):
+        ParallelLayout(p=1, t=1, d=1, cp=0)
