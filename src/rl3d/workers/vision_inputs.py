@@ -43,3 +43,28 @@ def image_pixels(
         kept.append(i)
         pixels.append(llava_pixel_values(images, spec, hf_dir))
     return kept, pixels
+
+
+def row_pixels(batch: DataBatch, spec: Any, runtime: Any, hf_dir: str | None) -> list[torch.Tensor | None]:
+    """Each response row's pixels for the trainer's forward (`rl3d.models.llava_logprobs`), from
+    the batch's `images` column: a prompt's images decoded and processed once for its n rows
+    (they hold the same images), a text-only row's None. The rollout decoded these images, so one
+    that no longer does (a file changed since) is an error naming its row and source, not a drop:
+    the batch's rows are fixed by now."""
+    from rl3d.models.llava import llava_pixel_values
+
+    done: dict[tuple, torch.Tensor] = {}
+    out: list[torch.Tensor | None] = []
+    sources = batch.meta.get("source") or [f"row {i}" for i in range(len(batch))]
+    for i, (refs, source) in enumerate(zip(batch[IMAGES], sources, strict=True)):
+        refs = tuple(refs or ())
+        if not refs:
+            out.append(None)
+            continue
+        if refs not in done:
+            images = runtime.load(SimpleNamespace(images=refs, source=source))
+            if images is None:
+                raise RuntimeError(f"row {i} ({source}): an image of column {IMAGES!r} no longer decodes")
+            done[refs] = llava_pixel_values(images, spec, hf_dir)
+        out.append(done[refs])
+    return out

@@ -122,3 +122,56 @@ def test_image_rows_roll_out_through_the_llava_engine(groups_1x1, setup):
     )
     assert dropped["response_ids"] == alone.responses()
     assert generation.images.metrics() == {"data/bad_images": 1.0}
+
+
+def test_the_trainer_reads_the_rollouts_image_rows(groups_1x1, setup):
+    """`Generation`'s batch of image rows (n=4 a prompt; the `images` column still encoded)
+    as the trainer takes it: `row_pixels` decodes each prompt's images once for its rows, and
+    `llava_response_logprobs` on megatron's LLaVA gives the engine's log-probs of every response
+    token. An image that stops decoding is an error naming its row."""
+    from rl3d.config import load_config
+    from rl3d.controller.prompts import prompt_batch
+    from rl3d.models.llava_logprobs import llava_response_logprobs
+    from rl3d.rollout.vision import LlavaRolloutEngine
+    from rl3d.workers.generation import Generation
+    from rl3d.workers.vision_inputs import row_pixels
+
+    tok, _, hf_dir, path = setup
+    spec = read_llava_config(hf_dir)
+    model = build_llava(spec, groups_1x1)
+    load_llava_weights(model, spec, hf_dir, groups_1x1)
+    model.eval()
+    items = list(load_prompt_dataset(DataConfig(train_files=[path], max_prompt_length=64), tok))
+    engine = LlavaRolloutEngine(spec, {n: p.detach() for n, p in model.named_parameters()})
+    cfg = load_config(GRPO, ["rollout.max_new_tokens=6"]).config
+    prompts = prompt_batch(items).set("uid", torch.tensor([10, 11]))
+    # a random tiny model samples the image token now and then (the engine does not ban it):
+    # step 2's 8 x 6 tokens hold none, step 1's hold one (refused below)
+    batch = Generation(cfg, engine, tok, pad_token_id=0).generate(prompts, step=2, gen_dp_rank=0).batch
+    assert not any(spec.image_token_id in r for r in batch["response_ids"])
+    n = cfg.rollout.n
+    runtime = RuntimeImages()
+    loads = []
+    load = runtime.load
+    runtime.load = lambda item: loads.append(item.source) or load(item)
+    pixels = row_pixels(batch, spec, runtime, str(hf_dir))
+    assert loads == [items[0].source, items[1].source]  # once a prompt, not n times
+    assert [len(p) for p in pixels] == [1] * n + [2] * n
+    assert all(p is pixels[0] for p in pixels[:n])
+    with torch.no_grad():
+        logp, _ = llava_response_logprobs(
+            model, spec, batch["input_ids"], batch["attention_mask"], batch["responses"], pixels
+        )
+    mask = batch["response_mask"].bool()
+    worst = (logp - batch["rollout_logp"])[mask].abs().max().item()
+    assert worst < 1e-5, worst  # measured 4.8e-7 (fp32)
+
+    sampled = Generation(cfg, engine, tok, pad_token_id=0).generate(prompts, step=1, gen_dp_rank=0).batch
+    with pytest.raises(ValueError, match=r"row \d+: response token \d+ is the image token"):
+        llava_response_logprobs(
+            model, spec, sampled["input_ids"], sampled["attention_mask"], sampled["responses"], pixels
+        )
+
+    batch["images"][n] = (b"not an image",)
+    with pytest.raises(RuntimeError, match=rf"row {n} \(.*mm.parquet:1\): an image of column 'images'"):
+        row_pixels(batch, spec, RuntimeImages(), str(hf_dir))
