@@ -75,6 +75,13 @@ def packed(micro: DataBatch, multiple: int = 1) -> DataBatch:
 RESPONSE_ONLY_ROLES = ("actor", "reference")
 
 
+def response_outputs(role: str) -> bool:
+    """Whether role `role`'s output layer runs on the response positions alone: what its engine
+    does (`MicroBatches`) and what the memory plan counts its logits at
+    (`rl3d.planning.memory_activations`)."""
+    return role in RESPONSE_ONLY_ROLES
+
+
 class MicroBatches:
     """How one engine's model is fed: micro-batches, megatron's schedule shapes and the forward
     step, for `model` (the unwrapped GPTModel) on `groups`, with the role's `features` (packing
@@ -88,7 +95,7 @@ class MicroBatches:
         self.model, self.groups, self.role, self.features = model, groups, role, features
         self.packing = features.get(Packing)
         self.multiple = groups.layout.t if features.get(SequenceParallel) else 1
-        self.response_outputs = role in RESPONSE_ONLY_ROLES
+        self.response_outputs = response_outputs(role)
 
     def split(self, batch: DataBatch, micro_batch_size: int) -> tuple[list[DataBatch], list[int] | None]:
         """Micro-batches on this rank's device (the controller's batches live on the host), and
