@@ -81,6 +81,14 @@ def packed(micro: DataBatch, multiple: int = 1) -> DataBatch:
 RESPONSE_ONLY_ROLES = ("actor", "reference")
 
 
+def response_outputs(role: str, *, cp: int = 1) -> bool:
+    """Whether role `role`'s output layer runs on the response positions alone: what its engine
+    does (`MicroBatches`) and what the memory plan counts its logits at
+    (`rl3d.planning.memory_activations`). Not under context parallelism, where the last stage
+    gathers the whole sequence's outputs back first (`rl3d.models.context_parallel`)."""
+    return role in RESPONSE_ONLY_ROLES and cp == 1
+
+
 class MicroBatches:
     """How one engine's model is fed: micro-batches, megatron's schedule shapes and the forward
     step, for `model` (the unwrapped GPTModel) on `groups`, with the role's `features` (packing
@@ -99,7 +107,7 @@ class MicroBatches:
         # a CP rank's part (T / cp positions) splits again over TP under sequence parallelism
         split = groups.layout.t if features.get(SequenceParallel) else 1
         self.multiple = split if self.cp == 1 else self.cp * math.lcm(split, 2)  # 2 * cp chunks
-        self.response_outputs = role in RESPONSE_ONLY_ROLES and self.cp == 1
+        self.response_outputs = response_outputs(role, cp=self.cp)
 
     def split(self, batch: DataBatch, micro_batch_size: int) -> tuple[list[DataBatch], list[int] | None]:
         """Micro-batches on this rank's device (the controller's batches live on the host), and

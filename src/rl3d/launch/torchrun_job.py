@@ -10,13 +10,22 @@ from pathlib import Path
 
 from rl3d.utils.imports import LAUNCH_DIR_ENV
 
+# glibc's malloc for the ranks (read when a process starts, so set here, before it does): every
+# allocation under 4 GiB from the heap, which is kept (not returned to the system) below 16 GiB
+# free at its top. glibc's default serves a block over 32 MiB with its own mmap and unmaps it on
+# free, so each step's logits, activations and gradients fault their pages in again
+# (docs/real_model_step.md: page faults and step time with and without). The cost: a rank's
+# resident memory stays at its peak. A value the user set wins.
+ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": str(4 << 30), "MALLOC_TRIM_THRESHOLD_": str(16 << 30)}
+
 
 def launch_env(**extra: str) -> dict[str, str]:
     """The environment of the processes a launcher starts: the same code whatever the working
     directory. PYTHONSAFEPATH keeps the interpreter from putting that directory ahead of the
     installed packages (`python -m` would); user code named by import path (`reward.fn`,
-    `trainer.hooks`) is still found there, after them (`rl3d.utils.imports`)."""
-    return {**os.environ, "PYTHONSAFEPATH": "1", LAUNCH_DIR_ENV: os.getcwd(), **extra}
+    `trainer.hooks`) is still found there, after them (`rl3d.utils.imports`). glibc's allocator
+    keeps large blocks (`ALLOCATOR_ENV`) unless the user's environment sets those keys."""
+    return {**ALLOCATOR_ENV, **os.environ, "PYTHONSAFEPATH": "1", LAUNCH_DIR_ENV: os.getcwd(), **extra}
 
 
 def torchrun_command(

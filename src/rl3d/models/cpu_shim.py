@@ -320,16 +320,22 @@ def _patch_module_torch(name: str) -> None:
     module.torch = _CPU_TORCH
 
 
+NORM_CHUNK = 1 << 16  # elements per fp64 temporary of the grad norm: 512 KiB, cache-sized
+
+
 def _l2_norm_fp64(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
     """The CPU stand-in for apex/TE's `multi_tensor_l2norm`: the norm of all tensors, summed in
     fp64. megatron adds this rank's squared norm to the other ranks' (stages, TP/DP shards), so
     in fp32 the clip coefficient depended on how the layout split the sum. In fp64 it does not
     (measured: norms within 2e-16, fp32 clip factors equal), and PP/DP runs with clipping equal
-    a one-process run bit for bit."""
+    a one-process run bit for bit. Each square is exact in fp64; the fp64 copies cover
+    `NORM_CHUNK` elements at a time, not a whole gradient (SmolLM2-135M's 134.5M: 0.63 -> 0.17 s
+    and 317k -> 0 page faults, the same norm bit for bit)."""
     first = tensor_lists[0][0] if tensor_lists and tensor_lists[0] else None
     total = torch.zeros((), dtype=torch.float64, device=first.device if first is not None else "cpu")
     for tensor in tensor_lists[0]:
-        total += tensor.detach().double().square().sum()
+        for chunk in tensor.detach().reshape(-1).split(NORM_CHUNK):
+            total += chunk.double().square().sum()
     return total.sqrt().reshape(1), None
 
 

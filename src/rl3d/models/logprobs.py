@@ -25,7 +25,7 @@ def _tp_info(group: Any) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
-CHUNK_BYTES = 256 << 20  # the fp64 temporaries of one chunk of rows
+CHUNK_BYTES = 32 << 20  # each fp64 temporary of one chunk of rows
 
 
 def _partial_sums(z: torch.Tensor, z_max: torch.Tensor, target: torch.Tensor, start: int) -> torch.Tensor:
@@ -36,7 +36,7 @@ def _partial_sums(z: torch.Tensor, z_max: torch.Tensor, target: torch.Tensor, st
     in_slice = (target >= start) & (target < start + vocab_local)
     local_index = (target - start).clamp(0, vocab_local - 1).unsqueeze(-1)
     target_z = torch.gather(z, -1, local_index).squeeze(-1)
-    finite_z = torch.where(exp > 0, z, torch.zeros_like(z))  # 0 * -inf would be nan
+    finite_z = torch.where(exp > 0, z, 0.0)  # 0 * -inf would be nan
     return torch.stack(
         [
             exp.sum(-1, dtype=torch.float64),
@@ -62,7 +62,8 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
         # Partial sums in fp64: rounding them to fp32 only at the end makes the result the same
         # for every TP size (a TP split reorders the vocabulary sum). The fp64 temporaries cover
         # a bounded number of rows at a time: at a 152k vocabulary a whole micro-batch's would be
-        # tens of GB. Rows are independent, so chunking them changes no sum.
+        # tens of GB, and chunks of 32 MB reuse their pages instead of faulting fresh ones (SmolLM2's
+        # 384 x 49152 logits: 150 MB each). Rows are independent, so chunking them changes no sum.
         z_rows, max_rows, target_rows = z.reshape(-1, vocab_local), z_max.reshape(-1), target.reshape(-1)
         step = max(1, CHUNK_BYTES // (8 * vocab_local))
         partials = torch.cat(
@@ -87,18 +88,24 @@ class _VocabParallelLogprobEntropy(torch.autograd.Function):
     def backward(ctx, grad_logp, grad_entropy):
         z, target, log_z, entropy = ctx.saved_tensors
         vocab_local = z.shape[-1]
+        # The same products in the same order as -(g_H p (log p + H)) - g_logp p + one-hot, each
+        # vocabulary-sized temporary reused in place (bit-equal to the out-of-place form).
         log_p = z - log_z.unsqueeze(-1)
         p = torch.exp(log_p)
-        grad = torch.zeros_like(z)
+        grad = None
         if grad_entropy is not None:
-            safe_log_p = torch.where(p > 0, log_p, torch.zeros_like(log_p))
-            grad = grad - grad_entropy.unsqueeze(-1) * p * (safe_log_p + entropy.unsqueeze(-1))
+            safe_log_p = log_p.masked_fill_((p > 0).logical_not_(), 0.0).add_(entropy.unsqueeze(-1))
+            grad = (grad_entropy.unsqueeze(-1) * p).mul_(safe_log_p).neg_()
+            del safe_log_p, log_p
         if grad_logp is not None:
-            grad = grad - grad_logp.unsqueeze(-1) * p
+            step = grad_logp.unsqueeze(-1) * p
+            grad = step.neg_() if grad is None else grad.sub_(step)
             in_slice = (target >= ctx.start) & (target < ctx.start + vocab_local)
             local_index = (target - ctx.start).clamp(0, vocab_local - 1).unsqueeze(-1)
             hit = torch.where(in_slice, grad_logp, torch.zeros_like(grad_logp)).unsqueeze(-1)
-            grad = grad.scatter_add(-1, local_index, hit)
+            grad.scatter_add_(-1, local_index, hit)
+        if grad is None:
+            grad = torch.zeros_like(z)
         return grad.to(ctx.in_dtype), None, None, None
 
 

@@ -146,6 +146,7 @@ def _activation_bytes(pool: PoolLayout, w: Workload) -> float:
             shape = features.footprint(Footprint(plain, tp=lay.t)).batch
             kept = activation_bytes(
                 spec,
+                role=role,
                 tp=lay.t,
                 layers=spec.num_layers // lay.p,
                 first_layer=(lay.p - 1) * (spec.num_layers // lay.p) if last else 0,

@@ -14,10 +14,11 @@ rows, B = bytes per element of `model.dtype`:
   cast back for the product with V; Transformer Engine's fused (flash) attention keeps only its
   output and the log-sum-exp per row;
 - SwiGLU: fc1's output (2 f), SiLU's output (f) and the gated product fc2 reads (f);
-- the last stage of a language model: the logits of the response positions (R b V/tp in B, R =
-  response length: the output layer runs on those alone), the fp32 copy of them the
-  vocab-parallel log-prob keeps (R b V/tp) and the output layer's input (s b h B, / tp with
-  sequence parallelism).
+- the last stage of a language model: the logits (R b V/tp in B, R = response length, for a role
+  whose output layer runs on the response positions alone, `response_outputs(role)` of
+  `rl3d.engine.micro_batches`, which its engine reads too; s b V/tp for any other), the fp32
+  copy of the response positions' logits the vocab-parallel log-prob keeps (R b V/tp) and the
+  output layer's input (s b h B, / tp with sequence parallelism).
 The backward's transient (one layer's gradients of the above, the biggest at once) is added
 once. With full recompute a layer keeps only its input (/ tp with sequence parallelism), and one
 layer is recomputed at a time. Everything else (attention, the MLP's inner tensors) covers the
@@ -40,6 +41,7 @@ Under 1F1B a stage holds min(p - pp_rank, micro-batches) micro-batches in flight
 from __future__ import annotations
 
 from rl3d.costs.micro_batch import MicroBatchShape
+from rl3d.engine.micro_batches import response_outputs
 from rl3d.models.spec import ModelSpec
 from rl3d.parallel.sharding import padded_vocab_size
 
@@ -97,18 +99,21 @@ def layer_bytes(
     return s * b * per_token * B + norms + scores + experts
 
 
-def output_bytes(spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, lm_head: bool) -> int:
-    """The last stage's output layer: logits and the log-prob's fp32 copy (language model), or a
-    value per token (critic, reward model). A language-model head runs on the R positions the
-    loss reads (`rl3d.engine.micro_batches.RESPONSE_ONLY_ROLES`, the roles with one; a packed row
-    is all R, `Packing.footprint`), its input the whole sequence's hidden states (the slice is a
-    view of them)."""
+def output_bytes(
+    spec: ModelSpec, tp: int, shape: MicroBatchShape, dtype_bytes: int, *, lm_head: bool, role: str
+) -> int:
+    """The last stage's output layer of role `role`: logits and the log-prob's fp32 copy
+    (language model), or a value per token (critic, reward model). A language-model head runs on
+    the R positions the loss reads where its engine runs it so (`response_outputs(role)`; a packed
+    row is all R, `Packing.footprint`), else on all s; its input is the whole sequence's hidden
+    states (the slice is a view of them)."""
     s, b = shape.seq_len, shape.rows
     if not lm_head:
         return s * b * (spec.hidden_size + 1) * dtype_bytes
     vocab = padded_vocab_size(spec.vocab_size, tp) // tp
+    logit_positions = shape.response_len if response_outputs(role) else s
     return (
-        shape.response_len * b * vocab * dtype_bytes
+        logit_positions * b * vocab * dtype_bytes
         + shape.response_len * b * vocab * FP32
         + hidden_positions(tp, shape) * b * spec.hidden_size * dtype_bytes
     )
@@ -144,6 +149,7 @@ def stage_layer_bytes(
 def activation_bytes(
     spec: ModelSpec,
     *,
+    role: str,
     tp: int,
     layers: int,
     last_stage: bool,
@@ -154,13 +160,14 @@ def activation_bytes(
     etp: int | None = None,
     first_layer: int = 0,
 ) -> int:
-    """Peak activation bytes of one rank's stage for `shape` (`trains`: a backward follows;
-    else a forward without autograd keeps one layer's tensors at a time); the stage holds layers
-    `first_layer` to `first_layer + layers - 1` (a mixture of experts' dense first layers keep
-    a dense MLP's activations)."""
+    """Peak activation bytes of one rank's stage of role `role` (its engine's name: "actor",
+    "reference", "critic", ...) for `shape` (`trains`: a backward follows; else a forward
+    without autograd keeps one layer's tensors at a time); the stage holds layers `first_layer`
+    to `first_layer + layers - 1` (a mixture of experts' dense first layers keep a dense MLP's
+    activations)."""
     stage = stage_layer_bytes(spec, tp, shape, dtype_bytes, etp=etp, first_layer=first_layer, layers=layers)
     one_layer = max(stage)
-    head = output_bytes(spec, tp, shape, dtype_bytes, lm_head=lm_head) if last_stage else 0
+    head = output_bytes(spec, tp, shape, dtype_bytes, lm_head=lm_head, role=role) if last_stage else 0
     if not trains:
         return one_layer + head
     if shape.recompute:
@@ -171,11 +178,12 @@ def activation_bytes(
 
 
 def kept_bytes(spec: ModelSpec, *, tp: int, layers: int, shape: MicroBatchShape, dtype_bytes: int) -> int:
-    """What autograd keeps after one training micro-batch's forward on a single-stage rank with
-    the language-model head: the plan's activations less the backward's transient (what the CPU
+    """What autograd keeps after one training micro-batch's forward on a single-stage rank of the
+    actor: the plan's activations less the backward's transient (what the CPU
     check measures with saved-tensor hooks)."""
     total = activation_bytes(
         spec,
+        role="actor",
         tp=tp,
         layers=layers,
         last_stage=True,

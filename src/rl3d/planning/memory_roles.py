@@ -156,6 +156,7 @@ def role_train_bytes(
     shape = footprint.batch
     activations = activation_bytes(
         spec,
+        role=role.name,
         tp=layout.t,
         layers=spec.num_layers // layout.p,
         first_layer=coords.pp * (spec.num_layers // layout.p),

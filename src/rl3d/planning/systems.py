@@ -94,6 +94,7 @@ def _activations(w: Workload, roles) -> float:
         (
             activation_bytes(
                 w.spec(r),
+                role=r,
                 tp=1,
                 layers=w.spec(r).num_layers,
                 last_stage=True,

@@ -74,3 +74,40 @@ def test_fp64_temporaries_cover_a_bounded_chunk_of_rows_and_change_no_value(monk
     chunked = vocab_parallel_logprobs_entropy(sliced, target[:, 2:7], vocab_size=50)
     assert seen == [3] * 6 + [2]  # 20 rows
     assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
+
+
+def _out_of_place_grad(logits, target, grad_logp, grad_entropy, vocab_size):
+    """The backward's formula written out of place, one new tensor per operation: the in-place
+    backward must equal it bit for bit."""
+    z = logits.float().masked_fill(torch.arange(logits.shape[-1]) >= vocab_size, float("-inf"))
+    _, entropy = vocab_parallel_logprobs_entropy(logits, target, vocab_size=vocab_size)
+    z_max = z.max(-1).values
+    log_z = (
+        z_max.double() + torch.log(torch.exp(z - z_max.unsqueeze(-1)).sum(-1, dtype=torch.float64))
+    ).float()
+    log_p = z - log_z.unsqueeze(-1)
+    p = torch.exp(log_p)
+    grad = torch.zeros_like(z)
+    if grad_entropy is not None:
+        safe_log_p = torch.where(p > 0, log_p, torch.zeros_like(log_p))
+        grad = grad - grad_entropy.unsqueeze(-1) * p * (safe_log_p + entropy.unsqueeze(-1))
+    if grad_logp is not None:
+        grad = grad - grad_logp.unsqueeze(-1) * p
+        grad = grad.scatter_add(-1, target.unsqueeze(-1), grad_logp.unsqueeze(-1))
+    return grad
+
+
+@pytest.mark.parametrize("which", ["both", "logp", "entropy"])
+def test_in_place_backward_equals_the_out_of_place_formula(which):
+    logits, target = _case(B=4, T=6, V=53, seed=5)
+    target = target % 50  # real tokens: the last 3 rows are padding
+    gen = torch.Generator().manual_seed(6)
+    grad_logp = torch.randn(4, 6, generator=gen) if which != "entropy" else None
+    grad_entropy = torch.randn(4, 6, generator=gen) if which != "logp" else None
+    leaf = logits.clone().requires_grad_(True)
+    logp, entropy = vocab_parallel_logprobs_entropy(leaf, target, vocab_size=50)
+    outputs = [o for o, g in ((logp, grad_logp), (entropy, grad_entropy)) if g is not None]
+    torch.autograd.backward(outputs, [g for g in (grad_logp, grad_entropy) if g is not None])
+    want = _out_of_place_grad(logits, target, grad_logp, grad_entropy, vocab_size=50)
+    assert torch.equal(leaf.grad, want)
+    assert torch.all(leaf.grad[..., 50:] == 0)

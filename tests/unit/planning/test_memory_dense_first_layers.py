@@ -13,7 +13,7 @@ SHAPE = MicroBatchShape(1024, 1, 512, True)
 
 def _stage(spec, *, first_layer: int, layers: int) -> int:
     return activation_bytes(
-        spec, tp=1, layers=layers, first_layer=first_layer, last_stage=False, lm_head=True,
+        spec, role="actor", tp=1, layers=layers, first_layer=first_layer, last_stage=False, lm_head=True,
         shape=SHAPE, dtype_bytes=2, trains=True,
     )  # fmt: skip
 

@@ -43,7 +43,15 @@ def test_only_the_hidden_states_between_the_blocks_are_divided():
     split = MicroBatchShape(s, b, 8, flash=False, sequence_parallel=True)
     # two norms a layer, each its input, its output and the next linear's input
     assert layer_bytes(spec, tp, plain, B) - layer_bytes(spec, tp, split, B) == 6 * h * (s - s // tp) * b * B
-    kw = dict(tp=tp, layers=spec.num_layers, last_stage=True, lm_head=True, dtype_bytes=B, trains=False)
+    kw = dict(
+        role="actor",
+        tp=tp,
+        layers=spec.num_layers,
+        last_stage=True,
+        lm_head=True,
+        dtype_bytes=B,
+        trains=False,
+    )
     head = activation_bytes(spec, shape=plain, **kw) - activation_bytes(spec, shape=split, **kw)
     assert (
         head == layer_bytes(spec, tp, plain, B) - layer_bytes(spec, tp, split, B) + h * (s - s // tp) * b * B
