@@ -1,11 +1,11 @@
 """The demo's fixed costs per step, by stage: where a step of the tiny GRPO demo goes.
 
 `measure` trains the demo (`recipes/quickstart_cpu_grpo.yaml`, 2 gloo ranks) with this module
-as a `trainer.hooks.on_step_end` hook, once per source tree given (`--src`, alternating, so
-trees compared share the machine's load), and writes each run's per-step, per-rank records to
-`OUT/<label>-<i>.jsonl`. On the ranks the hook wraps the controller's stage timer and
-`torch.distributed`'s collectives; per stage it records:
-- wall and process-CPU seconds (the controller's own stage timer);
+as a `trainer.hooks.on_step_end` hook, once per checkout given (`--tree LABEL=DIR`: DIR's `src`
+and recipe; trees alternate, so the trees compared share the machine's load), and appends each
+run's per-step, per-rank records to `OUT/<label>.jsonl`. On the ranks the hook wraps the
+controller's stage timer and `torch.distributed`'s collectives; per stage it records:
+- wall and process-CPU seconds (the controller's own stage timer; CPU: the slower rank's);
 - collective calls and their seconds (call to completion, an async one's `wait` included);
 - on the last `--profile` steps only, under the torch profiler: the aten ops dispatched (every
   op, nested ones too) and the seconds spent in top-level ops outside collectives.
@@ -13,12 +13,13 @@ The first `--warmup` steps are dropped; the rest (`--steps`, unprofiled) give th
 What is left of a stage's wall time after its collectives and its ops ("python") is the
 Python and framework time between ops: median unprofiled wall - median unprofiled collective
 seconds - median profiled op seconds (the profiler slows the code between ops, hardly the ops).
+Collective seconds include waiting for the other rank, so they grow with the machine's load.
 
 `report` reads those records into `OUT/overhead.csv` (per tree and stage: medians over steps and
-runs, rank 0's and the slower rank's wall), `OUT/overhead.md` (the table with the command and
+runs; wall and CPU of the slower rank, the rest rank 0's), `OUT/overhead.md` (the table with the command and
 the load) and `OUT/overhead.png` (stacked per-stage time by kind, per tree).
 
-    python benchmarks/demo_overhead.py measure --src before=/tmp/base/src --src after=src \\
+    python benchmarks/demo_overhead.py measure --tree before=/tmp/base --tree after=. \\
         --out benchmarks/demo_overhead --repeats 2
     python benchmarks/demo_overhead.py report benchmarks/demo_overhead
 """
@@ -39,7 +40,7 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPE = ROOT / "recipes" / "quickstart_cpu_grpo.yaml"
+RECIPE = Path("recipes/quickstart_cpu_grpo.yaml")
 OUT_ENV, PROFILE_ENV = "RL3D_DEMO_OVERHEAD_OUT", "RL3D_DEMO_OVERHEAD_PROFILE"  # PROFILE: "first,last" step
 STAGES = ("generate", "old_logp", "ref_logp", "advantage", "update_actor", "reshard")
 COLLECTIVES = (
@@ -74,6 +75,7 @@ class _Recorder:
         self.seconds: dict[str, float] = defaultdict(float)
         self.profiler = None
         self.profiled_step = False
+        self.timer = None  # the step's StageTimer: its process-CPU seconds
 
     def reset(self) -> None:
         self.calls.clear()
@@ -134,7 +136,7 @@ def _install() -> None:
 
     @contextlib.contextmanager
     def staged(self, stage):
-        REC.stage = stage
+        REC.stage, REC.timer = stage, self
         try:
             with timer_call(self, stage), record_function(f"stage:{stage}"):
                 yield
@@ -183,6 +185,7 @@ def on_step_end(step, batch, metrics):
         if f"time/{stage}" in metrics:
             row["stages"][stage] = {
                 "wall_s": metrics[f"time/{stage}"],
+                "cpu_s": REC.timer.cpu_seconds.get(stage, 0.0),
                 "coll_n": REC.calls.get(stage, 0),
                 "coll_s": REC.seconds.get(stage, 0.0),
                 **ops.get(stage, {}),
@@ -206,18 +209,20 @@ if os.environ.get(OUT_ENV):  # imported by a rank as its hook
 # -- on the host: measure and report ---------------------------------------------------------
 
 
-def measure_once(src: Path, out: Path, label: str, args, overrides: list[str]) -> Path:
-    """One `rl3d train` of the demo with `src` first on the path; its ranks' records as one file."""
+def measure_once(tree: Path, out: Path, label: str, args, overrides: list[str]) -> Path:
+    """One `rl3d train` of `tree`'s recipe with its `src` first on the path; the ranks' records
+    appended to `out/<label>.jsonl` as one line."""
     work = out / f"_{label}"
     work.mkdir(parents=True, exist_ok=True)
     for old in work.glob("rank*.jsonl"):
         old.unlink()
     total = args.warmup + args.steps + args.profile
     env = dict(os.environ)
-    paths = [str(src.resolve()), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")]
+    paths = [str((tree / "src").resolve()), str(ROOT / "benchmarks"), env.get("PYTHONPATH", "")]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env[OUT_ENV], env[PROFILE_ENV] = str(work.resolve()), f"{args.warmup + args.steps + 1},{total}"
-    cmd = [sys.executable, "-m", "rl3d.cli", "train", str(args.recipe), f"trainer.run_dir={work / 'run'}"]
+    recipe = (tree / args.recipe).resolve()
+    cmd = [sys.executable, "-m", "rl3d.cli", "train", str(recipe), f"trainer.run_dir={work / 'run'}"]
     cmd += [f"trainer.total_steps={total}", "checkpoint.save_every=0"]
     cmd += ["trainer.hooks.on_step_end=demo_overhead:on_step_end", *overrides, "--overwrite"]
     load = os.getloadavg()[0]
@@ -225,7 +230,7 @@ def measure_once(src: Path, out: Path, label: str, args, overrides: list[str]) -
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     rows = [json.loads(line) for p in sorted(work.glob("rank*.jsonl")) for line in p.read_text().splitlines()]
-    meta = {"label": label, "src": str(src), "load_before": load, "load_after": os.getloadavg()[0]}
+    meta = {"label": label, "tree": str(tree), "load_before": load, "load_after": os.getloadavg()[0]}
     meta |= {"warmup": args.warmup, "cmd": shlex.join(cmd)}
     target = out / f"{label}.jsonl"
     with open(target, "a") as f:
@@ -235,7 +240,7 @@ def measure_once(src: Path, out: Path, label: str, args, overrides: list[str]) -
 
 def summarize(runs: list[dict]) -> list[dict]:
     """Per stage (and the whole step): medians over the kept steps of every run given."""
-    walls, colls, coll_s, ops, op_s = (defaultdict(list) for _ in range(5))
+    walls, cpus, colls, coll_s, ops, op_s = (defaultdict(list) for _ in range(6))
     for run in runs:
         warmup = run["meta"]["warmup"]
         by_step = defaultdict(dict)
@@ -250,15 +255,18 @@ def summarize(runs: list[dict]) -> list[dict]:
                     op_s[stage].append(rec.get("op_s", 0.0))
                     continue
                 walls[stage].append(max(r["stages"][stage]["wall_s"] for r in ranks.values()))
+                cpus[stage].append(max(r["stages"][stage]["cpu_s"] for r in ranks.values()))
                 colls[stage].append(rec["coll_n"])
                 coll_s[stage].append(rec["coll_s"])
     rows = []
     for stage in [s for s in STAGES if s in walls]:
-        series = {"wall": walls, "coll_n": colls, "coll_s": coll_s, "ops": ops, "op_s": op_s}
+        series = {"wall": walls, "cpu": cpus, "coll_n": colls, "coll_s": coll_s, "ops": ops, "op_s": op_s}
         med = {k: statistics.median(v[stage]) if v[stage] else 0.0 for k, v in series.items()}
         med["python_s"] = max(med["wall"] - med["coll_s"] - med["op_s"], 0.0)
         rows.append({"stage": stage, **med})
-    total = {k: sum(r[k] for r in rows) for k in ("wall", "coll_n", "coll_s", "ops", "op_s", "python_s")}
+    total = {
+        k: sum(r[k] for r in rows) for k in ("wall", "cpu", "coll_n", "coll_s", "ops", "op_s", "python_s")
+    }
     return rows + [{"stage": "step", **total}]
 
 
@@ -272,12 +280,22 @@ def report(out: Path) -> None:
     for path in sorted(out.glob("*.jsonl")):
         runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         trees[path.stem] = (runs, summarize(runs))
-    header = ["tree", "stage", "wall_ms", "collectives", "collective_ms", "aten_ops", "op_ms", "python_ms"]
+    header = [
+        "tree",
+        "stage",
+        "wall_ms",
+        "cpu_ms",
+        "collectives",
+        "collective_ms",
+        "aten_ops",
+        "op_ms",
+        "python_ms",
+    ]
     table = []
     for label, (_, rows) in trees.items():
         for r in rows:
-            table.append([label, r["stage"], r["wall"] * 1e3, r["coll_n"], r["coll_s"] * 1e3, r["ops"],
-                          r["op_s"] * 1e3, r["python_s"] * 1e3])  # fmt: skip
+            ms = [r[k] * 1e3 for k in ("wall", "cpu")] + [r["coll_n"], r["coll_s"] * 1e3, r["ops"]]
+            table.append([label, r["stage"], *ms, r["op_s"] * 1e3, r["python_s"] * 1e3])
     with open(out / "overhead.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
@@ -315,9 +333,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
     m = sub.add_parser("measure", help="train the demo per tree; records into OUT")
-    m.add_argument("--src", action="append", required=True, metavar="LABEL=DIR", help="a tree's src dir")
+    m.add_argument("--tree", action="append", required=True, metavar="LABEL=DIR", help="a checkout's root")
     m.add_argument("--out", type=Path, required=True)
-    m.add_argument("--recipe", type=Path, default=RECIPE)
+    m.add_argument("--recipe", type=Path, default=RECIPE, help="relative to each tree")
     m.add_argument("--warmup", type=int, default=5)
     m.add_argument("--steps", type=int, default=20, help="timed steps per run (unprofiled)")
     m.add_argument("--profile", type=int, default=3, help="profiled steps per run, after the timed ones")
@@ -329,13 +347,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "report":
         report(args.out)
         return 0
-    trees = [tuple(s.split("=", 1)) for s in args.src]
+    trees = [tuple(s.split("=", 1)) for s in args.tree]
     args.out.mkdir(parents=True, exist_ok=True)
     for label, _ in trees:
         (args.out / f"{label}.jsonl").unlink(missing_ok=True)
     for i in range(args.repeats):
-        for label, src in trees:
-            measure_once(Path(src), args.out, label, args, args.overrides)
+        for label, tree in trees:
+            measure_once(Path(tree), args.out, label, args, args.overrides)
             print(f"{label} run {i + 1}/{args.repeats} done", flush=True)
     report(args.out)
     return 0
