@@ -277,7 +277,9 @@ def report(out: Path) -> None:
     import matplotlib.pyplot as plt
 
     trees = {}
-    for path in sorted(out.glob("*.jsonl")):
+    order = out / "trees.txt"  # the measured order (else by name)
+    labels = order.read_text().split() if order.exists() else sorted(p.stem for p in out.glob("*.jsonl"))
+    for path in [out / f"{label}.jsonl" for label in labels]:
         runs = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         trees[path.stem] = (runs, summarize(runs))
     header = [
@@ -315,7 +317,9 @@ def report(out: Path) -> None:
         stages = [r for r in rows if r["stage"] != "step"]
         bottom = [0.0] * len(stages)
         for kind, key in zip(KINDS, ("coll_s", "op_s", "python_s")):
-            heights = [r[key] * 1e3 for r in stages]
+            # the profiled op seconds, capped at what the unprofiled wall leaves (a noisy machine)
+            cap = [r["wall"] - r["coll_s"] if key == "op_s" else r[key] for r in stages]
+            heights = [min(r[key], c) * 1e3 for r, c in zip(stages, cap)]
             ax.bar([r["stage"] for r in stages], heights, bottom=bottom, label=kind)
             bottom = [b + h for b, h in zip(bottom, heights)]
         step = rows[-1]
@@ -351,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for label, _ in trees:
         (args.out / f"{label}.jsonl").unlink(missing_ok=True)
+    (args.out / "trees.txt").write_text("\n".join(label for label, _ in trees) + "\n")
     for i in range(args.repeats):
         for label, tree in trees:
             measure_once(Path(tree), args.out, label, args, args.overrides)
