@@ -33,3 +33,14 @@ def test_the_largest_count_up_to_the_cap_that_divides_the_rows(cap, rows, expect
 def test_a_cap_below_one_names_the_key():
     with pytest.raises(ConfigError, match=r"actor\.log_prob_micro_batch_size: must be > 0"):
         actor("actor.log_prob_micro_batch_size=0")
+
+
+def test_the_memory_plan_counts_the_reference_forward_at_the_cap():
+    from rl3d.planning.memory_roles import role_model
+
+    def planned(*overrides):
+        cfg = load_config(RECIPE, list(overrides)).config
+        return role_model(cfg, "reference").micro_batch_size, role_model(cfg, "actor").micro_batch_size
+
+    assert planned() == (32, 8)  # the demo's forward cap; the actor's plan is its training micro-batches
+    assert planned("actor.log_prob_micro_batch_size=null") == (8, 8)
