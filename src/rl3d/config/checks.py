@@ -150,6 +150,8 @@ def _check_batches(cfg: RL3DConfig, fail) -> None:
     if cfg.algorithm.family.needs_group_samples and cfg.rollout.n < 2:
         raise fail("rollout.n", f"{cfg.algorithm.adv_estimator} compares samples of one prompt: needs n >= 2")
     samples = cfg.data.prompts_per_step * cfg.rollout.n
+    if (cap := cfg.actor.log_prob_micro_batch_size) is not None and cap <= 0:
+        raise fail("actor.log_prob_micro_batch_size", f"must be > 0 (or null: micro_batch_size), got {cap}")
     roles = [("actor", cfg.actor)]
     if cfg.critic_enabled:
         roles.append(("critic", cfg.critic))

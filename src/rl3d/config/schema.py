@@ -148,6 +148,8 @@ class ActorConfig(TrainedRoleConfig):
     # update (no KL in the reward): pi_old is then the policy being updated, and the loss uses
     # its own detached log-probs.
     recompute_old_logp: Literal["auto", "always", "never"] = "auto"
+    # Forward-only micro-batches (old, reference, teacher log-probs): at most this many samples
+    log_prob_micro_batch_size: int | None = None  # None: micro_batch_size (engine.forward_micro_batch)
     warm_start: WarmStartConfig | None = None  # SFT on demonstrations before RL (rl3d.config.warm_start)
     lora: LoraConfig | None = None  # adapters over a frozen base (rl3d.config.lora)
 

@@ -5,7 +5,7 @@ computes and which loss it trains, the engine how. Model techniques are its feat
 
 from rl3d.engine.features import Feature, Features, FeatureSource, Footprint
 from rl3d.engine.megatron import METRIC_WEIGHT, InitialWeights, MegatronEngine, Training
-from rl3d.engine.micro_batches import last_token_outputs
+from rl3d.engine.micro_batches import forward_micro_batch, last_token_outputs
 
 __all__ = [
     "METRIC_WEIGHT",
@@ -16,5 +16,6 @@ __all__ = [
     "InitialWeights",
     "MegatronEngine",
     "Training",
+    "forward_micro_batch",
     "last_token_outputs",
 ]

@@ -359,7 +359,8 @@ class MegatronEngine:
                 for mini in batch.chunks_of(local_mini):
                     micro, _ = self.batches.split(mini, micro_batch_size)
                     total = torch.tensor([float(sum(count_unit(m) for m in micro))], device=dev)
-                    dist.all_reduce(total, group=self.groups.dp_group)
+                    if dist.get_world_size(self.groups.dp_group) > 1:  # over one rank: its own count
+                        dist.all_reduce(total, group=self.groups.dp_group)
                     scale = {id(m): count_unit(m) * len(micro) * dp / max(total.item(), 1.0) for m in micro}
 
                     def scaled(output, m, scale=scale):

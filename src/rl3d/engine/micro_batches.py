@@ -89,6 +89,19 @@ def response_outputs(role: str, *, cp: int = 1) -> bool:
     return role in RESPONSE_ONLY_ROLES and cp == 1
 
 
+def forward_micro_batch(section: Any, rows: int) -> int:
+    """Samples per forward-only micro-batch over a rank's `rows` rows, for a role `section`
+    (the actor's: `actor.log_prob_micro_batch_size`): its `micro_batch_size`, or with
+    `log_prob_micro_batch_size` the largest count up to it that divides `rows` (equal
+    micro-batches, which pipeline stages exchange at one shape). A forward-only pass reads each
+    row's outputs alone, so fewer, larger micro-batches give the same log-probs (bit for bit on
+    CPU: tests/distributed/workers/test_log_prob_micro_batch.py) with fewer TP collectives."""
+    cap = getattr(section, "log_prob_micro_batch_size", None)
+    if cap is None:
+        return section.micro_batch_size
+    return max(d for d in range(1, min(cap, rows) + 1) if rows % d == 0) if rows else cap
+
+
 class MicroBatches:
     """How one engine's model is fed: micro-batches, megatron's schedule shapes and the forward
     step, for `model` (the unwrapped GPTModel) on `groups`, with the role's `features` (packing

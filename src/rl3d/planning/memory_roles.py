@@ -67,9 +67,10 @@ def role_model(cfg: RL3DConfig, name: str) -> RoleModel | None:
             key="critic", section=c,
         )  # fmt: skip
     if name == "reference":
-        ref = cfg.reference.batching_of(actor)  # the actor's micro-batches
+        ref = cfg.reference.batching_of(actor)  # the actor's forward-only micro-batches
+        micro = actor.log_prob_micro_batch_size or actor.micro_batch_size
         return RoleModel(
-            name, "actor", False, actor.micro_batch_size, actor.mini_batch_size, False,
+            name, "actor", False, micro, actor.mini_batch_size, False,
             key="reference", section=ref,
         )  # fmt: skip
     if name in ("reward_model", "cost_model"):

@@ -12,7 +12,7 @@ import torch
 
 from rl3d import algos
 from rl3d.config import RL3DConfig
-from rl3d.engine import METRIC_WEIGHT, MegatronEngine
+from rl3d.engine import METRIC_WEIGHT, MegatronEngine, forward_micro_batch
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
@@ -189,7 +189,7 @@ class ActorRolloutWorker(_LogProbMixin):
     def compute_log_prob(self, batch: DataBatch) -> DataBatch | None:
         self._check_record(batch)
         return self._forward_logprobs(
-            self.role, batch, self.cfg.actor.micro_batch_size, "old_logp", routing=True
+            self.role, batch, forward_micro_batch(self.cfg.actor, len(batch)), "old_logp", routing=True
         )
 
     @register(Dispatch.MEGATRON_COMPUTE)
@@ -320,7 +320,8 @@ class ReferenceWorker(_LogProbMixin):
     @register(Dispatch.MEGATRON_COMPUTE)
     def compute_ref_log_prob(self, batch: DataBatch) -> DataBatch | None:
         with self.role.adapters_disabled():
-            return self._forward_logprobs(self.role, batch, self.cfg.actor.micro_batch_size, "ref_logp")
+            micro = forward_micro_batch(self.cfg.actor, len(batch))
+            return self._forward_logprobs(self.role, batch, micro, "ref_logp")
 
 
 class RewardWorker:

@@ -18,7 +18,7 @@ import dataclasses
 import torch
 
 from rl3d.config.run_dir import teacher_weights
-from rl3d.engine import MegatronEngine
+from rl3d.engine import MegatronEngine, forward_micro_batch
 from rl3d.models.bootstrap import MegatronGroups
 from rl3d.models.logprobs import vocab_parallel_logprobs_entropy
 from rl3d.models.spec import ModelSpec
@@ -76,7 +76,7 @@ class TeacherWorker:
             )
             return torch.zeros(()), {"teacher_logp": logp.detach()}
 
-        outs = role.run_forward(batch, self.cfg.actor.micro_batch_size, extract)
+        outs = role.run_forward(batch, forward_micro_batch(self.cfg.actor, len(batch)), extract)
         return None if outs is None else torch.cat([o["teacher_logp"] for o in outs])
 
     @register(Dispatch.MEGATRON_COMPUTE)
