@@ -6,14 +6,26 @@ from __future__ import annotations
 
 from typing import Any
 
-# Llama's tensor layout, plus q/k norm (qwen3, qwen3_moe) and mixture-of-experts MLPs (*_moe).
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "qwen3_moe", "qwen2_moe", "glm4_moe")
+# Llama's tensor layout, plus q/k norm (qwen3, qwen3_moe) and mixture-of-experts MLPs (*_moe);
+# DeepSeek-V3's multi-latent attention.
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "mistral",
+    "qwen3",
+    "qwen3_moe",
+    "qwen2_moe",
+    "glm4_moe",
+    "deepseek_v3",  # rl3d.models.deepseek
+)
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 
 
 def hf_model_type(spec: Any) -> str:
     """The HF model_type whose tensor layout and forward pass `spec` (a `ModelSpec`) is."""
+    if spec.is_mla:
+        return "deepseek_v3"
     if spec.moe_score_function == "sigmoid":
         return "glm4_moe"
     if spec.is_moe:
