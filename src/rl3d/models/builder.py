@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 import rl3d.models.cpu_shim as cpu_shim
 from rl3d.models.bootstrap import MegatronGroups
+from rl3d.models.mla_attention import with_mla_core_attention
 from rl3d.models.params import (  # noqa: F401  (re-exported)
     TE_NAMES,
     global_layer_index,
@@ -115,6 +116,7 @@ def transformer_config(
 ) -> Any:
     """megatron TransformerConfig of a Llama/Qwen2-family decoder (no dropout: RL wants exact logp)."""
     from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig
 
     layers_per_stage(spec, groups.layout.p)
     if groups.layout.ep > 1 and not spec.is_moe:
@@ -172,6 +174,7 @@ def transformer_config(
         context_parallel_size=context_parallel_size(groups),
     )
     kwargs.update(moe_config(spec))
+    kwargs.update(mla_config(spec))
     if overrides.get("variable_seq_lengths"):
         # PP stages exchange each micro-batch's shape (packed rows differ in length). megatron
         # refuses that with its default MoE dispatcher even in a dense model; the MoE-only
@@ -182,7 +185,29 @@ def transformer_config(
         kwargs.setdefault("moe_router_load_balancing_type", "aux_loss")
         if kwargs["moe_router_load_balancing_type"] == "none":
             kwargs["moe_router_load_balancing_type"] = "aux_loss"
-    return TransformerConfig(**kwargs)
+    return (MLATransformerConfig if spec.is_mla else TransformerConfig)(**kwargs)
+
+
+def mla_config(spec: ModelSpec) -> dict[str, Any]:
+    """MLATransformerConfig fields of DeepSeek-V3's multi-latent attention (none otherwise):
+    plain RoPE (`rope_type="rope"`; megatron de-interleaves the rope channels as HF's
+    `rope_interleave` does), softmax scale 1 / sqrt(q/k width) (YaRN's mscale off)."""
+    if not spec.is_mla:
+        return {}
+    return dict(
+        multi_latent_attention=True,
+        q_lora_rank=spec.q_lora_rank or None,
+        kv_lora_rank=spec.kv_lora_rank,
+        qk_head_dim=spec.head_dim - spec.qk_rope_head_dim,
+        qk_pos_emb_head_dim=spec.qk_rope_head_dim,
+        v_head_dim=spec.v_head_dim,
+        rope_type="rope",
+        rotary_base=spec.rope_theta,
+        rotary_percent=1.0,
+        mscale=1.0,
+        mscale_all_dim=0.0,
+        qk_layernorm=True,  # the layer spec's latent norms (q_layernorm, kv_layernorm)
+    )
 
 
 def rank_param_names(spec: ModelSpec, groups: MegatronGroups, *, role: str = "actor") -> dict[str, str]:
@@ -235,6 +260,10 @@ def moe_config(spec: ModelSpec) -> dict[str, Any]:
             moe_router_bias_update_rate=0.0,  # frozen unless <role>.moe.expert_bias_update_rate
             moe_router_topk_scaling_factor=spec.moe_routed_scaling,
         )
+    if spec.moe_router_groups > 1:  # DeepSeek-V3's group-limited routing
+        out.update(
+            moe_router_num_groups=spec.moe_router_groups, moe_router_group_topk=spec.moe_router_group_topk
+        )
     if spec.moe_first_dense_layers:
         out["moe_layer_freq"] = [int(spec.is_moe_layer(i)) for i in range(spec.num_layers)]
     return out
@@ -278,6 +307,10 @@ def build_gpt(
         **config_overrides,
     )
     te = use_transformer_engine(groups.device, packed=packed)
+    if te and spec.is_mla:
+        raise ValueError(
+            f"{spec.name}: multi-latent attention runs on megatron's local layer spec only (packing: false)"
+        )
 
     def one_layer(num_experts: int | None) -> Any:
         if te:
@@ -287,9 +320,14 @@ def build_gpt(
         local = specs.get_gpt_layer_local_spec(
             num_experts=num_experts,
             moe_grouped_gemm=False,
-            qk_layernorm=spec.qk_norm,
+            qk_layernorm=spec.qk_norm or spec.is_mla,
             normalization="RMSNorm",
+            multi_latent_attention=spec.is_mla,
         )
+        if spec.is_mla:  # megatron's local attention does not take MLA's key and value widths
+            if config.context_parallel_size > 1:
+                raise ValueError(f"{spec.name}: context parallelism is not built for multi-latent attention")
+            return with_mla_core_attention(local)
         # megatron's local attention refuses CP: ring attention over the CP group instead
         return with_ring_attention(local) if config.context_parallel_size > 1 else local
 

@@ -4,16 +4,29 @@ and the model_type a spec's layout is (`hf_model_type`). A new family's config r
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-# Llama's tensor layout, plus q/k norm (qwen3, qwen3_moe) and mixture-of-experts MLPs (*_moe).
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral", "qwen3", "qwen3_moe", "qwen2_moe", "glm4_moe")
+# Llama's tensor layout, plus q/k norm (qwen3, qwen3_moe) and mixture-of-experts MLPs (*_moe);
+# DeepSeek-V3's multi-latent attention.
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "mistral",
+    "qwen3",
+    "qwen3_moe",
+    "qwen2_moe",
+    "glm4_moe",
+    "deepseek_v3",  # rl3d.models.deepseek
+)
 QKV_BIAS_TYPES = ("qwen2", "qwen2_moe")
 QK_NORM_TYPES = ("qwen3", "qwen3_moe")
 
 
 def hf_model_type(spec: Any) -> str:
     """The HF model_type whose tensor layout and forward pass `spec` (a `ModelSpec`) is."""
+    if spec.is_mla:
+        return "deepseek_v3"
     if spec.moe_score_function == "sigmoid":
         return "glm4_moe"
     if spec.is_moe:
@@ -94,4 +107,26 @@ def glm4_moe_fields(cfg: dict[str, Any]) -> dict[str, Any]:
         moe_routed_scaling=float(cfg.get("routed_scaling_factor", 1.0)),
         moe_first_dense_layers=int(cfg.get("first_k_dense_replace", 1)),
         rotary_fraction=rotary_fraction_of(cfg),
+    )
+
+
+def scaled_spec(base: Any, k: int, name: str) -> Any:
+    """`base` (a ModelSpec) with hidden, ffn (the experts' too) and vocab divided by `k`, layers and the GQA
+    ratio kept (heads dropped until they divide the hidden size)."""
+    if k < 1 or base.hidden_size % k or base.ffn_hidden_size % k:
+        raise ValueError(f"model {name!r}: 1/{k} does not divide hidden and ffn of {base.name}")
+    hidden, heads = base.hidden_size // k, base.num_attention_heads
+    while hidden % heads:
+        heads //= 2
+    widths = ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size")
+    experts = {key: max(1, getattr(base, key) // k) for key in widths if getattr(base, key)}
+    return replace(
+        base,
+        name=name,
+        hidden_size=hidden,
+        ffn_hidden_size=base.ffn_hidden_size // k,
+        **experts,
+        vocab_size=max(1, base.vocab_size // k),
+        num_attention_heads=heads,
+        num_query_groups=max(1, base.num_query_groups * heads // base.num_attention_heads),
     )

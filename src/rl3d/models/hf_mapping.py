@@ -1,5 +1,5 @@
-"""HF <-> Megatron parameter mapping for Llama, Qwen2, Mistral, Qwen3, Qwen3-MoE, Qwen2-MoE and
-GLM-4.5 (plain torch, per tensor).
+"""HF <-> Megatron parameter mapping for Llama, Qwen2, Mistral, Qwen3, Qwen3-MoE, Qwen2-MoE,
+GLM-4.5 and DeepSeek-V3 (plain torch, per tensor).
 
 Each `TensorMap` ties one global Megatron parameter (t=1, p=1, vocab padded) to the HF tensors
 it is made of, with the two conversions. Nothing here needs process groups or megatron-core;
@@ -44,9 +44,10 @@ class TensorMap:
 
 def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
     """A `transformers` config of `spec`'s family (`hf_model_type`): LlamaConfig, Qwen2Config,
-    Qwen3Config, Qwen3MoeConfig, Qwen2MoeConfig or Glm4MoeConfig (without the MTP layer, which
-    rl3d does not hold)."""
+    Qwen3Config, Qwen3MoeConfig, Qwen2MoeConfig, Glm4MoeConfig or DeepseekV3Config (without the
+    MTP layer, which rl3d does not hold)."""
     from transformers import (
+        DeepseekV3Config,
         Glm4MoeConfig,
         LlamaConfig,
         Qwen2Config,
@@ -99,6 +100,10 @@ def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
             partial_rotary_factor=spec.rotary_fraction,
             num_nextn_predict_layers=0,
         )
+    if model_type == "deepseek_v3":
+        for key in ("num_experts", "decoder_sparse_step", "mlp_only_layers"):
+            common.pop(key)
+        common.update(deepseek_v3_config(spec))
     common.update(extra)
     configs = {
         "llama": LlamaConfig,
@@ -107,8 +112,35 @@ def hf_config_from_spec(spec: ModelSpec, **extra: Any) -> Any:
         "qwen3_moe": Qwen3MoeConfig,
         "qwen2_moe": Qwen2MoeConfig,
         "glm4_moe": Glm4MoeConfig,
+        "deepseek_v3": DeepseekV3Config,
     }
     return configs[model_type](**common)
+
+
+def deepseek_v3_config(spec: ModelSpec) -> dict[str, Any]:
+    """DeepseekV3Config's fields of an MLA spec (plain RoPE, interleaved rope channels)."""
+    shared, rest = divmod(spec.shared_expert_ffn_hidden_size, spec.moe_ffn_hidden_size)
+    assert not rest, "DeepSeek's shared experts are whole multiples of a routed expert's width"
+    return dict(
+        num_key_value_heads=spec.num_attention_heads,
+        q_lora_rank=spec.q_lora_rank or None,
+        kv_lora_rank=spec.kv_lora_rank,
+        qk_nope_head_dim=spec.head_dim - spec.qk_rope_head_dim,
+        qk_rope_head_dim=spec.qk_rope_head_dim,
+        v_head_dim=spec.v_head_dim,
+        rope_interleave=True,
+        attention_bias=False,
+        n_routed_experts=spec.num_experts,
+        moe_intermediate_size=spec.moe_ffn_hidden_size,
+        num_experts_per_tok=spec.moe_top_k,
+        norm_topk_prob=True,
+        n_shared_experts=shared,
+        routed_scaling_factor=spec.moe_routed_scaling,
+        first_k_dense_replace=spec.moe_first_dense_layers,
+        n_group=spec.moe_router_groups,
+        topk_group=spec.moe_router_group_topk,
+        num_nextn_predict_layers=0,
+    )
 
 
 def _pad_rows(padded: int) -> Callable[[list[torch.Tensor]], torch.Tensor]:

@@ -13,6 +13,13 @@ name uses the PP-global layer index; on a rank, `decoder.layers.{i}` uses the st
     decoder.layers.{i}.self_attention.linear_qkv.bias          QKV        [(nh + 2 ng) hd]  (Qwen2)
     decoder.layers.{i}.self_attention.q_layernorm.weight       REPLICATED [hd]   (q/k norm: Qwen3)
     decoder.layers.{i}.self_attention.k_layernorm.weight       REPLICATED [hd]   (q/k norm: Qwen3)
+    decoder.layers.{i}.self_attention.linear_q_down_proj.weight  COLUMN   [rq, h]      (MLA)
+    decoder.layers.{i}.self_attention.linear_q_up_proj.weight  COLUMN     [n qk, rq]   (MLA)
+    decoder.layers.{i}.self_attention.linear_q_proj.weight     COLUMN     [n qk, h]    (MLA, no rq)
+    decoder.layers.{i}.self_attention.linear_kv_down_proj.weight COLUMN   [rkv + rope, h] (MLA)
+    decoder.layers.{i}.self_attention.linear_kv_up_proj.weight COLUMN     [n (qk - rope + v), rkv]
+    decoder.layers.{i}.self_attention.q_layernorm.weight       REPLICATED [rq]   (MLA: q's latent)
+    decoder.layers.{i}.self_attention.kv_layernorm.weight      REPLICATED [rkv]  (MLA)
     decoder.layers.{i}.pre_mlp_layernorm.weight                REPLICATED [h]
     decoder.layers.{i}.mlp.linear_fc1.weight                   SWIGLU_FC1 [2 f, h]   (dense)
     decoder.layers.{i}.mlp.linear_fc2.weight                   ROW        [h, f]     (dense)
@@ -37,6 +44,11 @@ Each parameter also names the Hugging Face (Llama/Qwen2/Mistral) tensors it is m
 and `mlp.shared_expert_gate.weight` (the hub's per-expert layout, which `save_pretrained` writes);
 GLM-4.5's ungated `mlp.shared_experts.*_proj.weight` and its router's
 `mlp.gate.e_score_correction_bias`. `rl3d.models.hf_mapping` converts between the two.
+DeepSeek-V3's multi-latent attention (MLA: `self_attn.q_a_proj`, `q_a_layernorm`, `q_b_proj`,
+`kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`) takes the place of the fused QKV:
+each HF tensor is one megatron parameter as it is (megatron's MLA reads the rope channels in
+HF's interleaved order); the down projections are column-parallel like megatron's local spec
+(split along the latent, gathered before the norm).
 
 A model whose first layers are dense (GLM-4.5's `first_k_dense_replace`) lists the dense MLP in
 those layers and the experts in the others (`ModelSpec.is_moe_layer`).
@@ -98,6 +110,12 @@ SHARED_GATE = "mlp.shared_experts.gate_weight"
 SHARED_FC1 = "mlp.shared_experts.linear_fc1.weight"
 SHARED_FC2 = "mlp.shared_experts.linear_fc2.weight"
 EXPERT_PREFIX = "mlp.experts.local_experts."
+Q_DOWN = "self_attention.linear_q_down_proj.weight"
+Q_UP = "self_attention.linear_q_up_proj.weight"
+Q_PROJ = "self_attention.linear_q_proj.weight"
+KV_DOWN = "self_attention.linear_kv_down_proj.weight"
+KV_UP = "self_attention.linear_kv_up_proj.weight"
+KV_NORM = "self_attention.kv_layernorm.weight"
 
 
 @dataclass(frozen=True)
@@ -154,6 +172,16 @@ LAYER_PARAMS = (
         ("mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight"),
     ),
     LayerParam(SHARED_FC2, ShardKind.ROW, 11, ("mlp.shared_expert.down_proj.weight",)),
+)
+# Multi-latent attention in forward order (its norms registered after the four projections).
+MLA_PARAMS = (
+    LayerParam(Q_DOWN, ShardKind.COLUMN, 2, ("self_attn.q_a_proj.weight",)),
+    LayerParam(Q_NORM, ShardKind.REPLICATED, 5, ("self_attn.q_a_layernorm.weight",)),
+    LayerParam(Q_UP, ShardKind.COLUMN, 2, ("self_attn.q_b_proj.weight",)),
+    LayerParam(Q_PROJ, ShardKind.COLUMN, 2, ("self_attn.q_proj.weight",)),
+    LayerParam(KV_DOWN, ShardKind.COLUMN, 2, ("self_attn.kv_a_proj_with_mqa.weight",)),
+    LayerParam(KV_NORM, ShardKind.REPLICATED, 5, ("self_attn.kv_a_layernorm.weight",)),
+    LayerParam(KV_UP, ShardKind.COLUMN, 2, ("self_attn.kv_b_proj.weight",)),
 )
 _DENSE_MLP = (FC1_WEIGHT, FC2_WEIGHT)
 _MOE_MLP = (ROUTER, EXPERT_BIAS, EXPERT_FC1, EXPERT_FC2)
@@ -249,7 +277,12 @@ def layer_suffixes(spec: ModelSpec, layer: int, *, registered_order: bool = Fals
         absent.add(QKV_BIAS)
     if not spec.qk_norm:
         absent |= {Q_NORM, K_NORM}
+    if spec.is_mla:
+        absent |= {QKV_WEIGHT, QKV_BIAS, Q_NORM, K_NORM}
     params = [p for p in LAYER_PARAMS if p.suffix not in absent]
+    if spec.is_mla:  # after the input norm
+        q = {Q_PROJ} if spec.q_lora_rank else {Q_DOWN, Q_NORM, Q_UP}
+        params[1:1] = [p for p in MLA_PARAMS if p.suffix not in q]
     if not spec.shared_expert_gate:
         params = [replace(p, hf=_UNGATED_SHARED_HF.get(p.suffix, p.hf)) for p in params]
     if registered_order:
@@ -262,6 +295,17 @@ def _layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     nq, ng = spec.num_attention_heads, spec.num_query_groups
     qkv_rows = (nq + 2 * ng) * hd
     fe, fs = spec.moe_ffn_hidden_size, spec.shared_expert_ffn_hidden_size
+    rq, rkv, rope = spec.q_lora_rank, spec.kv_lora_rank, spec.qk_rope_head_dim
+    mla = {
+        Q_DOWN: (rq, h),
+        Q_NORM: (rq,),
+        Q_UP: (nq * hd, rq),
+        Q_PROJ: (nq * hd, h),
+        KV_DOWN: (rkv + rope, h),
+        KV_NORM: (rkv,),
+        KV_UP: (nq * (hd - rope + spec.v_head_dim), rkv),
+        PROJ_WEIGHT: (h, nq * spec.v_head_dim),
+    }
     return {
         INPUT_NORM: (h,),
         QKV_WEIGHT: (qkv_rows, h),
@@ -279,6 +323,7 @@ def _layer_shapes(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
         SHARED_GATE: (1, h),
         SHARED_FC1: (2 * fs, h),
         SHARED_FC2: (h, fs),
+        **(mla if spec.is_mla else {}),
     }
 
 

@@ -6,17 +6,18 @@ scaled-down shapes such as `llama2-70b-shape-1/64`, which keep a model's layer p
 
 A run's spec is `spec_of(cfg.model)`: the registry's for `model.name`, or the shapes in
 `model.hf_path`'s config.json when the name is unset (a user's own Llama, Qwen2, Mistral, Qwen3,
-Qwen3-MoE, Qwen2-MoE or GLM-4.5); with both, they must agree.
+Qwen3-MoE, Qwen2-MoE, GLM-4.5 or DeepSeek-V3); with both, they must agree.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from rl3d.models.deepseek import REGISTRY_SHAPES, check_mla, deepseek_v3_fields, mla_attention_params
 from rl3d.models.families import (  # noqa: F401  (SUPPORTED_MODEL_TYPES, hf_model_type: re-exported)
     QK_NORM_TYPES,
     QKV_BIAS_TYPES,
@@ -25,6 +26,7 @@ from rl3d.models.families import (  # noqa: F401  (SUPPORTED_MODEL_TYPES, hf_mod
     hf_model_type,
     moe_fields,
     rope_theta_of,
+    scaled_spec,
 )
 from rl3d.utils.imports import suggest
 
@@ -46,6 +48,9 @@ class ModelSpec:
     sigmoid + `e_score_correction_bias` (`moe_expert_bias`: a per-layer [E] vector balanced
     without an auxiliary loss, not trained by gradients); their sigmoids renormalised to sum 1,
     times `moe_routed_scaling`. RoPE turns the first `rotary_fraction` of each head's width.
+    DeepSeek-V3's adds group-limited routing: experts in `moe_router_groups` groups, the top k
+    taken from the `moe_router_group_topk` groups with the best scores; its attention is MLA
+    (`kv_lora_rank` > 0, `rl3d.models.deepseek`).
     """
 
     name: str
@@ -73,6 +78,12 @@ class ModelSpec:
     moe_routed_scaling: float = 1.0  # the routed experts' weights times this (GLM's routed_scaling_factor)
     moe_first_dense_layers: int = 0  # the first layers keep a dense MLP of ffn_hidden_size
     rotary_fraction: float = 1.0  # the share of a head's width RoPE turns (GLM: 0.5)
+    moe_router_groups: int = 1  # DeepSeek-V3's n_group: experts in groups, ...
+    moe_router_group_topk: int = 1  # ... the top k taken from this many groups (topk_group)
+    q_lora_rank: int = 0  # MLA (DeepSeek-V3): q's latent width (0: one q projection)
+    kv_lora_rank: int = 0  # > 0: multi-latent attention, the kv latent's width
+    qk_rope_head_dim: int = 0  # MLA: the rope channels at the end of each q/k head (kv_channels wide)
+    v_head_dim: int = 0  # MLA: each head's value width
 
     def __post_init__(self) -> None:
         if self.num_experts and not (0 < self.moe_top_k <= self.num_experts and self.moe_ffn_hidden_size > 0):
@@ -99,6 +110,12 @@ class ModelSpec:
                 f"model {self.name}: num_attention_heads {self.num_attention_heads} not divisible "
                 f"by num_query_groups {self.num_query_groups}"
             )
+        check_mla(self)
+        if self.num_experts % self.moe_router_groups or self.moe_router_group_topk > self.moe_router_groups:
+            raise ValueError(
+                f"model {self.name}: {self.num_experts} experts in {self.moe_router_groups} groups, "
+                f"{self.moe_router_group_topk} chosen"
+            )
         rotary = self.head_dim * self.rotary_fraction
         if not 0 < self.rotary_fraction <= 1 or rotary != int(rotary) or rotary % 2:
             raise ValueError(
@@ -112,8 +129,13 @@ class ModelSpec:
 
     @property
     def rotary_dim(self) -> int:
-        """The leading channels of each head that RoPE turns (the rest pass through)."""
-        return int(self.head_dim * self.rotary_fraction)
+        """The leading channels of each head that RoPE turns (the rest pass through); MLA's
+        trailing `qk_rope_head_dim`."""
+        return self.qk_rope_head_dim or int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     @property
     def is_moe(self) -> bool:
@@ -158,6 +180,8 @@ class ModelSpec:
             qkv += (self.num_attention_heads + 2 * self.num_query_groups) * hd
         norms = 2 * h + (2 * hd if self.qk_norm else 0)
         attention = qkv + self.num_attention_heads * hd * h + norms
+        if self.is_mla:
+            attention = mla_attention_params(self)
         mlps = sum(self.mlp_params(i) for i in range(self.num_layers))
         emb = self.vocab_size * h * (1 if self.tied_embeddings else 2)
         return self.num_layers * attention + mlps + emb + h
@@ -330,6 +354,7 @@ MODEL_SPECS: dict[str, ModelSpec] = {
             moe_first_dense_layers=1,
             **{**_GLM45, "kv_channels": 32, "moe_top_k": 2, "max_position_embeddings": 512},
         ),
+        *(ModelSpec(**shape) for shape in REGISTRY_SHAPES),  # DeepSeek-V3's (rl3d.models.deepseek)
     ]
 }
 
@@ -340,26 +365,7 @@ def get_model_spec(name: str) -> ModelSpec:
     """Look up a spec by name; `BASE-shape-1/K` divides hidden, ffn (the experts' too) and vocab by K."""
     m = _SCALED.match(name)
     if m:
-        base, k = get_model_spec(m["base"]), int(m["k"])
-        if k < 1 or base.hidden_size % k or base.ffn_hidden_size % k:
-            raise ValueError(f"model {name!r}: 1/{k} does not divide hidden and ffn of {base.name}")
-        hidden = base.hidden_size // k
-        heads = base.num_attention_heads
-        while hidden % heads:  # keep GQA ratio, drop heads until they divide the hidden size
-            heads //= 2
-        groups = max(1, base.num_query_groups * heads // base.num_attention_heads)
-        widths = ("moe_ffn_hidden_size", "shared_expert_ffn_hidden_size")  # experts': scaled too
-        experts = {key: max(1, getattr(base, key) // k) for key in widths if getattr(base, key)}
-        return replace(
-            base,
-            name=name,
-            hidden_size=hidden,
-            ffn_hidden_size=base.ffn_hidden_size // k,
-            **experts,
-            vocab_size=max(1, base.vocab_size // k),
-            num_attention_heads=heads,
-            num_query_groups=groups,
-        )
+        return scaled_spec(get_model_spec(m["base"]), int(m["k"]), name)
     if name not in MODEL_SPECS:
         raise ValueError(
             f"unknown model {name!r}{suggest(name, MODEL_SPECS)}; known: {', '.join(MODEL_SPECS)}"
@@ -374,6 +380,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
         raise ValueError(
             f"unsupported HF model_type {model_type!r}; rl3d converts {', '.join(SUPPORTED_MODEL_TYPES)}"
         )
+    if model_type == "deepseek_v3":
+        return ModelSpec(name=name or f"hf-{model_type}", **deepseek_v3_fields(cfg))
     glm = model_type == "glm4_moe"  # its attention_bias is q, k and v's only
     if cfg.get("mlp_bias") or (cfg.get("attention_bias") and not glm):
         raise ValueError(f"{model_type}: mlp_bias / attention_bias (o_proj bias) are not supported")
@@ -418,29 +426,8 @@ def spec_from_hf_config(cfg: dict[str, Any], name: str | None = None) -> ModelSp
 # What the weights' shapes and the forward pass depend on: a registry name and an HF directory
 # must agree on all of them (max_position_embeddings may differ; the smaller one is used).
 MATCHED_FIELDS = (
-    "num_layers",
-    "hidden_size",
-    "ffn_hidden_size",
-    "num_attention_heads",
-    "num_query_groups",
-    "vocab_size",
-    "tied_embeddings",
-    "qkv_bias",
-    "rope_theta",
-    "norm_eps",
+    *(f.name for f in fields(ModelSpec) if f.name not in ("name", "max_position_embeddings", "kv_channels")),
     "head_dim",
-    "qk_norm",
-    "num_experts",
-    "moe_ffn_hidden_size",
-    "moe_top_k",
-    "moe_norm_topk_prob",
-    "shared_expert_ffn_hidden_size",
-    "shared_expert_gate",
-    "moe_score_function",
-    "moe_expert_bias",
-    "moe_routed_scaling",
-    "moe_first_dense_layers",
-    "rotary_fraction",
 )
 
 

@@ -47,6 +47,7 @@ from rl3d.models.params import (
 )
 from rl3d.models.spec import ModelSpec
 from rl3d.rollout.kv_cache import KVCache
+from rl3d.rollout.mla import MLAWeights, mla_attention, mla_weights
 from rl3d.rollout.moe import (
     MoEWeights,
     engine_param_names,
@@ -116,6 +117,7 @@ class LayerWeights(NamedTuple):
     qk_norm: tuple[torch.Tensor, torch.Tensor] | None = None  # q's and k's RMSNorm weight [head_dim]
     moe: MoEWeights | None = None
     lora: Any = None  # rl3d.rollout.lora_engine.LayerLora: adapters applied beside the base
+    mla: MLAWeights | None = None  # DeepSeek-V3's multi-latent attention (qkv empty)
 
 
 class DecodeLayer(NamedTuple):
@@ -187,7 +189,11 @@ class ShardedWeights:
         )
         if spec.moe_first_dense_layers:
             ffn += (spec.ffn_hidden_size,)
-        if spec.num_query_groups % self.tp_size or any(f % self.tp_size for f in ffn):
+        if (
+            spec.num_query_groups % self.tp_size
+            or any(f % self.tp_size for f in ffn)
+            or (spec.is_mla and self.tp_size > 1)
+        ):
             raise ValueError(f"torch rollout engine: {spec.name} cannot be split over t_g={self.tp_size}")
         rows = sum(p.shape[0] for p in self.pieces[EMBEDDING])
         if rows * self.tp_size < spec.vocab_size:
@@ -199,7 +205,7 @@ class ShardedWeights:
         self.layers = []
         for i in range(spec.num_layers):
             of = {p.suffix: self.pieces.get(layer_param_name(i, p.suffix)) for p in LAYER_PARAMS}
-            qkv, fc1, fc2 = of[QKV_WEIGHT], of[FC1_WEIGHT] or [], of[FC2_WEIGHT] or []
+            qkv, fc1, fc2 = of[QKV_WEIGHT] or [], of[FC1_WEIGHT] or [], of[FC2_WEIGHT] or []
             assert len(fc1) == len(fc2), "fc2 piece i consumes fc1 piece i's activations"
             self.layers.append(
                 LayerWeights(
@@ -213,6 +219,7 @@ class ShardedWeights:
                     qk_norm=(of[Q_NORM][0], of[K_NORM][0]) if spec.qk_norm else None,
                     moe=moe_weights(self.pieces, spec, i) if spec.is_moe_layer(i) else None,
                     lora=self.lora[i] if self.lora else None,
+                    mla=mla_weights(self.pieces, spec, i) if spec.is_mla else None,
                 )
             )
         self.decode_layers = [
@@ -231,7 +238,8 @@ class ShardedWeights:
         return self.pieces[EMBEDDING if self.spec.tied_embeddings else OUTPUT_LAYER]
 
     def kv_heads(self) -> int:
-        return self.spec.num_query_groups // self.tp_size
+        """KV heads the cache holds per token: MLA's one latent, else this rank's query groups."""
+        return 1 if self.spec.is_mla else self.spec.num_query_groups // self.tp_size
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -301,23 +309,31 @@ def forward(
     cos, sin = rope
     for i, lw in enumerate(w.layers):
         h = rms_norm(x, lw.input_norm, spec.norm_eps)
-        groups = [F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd) for wq, b in zip(lw.qkv, lw.qkv_bias)]
         lo = lw.lora
-        if lo is not None:
-            groups = lo.add_qkv(h, groups)
-        qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
-        if lw.qk_norm is not None:
-            qkv = _qk_norm(qkv, lw.qk_norm, spec.norm_eps)
-        qk = apply_rope(qkv[:, :, :, : hpg + 1], cos, sin, spec.rotary_dim)  # queries and key of each group
-        q = qk[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
-        k = qk[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
-        v = qkv[:, :, :, hpg + 1].transpose(1, 2)
-        cache.write(i, k, v, start)
-        # from slot 0 the cache holds exactly this k and v: use them (the cache's views have a
-        # strided last dim, which would send SDPA to its slow math path)
-        k_all, v_all = (k, v) if start == 0 else cache.read(i, B, end)
-        attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask_B1TL, enable_gqa=True)
-        attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
+        if lw.mla is not None:
+            R = spec.rotary_dim
+            attn = mla_attention(
+                h, lw.mla, spec, cos[..., 0, 0, :R], sin[..., 0, 0, :R], cache, i, start, mask_B1TL
+            )
+        else:
+            groups = [F.linear(h, wq, b).view(B, T, -1, hpg + 2, hd) for wq, b in zip(lw.qkv, lw.qkv_bias)]
+            if lo is not None:
+                groups = lo.add_qkv(h, groups)
+            qkv = torch.cat(groups, dim=2) if len(groups) > 1 else groups[0]  # [B, T, G, hpg+2, hd]
+            if lw.qk_norm is not None:
+                qkv = _qk_norm(qkv, lw.qk_norm, spec.norm_eps)
+            qk = apply_rope(
+                qkv[:, :, :, : hpg + 1], cos, sin, spec.rotary_dim
+            )  # queries and key of each group
+            q = qk[:, :, :, :hpg].flatten(2, 3).transpose(1, 2)  # [B, H, T, hd]
+            k = qk[:, :, :, hpg].transpose(1, 2)  # [B, G, T, hd]
+            v = qkv[:, :, :, hpg + 1].transpose(1, 2)
+            cache.write(i, k, v, start)
+            # from slot 0 the cache holds exactly this k and v: use them (the cache's views have a
+            # strided last dim, which would send SDPA to its slow math path)
+            k_all, v_all = (k, v) if start == 0 else cache.read(i, B, end)
+            attn = F.scaled_dot_product_attention(q, k_all, v_all, attn_mask=mask_B1TL, enable_gqa=True)
+            attn = attn.transpose(1, 2).reshape(B, T, -1)  # [B, T, H*hd], heads in piece order
         proj = _row_parallel(attn, lw.proj)
         x = x + tp.all_reduce(proj if lo is None else lo.add_proj(attn, proj))
         h = rms_norm(x, lw.mlp_norm, spec.norm_eps)
@@ -369,20 +385,27 @@ def decode_forward(
     new_kv, keys_T, values = cache.step_views(B, slot)  # all layers' views, made once per step
     for i, (lw, lt) in enumerate(zip(w.layers, w.decode_layers)):
         h = _rms_norm_2d(x, lw.input_norm, spec.norm_eps)
-        groups = [_mm(h, wq, b) for wq, b in zip(lt.qkv_t, lw.qkv_bias)]
         lo = lw.lora
-        if lo is not None:
-            groups = lo.add_qkv(h, groups)
-        qkv = torch.cat(groups, dim=1) if len(groups) > 1 else groups[0]  # [B, G*(hpg+2)*hd], whole groups
-        if lw.qk_norm is not None:
-            qkv = _qk_norm(qkv.view(B, -1, hpg + 2, hd), lw.qk_norm, spec.norm_eps).view(B, -1)
-        # RoPE on queries and key (value: cos 1, sin 0)
-        swapped = qkv.index_select(1, swap_index).view(B, -1, hpg + 2, hd)  # [x2, x1] per head
-        qkv = torch.addcmul(qkv.view(B, -1, hpg + 2, hd) * cos, swapped, sin)  # [B, G, hpg+2, hd]
-        new_kv[i] = qkv[:, :, hpg:]  # this token's K and V, one copy
-        # the heads of a KV group are one batched matmul against that group's keys [B*G, hd, L]
-        scores = torch.baddbmm(bias_N1L, qkv[:, :, :hpg].reshape(-1, hpg, hd), keys_T[i], alpha=scale)
-        attn = torch.bmm(torch.softmax(scores, dim=-1), values[i]).view(B, -1)  # [B, H*hd], piece order
+        if lw.mla is not None:  # one token per row: T = 1, its mask [B, 1, 1, slot + 1]
+            R, mask = spec.rotary_dim, bias_N1L.view(B, 1, 1, -1)
+            cos_r, sin_r = rope_B2RD[:, None, 0, 0, :R], rope_B2RD[:, None, 1, 0, :R]
+            attn = mla_attention(h[:, None], lw.mla, spec, cos_r, sin_r, cache, i, slot, mask).view(B, -1)
+        else:
+            groups = [_mm(h, wq, b) for wq, b in zip(lt.qkv_t, lw.qkv_bias)]
+            if lo is not None:
+                groups = lo.add_qkv(h, groups)
+            qkv = (
+                torch.cat(groups, dim=1) if len(groups) > 1 else groups[0]
+            )  # [B, G*(hpg+2)*hd], whole groups
+            if lw.qk_norm is not None:
+                qkv = _qk_norm(qkv.view(B, -1, hpg + 2, hd), lw.qk_norm, spec.norm_eps).view(B, -1)
+            # RoPE on queries and key (value: cos 1, sin 0)
+            swapped = qkv.index_select(1, swap_index).view(B, -1, hpg + 2, hd)  # [x2, x1] per head
+            qkv = torch.addcmul(qkv.view(B, -1, hpg + 2, hd) * cos, swapped, sin)  # [B, G, hpg+2, hd]
+            new_kv[i] = qkv[:, :, hpg:]  # this token's K and V, one copy
+            # the heads of a KV group are one batched matmul against that group's keys [B*G, hd, L]
+            scores = torch.baddbmm(bias_N1L, qkv[:, :, :hpg].reshape(-1, hpg, hd), keys_T[i], alpha=scale)
+            attn = torch.bmm(torch.softmax(scores, dim=-1), values[i]).view(B, -1)  # [B, H*hd], piece order
         proj = _row_parallel_t(attn, lt.proj_t)
         x = x + tp.all_reduce(proj if lo is None else lo.add_proj(attn, proj))
         h = _rms_norm_2d(x, lw.mlp_norm, spec.norm_eps)

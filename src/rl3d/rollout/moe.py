@@ -97,6 +97,8 @@ def route(h_NH: torch.Tensor, mw: MoEWeights, spec: ModelSpec) -> tuple[torch.Te
     if spec.moe_score_function == "sigmoid":
         scores = torch.sigmoid(logits)
         choice = scores if mw.expert_bias_fp32 is None else scores + mw.expert_bias_fp32
+        if spec.moe_router_groups > 1:  # DeepSeek-V3: only the experts of the best groups
+            choice = _best_groups(choice, spec)
         top_ids = torch.topk(choice, spec.moe_top_k, dim=-1).indices
         top_p = scores.gather(-1, top_ids)
         top_p = top_p / (top_p.sum(dim=-1, keepdim=True) + 1e-20) * spec.moe_routed_scaling
@@ -106,6 +108,17 @@ def route(h_NH: torch.Tensor, mw: MoEWeights, spec: ModelSpec) -> tuple[torch.Te
     if spec.moe_norm_topk_prob:
         top_p = top_p / top_p.sum(dim=-1, keepdim=True)
     return top_p.to(h_NH.dtype), top_ids
+
+
+def _best_groups(choice_NE: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    """`choice_NE` with -inf outside each token's `moe_router_group_topk` groups, a group ranked
+    by the sum of its top_k / group_topk best choices (HF's and megatron's group-limited routing)."""
+    N, G = choice_NE.shape[0], spec.moe_router_groups
+    per_group = choice_NE.view(N, G, -1)
+    score_NG = per_group.topk(spec.moe_top_k // spec.moe_router_group_topk, dim=-1).values.sum(-1)
+    keep_NG = torch.zeros_like(score_NG, dtype=torch.bool)
+    keep_NG.scatter_(1, score_NG.topk(spec.moe_router_group_topk, dim=-1).indices, True)
+    return per_group.masked_fill(~keep_NG[..., None], float("-inf")).view(N, -1)
 
 
 def moe_mlp(

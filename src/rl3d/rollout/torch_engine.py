@@ -44,6 +44,7 @@ from rl3d.models.spec import ModelSpec
 from rl3d.rollout.base import FINISH_LENGTH, FINISH_STOP, RolloutBatch, SamplingParams, check_prompts
 from rl3d.rollout.kv_cache import KVCache
 from rl3d.rollout.lora_engine import EngineLora
+from rl3d.rollout.mla import cache_width
 from rl3d.rollout.model import (
     ShardedWeights,
     TPComm,
@@ -141,7 +142,8 @@ class TorchRolloutEngine:
         self.weights = self.lora.weights(w)  # adapters loaded earlier apply to the new base
         self.tp.device = w.device
         if self.cache is None or (self.cache.dtype, self.cache.device) != (w.dtype, w.device):
-            self.cache = KVCache(self.spec.num_layers, w.kv_heads(), self.spec.head_dim,
+            width = cache_width(self.spec) if self.spec.is_mla else self.spec.head_dim  # MLA: its latent
+            self.cache = KVCache(self.spec.num_layers, w.kv_heads(), width,
                                  dtype=w.dtype, device=w.device)  # fmt: skip
 
     @property

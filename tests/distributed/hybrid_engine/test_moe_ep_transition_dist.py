@@ -164,3 +164,18 @@ def test_glm_weights_and_router_biases_reshard_bit_for_bit(glm_dir, p, t, d, ep,
         assert r["gen_experts"] == 8, rank
         assert r["recv"] == r["planned_recv"] == r["metric_bytes"] > 0, rank
         assert r["send"] == r["planned_send"], rank
+
+
+@pytest.mark.parametrize(("p", "t", "d", "ep", "t_g"), [(2, 1, 2, 2, 1), (1, 2, 2, 2, 1)])
+def test_deepseek_mla_and_router_biases_reshard_bit_for_bit(tmp_path, p, t, d, ep, t_g):
+    """DeepSeek-V3 (tiny: MLA's low-rank projections and norms, 16 experts in 4 groups, the
+    routers' biases) into the torch engine at t_g 1: every weight bit for bit, counted = planned."""
+    from rl3d.testing.tiny_hf import save_tiny_hf_model
+
+    save_tiny_hf_model("tiny-deepseek-v3", tmp_path / "hf", seed=7)
+    results = run_distributed(worker, p * t * d, str(tmp_path / "hf"), p, t, d, ep, t_g, timeout_s=600)
+    for rank, r in enumerate(results):
+        assert r["mismatched"] == [], (rank, r["mismatched"])
+        assert r["biases"] == 3 and r["gen_experts"] == 16, rank
+        assert r["recv"] == r["planned_recv"] == r["metric_bytes"] > 0, rank
+        assert r["send"] == r["planned_send"], rank

@@ -20,6 +20,7 @@ from rl3d.parallel import ParallelLayout
         ("tiny-qwen3-moe", ParallelLayout(1, 2, 2), 1),
         ("tiny-qwen2-moe", ParallelLayout(2, 2, 1), 1),
         ("tiny-glm4-moe", ParallelLayout(2, 2, 1), 2),  # a dense first layer, the routers' biases
+        ("tiny-deepseek-v3", ParallelLayout(2, 2, 1), 2),  # and MLA's column-parallel projections
         ("qwen3-30b-a3b", ParallelLayout(1, 8, 2), 4),
     ],
 )

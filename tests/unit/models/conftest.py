@@ -48,14 +48,15 @@ def tiny_hf_dirs(tmp_path_factory):
     return dirs
 
 
-MOE_FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe")
+MOE_FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe", "tiny-deepseek-v3")
 
 
 @pytest.fixture(scope="session")
 def tiny_moe_hf_dirs(tmp_path_factory):
     """HF directories of random tiny Qwen3 (q/k norm, tied), Qwen3-MoE, Qwen2-MoE (shared
     expert) and GLM-4.5 (sigmoid router with a random correction bias, dense first layer,
-    partial RoPE), fp32, in the hub's per-expert layout (`save_pretrained`)."""
+    partial RoPE) and DeepSeek-V3 (MLA, grouped sigmoid router), fp32, in the hub's per-expert
+    layout (`save_pretrained`)."""
     from rl3d.testing.tiny_hf import save_tiny_hf_model
 
     root = tmp_path_factory.mktemp("hf-moe")

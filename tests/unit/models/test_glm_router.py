@@ -1,8 +1,9 @@
 """GLM-4.5's sigmoid router with its expert bias on a megatron model on one rank (tiny: a dense
-first layer, 3 MoE layers of 8 experts, top 2): routing replay records and replays it as it does
-a softmax router; the auxiliary-loss-free bias update moves each expert's bias by exactly
-+-rate against its load of the step (nothing at the default rate 0); the expert-load metrics
-count its routing and report the bias."""
+first layer, 3 MoE layers of 8 experts, top 2), and DeepSeek-V3's with group-limited routing
+(16 experts in 4 groups, top 4 from the best 2 groups, MLA): routing replay records and replays
+it as it does a softmax router; the auxiliary-loss-free bias update moves each expert's bias by
+exactly +-rate against its load of the step (nothing at the default rate 0); the expert-load
+metrics count its routing and report the bias."""
 
 import pytest
 import torch
@@ -18,8 +19,17 @@ from rl3d.single_controller.batch import ROUTING, ROUTING_DIFFER, DataBatch
 
 SPEC = get_model_spec("tiny-glm4-moe")
 B, P, R = 4, 5, 4
-K, L, E = SPEC.moe_top_k, SPEC.num_layers, SPEC.num_experts
-MOE_LAYERS = range(SPEC.moe_first_dense_layers, L)
+SIGMOID_ROUTERS = ("tiny-glm4-moe", "tiny-deepseek-v3")
+
+
+def _shape(spec):
+    """(K, L, E, the MoE layers) of `spec`."""
+    return (
+        spec.moe_top_k,
+        spec.num_layers,
+        spec.num_experts,
+        range(spec.moe_first_dense_layers, spec.num_layers),
+    )
 
 
 def _batch() -> DataBatch:
@@ -38,13 +48,14 @@ def _batch() -> DataBatch:
     )
 
 
-def _engine(groups, features, **kw) -> MegatronEngine:
+def _engine(groups, features, spec=SPEC, **kw) -> MegatronEngine:
     engine = MegatronEngine(
-        SPEC, groups, role="actor", params_dtype=torch.float32, seed=3, features=features, **kw
+        spec, groups, role="actor", params_dtype=torch.float32, seed=3, features=features, **kw
     )
+    _, _, E, moe_layers = _shape(spec)
     with torch.no_grad():  # a random bias, so that it steers the choice
         gen = torch.Generator().manual_seed(5)
-        for i in MOE_LAYERS:
+        for i in moe_layers:
             engine.model.decoder.layers[i].mlp.router.expert_bias.copy_(0.1 * torch.randn(E, generator=gen))
     return engine
 
@@ -56,8 +67,11 @@ def _forward(role, batch, micro_batch_size=B, **kw):
     return torch.cat([o["logits"] for o in role.run_forward(batch, micro_batch_size, extract, **kw)])
 
 
-def test_replay_records_and_replays_the_sigmoid_router(groups_1x1):
-    role = _engine(groups_1x1, Features([RoutingReplay()]))
+@pytest.mark.parametrize("name", SIGMOID_ROUTERS)
+def test_replay_records_and_replays_the_sigmoid_router(groups_1x1, name):
+    spec = get_model_spec(name)
+    K, L, E, MOE_LAYERS = _shape(spec)  # noqa: N806
+    role = _engine(groups_1x1, Features([RoutingReplay()]), spec)
     batch = _batch()
     plain = _forward(role, batch)
     recorded = _forward(role, batch, record_routing=True)
@@ -98,13 +112,16 @@ def _update(role, batch):
     return {k: v for r in rows for k, v in r.items() if k.startswith("moe/")}
 
 
+@pytest.mark.parametrize("name", SIGMOID_ROUTERS)
 @pytest.mark.parametrize("rate", [0.0, 0.01])
-def test_bias_update_moves_each_expert_against_its_load(groups_1x1, rate):
+def test_bias_update_moves_each_expert_against_its_load(groups_1x1, rate, name):
     """megatron's update after the step: bias += rate * sign(mean load - load) per layer, from
     the tokens each expert got in the step's forwards (the expert-load counts: padding slots
     included, as both count them)."""
+    spec = get_model_spec(name)
+    K, _, _, MOE_LAYERS = _shape(spec)  # noqa: N806
     moe = MoE({"moe_router_bias_update_rate": rate} if rate else None)
-    role = _engine(groups_1x1, Features([moe]), training=Training(OptimConfig(lr=1e-3)))
+    role = _engine(groups_1x1, Features([moe]), spec, training=Training(OptimConfig(lr=1e-3)))
     routers = [role.model.decoder.layers[i].mlp.router for i in MOE_LAYERS]
     before = [r.expert_bias.clone() for r in routers]
     metrics = _update(role, _batch())

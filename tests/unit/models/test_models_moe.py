@@ -14,7 +14,7 @@ from rl3d.models.spec import get_model_spec
 from rl3d.models.weights import load_weights
 from rl3d.ops.layouts import ShardKind, padded_vocab_size
 
-FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe")
+FAMILIES = ("tiny-qwen3", "tiny-qwen3-moe", "tiny-qwen2-moe", "tiny-glm4-moe", "tiny-deepseek-v3")
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -100,7 +100,10 @@ def test_logits_match_transformers_at_1x1(groups_1x1, tiny_moe_hf_dirs, name):
 
     hf_dir = tiny_moe_hf_dirs[name]
     spec = spec_from_hf_config(json.loads((hf_dir / "config.json").read_text()))
-    assert spec.qk_norm == ("qwen3" in name or "glm" in name) and spec.is_moe == name.endswith("-moe")
+    assert spec.qk_norm == ("qwen3" in name or "glm" in name) and spec.is_moe == (
+        "moe" in name or "deepseek" in name
+    )
+    assert spec.is_mla == ("deepseek" in name)
     model = build_gpt(spec, groups_1x1)
     load_weights(model, spec, groups_1x1, hf_dir)
     model.eval()
@@ -111,7 +114,7 @@ def test_logits_match_transformers_at_1x1(groups_1x1, tiny_moe_hf_dirs, name):
         ours = model(ids, torch.arange(13).expand(2, 13), None)[..., : spec.vocab_size]
         ref = hf(ids).logits
     diff = (ours - ref).abs().max().item()
-    assert diff < 1e-5, diff  # measured: tiny-glm4-moe 8.5e-7
+    assert diff < 1e-5, diff  # measured: tiny-glm4-moe 8.5e-7, tiny-deepseek-v3 5.4e-7
 
 
 def test_dist_checkpoint_exports_to_the_hf_tensors_bit_for_bit(groups_1x1, tiny_moe_hf_dirs, tmp_path):

@@ -1,4 +1,4 @@
-"""HF <-> Megatron conversion of Qwen3, Qwen3-MoE, Qwen2-MoE and GLM-4.5 at several TP x PP x EP:
+"""HF <-> Megatron conversion of Qwen3, Qwen3-MoE, Qwen2-MoE, GLM-4.5 and DeepSeek-V3 at several TP x PP x EP:
 bit for bit round trips, expert files, and the config checks."""
 
 import json
@@ -23,6 +23,7 @@ LAYOUTS = {  # (tp, pp, ep)
     "tiny-qwen3-moe": [(1, 1, 1), (1, 1, 2), (2, 1, 4), (2, 2, 2), (1, 2, 8)],
     "tiny-qwen2-moe": [(1, 1, 1), (2, 1, 2), (2, 2, 4)],
     "tiny-glm4-moe": [(1, 1, 1), (2, 1, 2), (2, 2, 4), (1, 4, 8)],  # pp 4: the dense layer alone
+    "tiny-deepseek-v3": [(1, 1, 1), (2, 1, 1), (2, 1, 2), (2, 2, 4), (1, 4, 16)],  # MLA's column shards
 }
 CASES = [(name, layout) for name, layouts in LAYOUTS.items() for layout in layouts]
 
