@@ -274,6 +274,9 @@ class SeparatePool:
         self.waits["async/wait_rollout_s"] = max(info["wait_rollout_s"] for *_, info in parts)
         self.waits["async/rollout_generate_s"] = max(info["generate_s"] for *_, info in parts)
         self.waits["async/rollout_generate_cpu_s"] = max(info["generate_cpu_s"] for *_, info in parts)
+        for key in ("decode_steps", "decode_rows"):  # the engine's work (not with containment)
+            if all(key in info for *_, info in parts):
+                self.waits[f"async/rollout_{key}"] = float(max(info[key] for *_, info in parts))
         return batch
 
     def generate(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:

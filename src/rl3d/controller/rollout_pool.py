@@ -14,6 +14,7 @@ import logging
 import time
 
 from rl3d.controller.placement import GEN, follows_trainer, round_seed, round_uids
+from rl3d.rollout.torch_engine import GenerationStats
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.dispatch import Slot
 
@@ -91,6 +92,7 @@ class RolloutPoolRunner:
     def _generate_step(self, step: int, waited: float) -> None:
         """Step `step`'s first round from this rank's copy of the sampler, handed over."""
         began, cpu_began = time.perf_counter(), time.process_time()
+        self.worker.engine.stats = GenerationStats()  # this step's engine work (none: no call)
         if self.oversampler is not None:
             part, counts = self.oversampler.generate(self._draw, step=step, seed=round_seed(step, 0))
             self._hand_over(step, part, counts, waited, began, cpu_began)
@@ -120,6 +122,9 @@ class RolloutPoolRunner:
             "generate_cpu_s": time.process_time() - cpu_began,  # this rank's work, however busy the host
             "counts": counts,  # rollout/dropped, reissued, restarts with failure containment
         }
+        if self.contained is None:  # the step's one engine call (its work, however busy the host)
+            stats = self.worker.engine.stats
+            info |= {"decode_steps": stats.decode_steps, "decode_rows": stats.decode_rows}
         if self.slot.collects:
             self.link.put_part(step, self.worker.dp_rank, (self.slot, part, info))
 
