@@ -49,7 +49,8 @@ def test_stragglers_are_carried_and_trained_with_their_versions(tmp_path, backen
     trained = series(metrics, "rollout/carried_trained")
     assert trained[0] == 0 and sum(trained[1:]) > 0  # ...which later steps trained on
     assert sum(series(metrics, "rollout/aborted_samples")) > 0
-    assert series(metrics, "rollout/stale_dropped") == [0.0] * 6
+    # a group carried over two steps may go past drop_staleness (2) and be dropped, which
+    # depends on how far the pool ran ahead: never is a trained token over the bound
     stale = series(metrics, "async/staleness_max")
     assert max(stale) <= 2.0  # carried tokens may be one version older than max_staleness allows
     assert max(series(metrics, "response/length_max")) <= 48  # a continued sample keeps its budget

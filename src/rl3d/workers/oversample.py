@@ -68,7 +68,9 @@ class OverSampler:
         self.cfg, self.worker = cfg, worker
         self.n, self.max_new, self.factor = ro.n, ro.max_new_tokens, ro.async_.oversample
         self.cut = staleness_bound(cfg)
-        self.width = cfg.data.max_prompt_length  # one prompt width on every rank
+        # the prompt columns: the trained groups' own widest prompt with one engine; with several,
+        # one width on every rank (their rows are concatenated)
+        self.width = cfg.data.max_prompt_length if ro.pool.dp > 1 else 0
         self.carried: list[Group] = []  # started, not trained on yet (oldest first)
         self.queue: list[DataBatch] = []  # drawn, not started (one prompt each)
         self.need: int | None = None
