@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rl3d.config.async_rollout import is_separate
+from rl3d.config.async_rollout import is_separate, staleness_bound
 from rl3d.hybrid_engine.pool import publish_metrics
 from rl3d.single_controller.async_link import AsyncLink, AsyncLinkError
 from rl3d.single_controller.batch import DataBatch
@@ -176,7 +176,7 @@ class SeparatePool:
         self.cfg, self.plan = cfg, plan  # plan: the weight-sync plan (`rl3d.hybrid_engine.pool`)
         self.pool = hosting(role_pools(cfg), ROLLOUT_POOL)
         self.rollout_ranks = list(self.pool.ranks)[:: cfg.rollout.pool.tp]  # each engine's collector
-        self.max_staleness = cfg.rollout.async_.max_staleness
+        self.max_staleness = staleness_bound(cfg)  # over-sampling: carried samples up to drop_staleness
         self.min_fraction = cfg.rollout.min_fraction  # of a step's prompts, with failure containment
         self.connection: PoolConnection | None = None  # `launch`
         self.published = -1  # the newest policy version sent to the pool
@@ -256,11 +256,16 @@ class SeparatePool:
         want = sorted(set(prompts["index"]))
         counts = [info.get("counts", {}) for *_, info in parts]
         self.waits |= {k: float(sum(c.get(k, 0) for c in counts)) for k in {k for c in counts for k in c}}
-        if got != want and not (set(got) < set(want) and self.waits.get("rollout/dropped")):
+        oversampled = "rollout/in_flight" in self.waits  # the pool's own prompts, carried ones among them
+        if (
+            got != want
+            and not oversampled
+            and not (set(got) < set(want) and self.waits.get("rollout/dropped"))
+        ):
             raise AsyncLinkError(
                 f"step {step}: the rollout pool generated prompts {got}, the trainer expected {want}"
             )
-        if len(got) < self.min_fraction * len(want):
+        if len(got) < self.min_fraction * len(want) and not oversampled:
             raise AsyncLinkError(
                 f"step {step}: {len(got)} of {len(want)} prompts' samples arrived from the rollout "
                 f"pool ({self.waits.get('rollout/dropped', 0):.0f} dropped), under rollout.min_fraction "
@@ -269,6 +274,9 @@ class SeparatePool:
         self.waits["async/wait_rollout_s"] = max(info["wait_rollout_s"] for *_, info in parts)
         self.waits["async/rollout_generate_s"] = max(info["generate_s"] for *_, info in parts)
         self.waits["async/rollout_generate_cpu_s"] = max(info["generate_cpu_s"] for *_, info in parts)
+        for key in ("decode_steps", "decode_rows"):  # the engine's work (not with containment)
+            if all(key in info for *_, info in parts):
+                self.waits[f"async/rollout_{key}"] = float(max(info[key] for *_, info in parts))
         return batch
 
     def generate(self, prompts: DataBatch, *, step: int, greedy: bool = False) -> DataBatch:

@@ -14,23 +14,29 @@ import logging
 import time
 
 from rl3d.controller.placement import GEN, follows_trainer, round_seed, round_uids
+from rl3d.rollout.torch_engine import GenerationStats
 from rl3d.single_controller.async_link import POLL_S, AsyncLink, AsyncLinkError
 from rl3d.single_controller.dispatch import Slot
 
 logger = logging.getLogger(__name__)
+OVERSAMPLED_UID = 10**12  # over-sampled prompts' uids: apart from any step's rounds (step * 10**6 + ...)
 
 
 class RolloutPoolRunner:
     """The loop of a rollout-pool rank (its `fit` returns no metrics)."""
 
     def __init__(self, cfg, worker, sampler, link: AsyncLink, world_rank: int):
-        from rl3d.config.async_rollout import contains_failures
+        from rl3d.config.async_rollout import contains_failures, oversamples
+        from rl3d.workers.oversample import OverSampler
         from rl3d.workers.rollout_guard import ContainedGeneration
 
         self.cfg, self.worker, self.sampler, self.link = cfg, worker, sampler, link
         self.world_rank = world_rank
         # rollout.timeout_s: a step's samples each with a deadline, failures dropped or re-issued
         self.contained = ContainedGeneration(cfg, worker) if contains_failures(cfg) else None
+        # rollout.async.oversample: more prompts in flight than a step needs, the rest carried
+        self.oversampler = OverSampler(cfg, worker) if oversamples(cfg) else None
+        self.drawn = 0  # sampler batches drawn (over-sampling draws as it needs)
 
     def fit(self) -> list[dict[str, float]]:
         try:
@@ -85,21 +91,40 @@ class RolloutPoolRunner:
 
     def _generate_step(self, step: int, waited: float) -> None:
         """Step `step`'s first round from this rank's copy of the sampler, handed over."""
+        began, cpu_began = time.perf_counter(), time.process_time()
+        self.worker.engine.stats = GenerationStats()  # this step's engine work (none: no call)
+        if self.oversampler is not None:
+            part, counts = self.oversampler.generate(self._draw, step=step, seed=round_seed(step, 0))
+            self._hand_over(step, part, counts, waited, began, cpu_began)
+            return
         prompts = self.sampler.next_batch()
         prompts.set("uid", round_uids(step, 0, len(prompts)))  # the colocated loop's
-        began, cpu_began = time.perf_counter(), time.process_time()
         share, counts = GEN.split(prompts, self.slot), {}
         if self.contained is None:
             part = self.worker.generate(share, step=round_seed(step, 0))
         else:
             part, contained = self.contained.generate(share, step=step, seed=round_seed(step, 0))
             counts = contained.metrics()
+        self._hand_over(step, part, counts, waited, began, cpu_began)
+
+    def _draw(self):
+        """This rank's share of the sampler's next batch, each prompt a uid of its own (the
+        batch's number: ranks draw at their own pace, every rank's copy of the sampler alike)."""
+        prompts = self.sampler.next_batch()
+        prompts.set("uid", [OVERSAMPLED_UID + self.drawn * 100_000 + i for i in range(len(prompts))])
+        self.drawn += 1
+        return GEN.split(prompts, self.slot)
+
+    def _hand_over(self, step, part, counts, waited: float, began: float, cpu_began: float) -> None:
         info = {
             "wait_rollout_s": waited,
             "generate_s": time.perf_counter() - began,
             "generate_cpu_s": time.process_time() - cpu_began,  # this rank's work, however busy the host
             "counts": counts,  # rollout/dropped, reissued, restarts with failure containment
         }
+        if self.contained is None:  # the step's one engine call (its work, however busy the host)
+            stats = self.worker.engine.stats
+            info |= {"decode_steps": stats.decode_steps, "decode_rows": stats.decode_rows}
         if self.slot.collects:
             self.link.put_part(step, self.worker.dp_rank, (self.slot, part, info))
 

@@ -58,6 +58,19 @@ from rl3d.rollout.rope import RopeTable
 from rl3d.rollout.sampling import draw_uniforms, sample_generators, sample_next, top_logprobs
 
 logger = logging.getLogger(__name__)
+FINISH_ABORTED = "aborted"  # stopped early (`EarlyStop`): the row's tokens so far, to be continued
+
+
+@dataclass
+class EarlyStop:
+    """End a call once `target` groups of rows have finished (a separate pool's over-sampling,
+    `rl3d.workers.oversample`): `groups[r]` is row r's group, `limits[r]` the most tokens row r
+    may generate (it finishes with "length" there). Rows unfinished at that point end "aborted"
+    with the tokens they have. One sample per prompt (n = 1), one chunk, no routing record."""
+
+    groups: list[int]
+    limits: list[int]
+    target: int
 
 
 @dataclass
@@ -113,6 +126,7 @@ class TorchRolloutEngine:
         # the step index before each forward that makes a token's logits (0: the prefill); it may
         # `load_weights` new ones, which the rest of the generation then uses.
         self.before_forward: Callable[[int], None] | None = None
+        self.early_stop: EarlyStop | None = None  # set around one call by its caller
         if weights is not None:
             self.load_weights(weights)
 
@@ -207,6 +221,17 @@ class TorchRolloutEngine:
             seed = self.tp.broadcast_int(seed)
         self.stats = GenerationStats()
         per_chunk = max(1, self.max_batch_rows // params.n)
+        rule = self.early_stop
+        if rule is not None and (
+            params.n != 1
+            or len(prompts) > per_chunk
+            or len(rule.groups) != len(prompts)
+            or self.record_routing
+        ):
+            raise ValueError(
+                f"early stop: {len(prompts)} prompts (n={params.n}) for {len(rule.groups)} rows must be "
+                f"one chunk of at most max_batch_rows={self.max_batch_rows} rows, n 1, no routing record"
+            )
         chunks = [
             self._generate_chunk(prompts[lo : lo + per_chunk], params, seed, lo * params.n)
             for lo in range(0, len(prompts), per_chunk)
@@ -320,6 +345,11 @@ class TorchRolloutEngine:
             out.top_ids = torch.zeros(num_rows, num_new, top_k, dtype=torch.int64, device=device)
             out.top_logprobs = torch.zeros(num_rows, num_new, top_k, dtype=torch.float32, device=device)
         active = list(range(num_rows))  # row of the cache -> sample index within the chunk
+        rule = self.early_stop
+        if rule is not None:
+            limits = torch.tensor(rule.limits, dtype=torch.int64, device=device)
+            left = {g: rule.groups.count(g) for g in set(rule.groups)}  # unfinished rows per group
+            groups_done = 0
         rows: slice | torch.Tensor = slice(None)  # the same, as an index into `out`'s rows
         for step in range(num_new):
             full_logits = self.tp.all_gather_last(logits)
@@ -334,12 +364,26 @@ class TorchRolloutEngine:
                     full_logits, self.spec.vocab_size, top_k
                 )
             done: list[bool] = []
-            if len(stop_ids):
-                stopped = torch.isin(tok, stop_ids)
+            if len(stop_ids) or rule is not None:
+                stopped = (
+                    torch.isin(tok, stop_ids) if len(stop_ids) else torch.zeros_like(tok, dtype=torch.bool)
+                )
+                hit = stopped.tolist()
+                if rule is not None:
+                    stopped = stopped | (limits[rows] <= step + 1)
                 done = stopped.tolist()
                 for r, s in enumerate(active):
                     if done[r]:
-                        out.finish_reasons[s], out.lengths[s] = FINISH_STOP, step + 1
+                        out.finish_reasons[s] = FINISH_STOP if hit[r] else FINISH_LENGTH
+                        out.lengths[s] = step + 1
+                        if rule is not None:
+                            left[rule.groups[s]] -= 1
+                            groups_done += left[rule.groups[s]] == 0
+                if rule is not None and groups_done >= rule.target and not all(done):
+                    for r, s in enumerate(active):  # enough groups: the others stop where they are
+                        if not done[r]:
+                            out.finish_reasons[s], out.lengths[s] = FINISH_ABORTED, step + 1
+                    done = [True] * len(done)
             last = step + 1 == num_new or (done and all(done))
             # without a routing record, finished rows are dropped before the forward (later steps
             # compute on the survivors only); with one, after it: it routes their last token
