@@ -64,7 +64,9 @@ class _Mounter:
         )
         if call == 0:
             return
-        if ctypes.get_errno() != errno.ENOSYS:
+        # ENOSYS: a kernel before 5.12; EPERM: a container's seccomp profile that does not list
+        # it (a remount that is not allowed either fails below, naming the mount)
+        if ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM):
             raise OSError(ctypes.get_errno(), f"mount_setattr on {target}: {os.strerror(ctypes.get_errno())}")
         self.remount_each(target, flags)
 
