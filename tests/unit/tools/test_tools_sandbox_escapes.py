@@ -4,7 +4,6 @@ so that what is tested is the boundary behind it."""
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -309,34 +308,11 @@ def test_network_auto_is_gone():
         SandboxConfig(network="auto")
 
 
-UNPRIVILEGED_TRAINER = """
-import json, sys
-sys.path.insert(0, sys.argv[1])
-from rl3d.tools.python_sandbox import SandboxConfig, isolation_problem, run_python
-config = SandboxConfig()
-problem = isolation_problem(config)
-code = "import os\\nprint(os.getuid(), sorted(os.listdir('/')), open('/proc/self/status').read())"
-print(json.dumps({"problem": problem, "stdout": None if problem else run_python(code, config).stdout}))
-"""
-
-
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root and setpriv to drop")
-def test_an_unprivileged_trainer_gets_the_boundary_through_a_user_namespace():
-    python = shutil.which("python3", path="/usr/bin:/bin")
-    src = Path(__file__).resolve().parents[3] / "src"
-    if python is None:
-        pytest.skip("no system python3 that uid nobody can run")
-    drop = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-    proc = subprocess.run(
-        [*drop, python, "-c", UNPRIVILEGED_TRAINER, str(src)],
-        env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        pytest.skip(f"the source tree cannot be imported as uid nobody here: {proc.stderr[-300:]}")
-    report = json.loads(proc.stdout.splitlines()[-1])
-    if report["problem"]:
-        pytest.skip(f"no unprivileged user namespaces here: {report['problem']}")
-    uid, rest = report["stdout"].split(" ", 1)
+def test_an_unprivileged_trainer_gets_the_boundary_through_a_user_namespace(as_unprivileged_trainer):
+    code = "import os\nprint(os.getuid(), sorted(os.listdir('/')), open('/proc/self/status').read())"
+    result = as_unprivileged_trainer(code, wall_seconds=30)
+    assert result["error"] is None, result
+    uid, rest = result["text"].split(" ", 1)
     listing, status = rest.split("]", 1)
     assert uid == "0" and "work" not in listing and "sandbox" in listing  # root of its own namespace only
     assert "NoNewPrivs:\t1" in status and "Seccomp:\t2" in status and "CapEff:\t0000000000000000" in status
